@@ -1,0 +1,80 @@
+"""The one error hierarchy of trajstore.
+
+Every class also derives from the builtin exception a caller would already
+catch, so ``except KeyError`` around ``reader[step]`` keeps working::
+
+    TrajstoreError(Exception)
+    ├── StepNotFoundError(KeyError)       a step that is not in the dump
+    ├── StepExistsError(FileExistsError)  appending a step that is already committed
+    ├── DumpNotFoundError(FileNotFoundError)  no dump (or no such split) at the path
+    ├── BatchError(ValueError)            a batch that cannot be stored exactly
+    │   └── UnsupportedTypeError(TypeError)   a value of a type the format cannot hold
+    ├── FormatError(ValueError)           a file that is not a valid trajstore file
+    │   └── FormatVersionError            written by a newer format version
+    ├── WriterError(RuntimeError)         a background write failed
+    └── ConfigError(ValueError)           an invalid option or argument
+
+Messages name the step, field or file, say why, and say what to do.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "TrajstoreError",
+    "StepNotFoundError",
+    "StepExistsError",
+    "DumpNotFoundError",
+    "BatchError",
+    "UnsupportedTypeError",
+    "FormatError",
+    "FormatVersionError",
+    "WriterError",
+    "ConfigError",
+]
+
+
+class TrajstoreError(Exception):
+    """Base class of every error raised by trajstore."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""
+
+
+class StepNotFoundError(TrajstoreError, KeyError):
+    """The requested step is not in the dump (also a ``KeyError``)."""
+
+    def __init__(self, message: str, *, step: int | None = None):
+        super().__init__(message)
+        self.step = step
+
+
+class StepExistsError(TrajstoreError, FileExistsError):
+    """The step is already committed and ``overwrite`` was not given."""
+
+
+class DumpNotFoundError(TrajstoreError, FileNotFoundError):
+    """There is no dump, or no such split, at the given path."""
+
+
+class BatchError(TrajstoreError, ValueError):
+    """The batch cannot be stored exactly (bad lengths, bad mask, bad names...)."""
+
+
+class UnsupportedTypeError(BatchError, TypeError):
+    """A value's type or dtype has no exact representation in the format."""
+
+
+class FormatError(TrajstoreError, ValueError):
+    """A file on disk is not a valid trajstore file (corrupt, truncated, foreign)."""
+
+
+class FormatVersionError(FormatError):
+    """A file was written by a newer format version than this library reads."""
+
+
+class WriterError(TrajstoreError, RuntimeError):
+    """Writing a step failed (in the background or on disk)."""
+
+
+class ConfigError(TrajstoreError, ValueError):
+    """An option or argument is invalid."""

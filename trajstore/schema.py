@@ -1,0 +1,686 @@
+"""Batch <-> Arrow table: the one place that knows how a batch is laid out on disk.
+
+``encode`` turns a batch into an Arrow table (one row per trajectory) plus a
+JSON *spec* that says how to rebuild the exact Python structure; ``decode``
+does the reverse.  docs/FORMAT.md is the normative description of both.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from . import _dtypes as dt
+from .errors import BatchError, ConfigError, FormatError, UnsupportedTypeError
+
+__all__ = ["encode", "decode", "columns_for", "RESERVED"]
+
+RESERVED = ("step",)
+SHAPE_PREFIX = "__shape__."
+_MISSING = object()  # a key absent from one element of a sequence of dicts
+
+
+# ----------------------------------------------------------------------------- helpers
+def _where(path: tuple) -> str:
+    return ".".join(str(p) for p in path) if path else "<batch>"
+
+
+def _is_tensorlike(x: Any) -> bool:
+    if isinstance(x, torch.Tensor):
+        return True
+    if isinstance(x, np.ndarray) and x.dtype.kind in "biuf":
+        return True
+    return isinstance(x, np.generic) and np.dtype(type(x)).kind in "biuf"
+
+
+def _as_cpu(x: Any, path: tuple) -> tuple[str, str, torch.Tensor | np.ndarray]:
+    """(lib, dtype name, contiguous CPU tensor or ndarray) for a tensor-like value."""
+    if isinstance(x, torch.Tensor):
+        name = dt.TORCH_NAMES.get(x.dtype)
+        if name is None:
+            raise UnsupportedTypeError(
+                f"field {_where(path)!r}: torch dtype {x.dtype} is not supported; "
+                f"convert it to one of {sorted(dt.TORCH_NAMES.values())}"
+            )
+        if x.layout != torch.strided:
+            raise UnsupportedTypeError(
+                f"field {_where(path)!r}: {x.layout} tensors are not supported; call .to_dense() first"
+            )
+        t = x.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        t = t.resolve_conj().resolve_neg().contiguous()
+        return "torch", name, t
+    lib = "np_scalar" if isinstance(x, np.generic) else "numpy"
+    a = np.ascontiguousarray(np.asarray(x))
+    name = dt.NUMPY_NAMES.get(a.dtype.newbyteorder("=") if a.dtype.byteorder not in "=|" else a.dtype)
+    if name is None or a.dtype.byteorder == ">":
+        raise UnsupportedTypeError(
+            f"field {_where(path)!r}: numpy dtype {a.dtype} is not supported; "
+            f"convert it to a native-endian {sorted(dt.NUMPY_NAMES.values())}"
+        )
+    return lib, name, a
+
+
+def _storage(x: torch.Tensor | np.ndarray) -> np.ndarray:
+    return dt.to_storage(x) if isinstance(x, torch.Tensor) else x
+
+
+def _bits(x: torch.Tensor | np.ndarray) -> torch.Tensor:
+    if isinstance(x, np.ndarray):
+        x = torch.from_numpy(x.view(np.uint8) if x.dtype == np.bool_ else x)
+    return dt.bits_view(x)
+
+
+def _list_array(offsets: np.ndarray, values: np.ndarray, mask: np.ndarray | None = None) -> pa.Array:
+    off = pa.array(np.asarray(offsets, dtype=np.int64))
+    vals = pa.array(values)
+    if mask is not None and mask.any():
+        return pa.LargeListArray.from_arrays(off, vals, mask=pa.array(mask))
+    return pa.LargeListArray.from_arrays(off, vals)
+
+
+def check_json(v: Any, where: str) -> None:
+    """Raise unless ``v`` survives a JSON round trip with identical types."""
+    if v is None or type(v) in (bool, int, str):
+        return
+    if type(v) is float:
+        return
+    if type(v) is list:
+        for i, x in enumerate(v):
+            check_json(x, f"{where}[{i}]")
+        return
+    if type(v) is dict:
+        for k, x in v.items():
+            if type(k) is not str:
+                raise UnsupportedTypeError(
+                    f"{where}: dict key {k!r} is a {type(k).__name__}; only str keys round-trip exactly"
+                )
+            check_json(x, f"{where}[{k!r}]")
+        return
+    raise UnsupportedTypeError(
+        f"{where}: value of type {type(v).__name__} cannot be stored exactly; use None, bool, int, "
+        "float, str, list or dict with str keys (or a tensor / numpy array)"
+    )
+
+
+def _dumps(v: Any) -> str:
+    return json.dumps(v, ensure_ascii=False, allow_nan=True, separators=(",", ":"))
+
+
+# ----------------------------------------------------------------------------- encoder
+class _Encoder:
+    def __init__(self, n: int):
+        self.n = n
+        self.fields: list[pa.Field] = []
+        self.arrays: list[pa.Array] = []
+
+    def add(self, name: str, arr: pa.Array, meta: dict[str, str], path: tuple) -> None:
+        if name in RESERVED or any(f.name == name for f in self.fields):
+            raise BatchError(
+                f"field {_where(path)!r}: column name {name!r} is reserved or already used; rename the field"
+            )
+        if len(arr) != self.n:
+            raise BatchError(f"field {_where(path)!r}: has {len(arr)} rows, the batch has {self.n}")
+        self.fields.append(pa.field(name, arr.type, metadata={f"trajstore.{k}": v for k, v in meta.items()}))
+        self.arrays.append(arr)
+
+
+def _batch_size(batch: Mapping, path: tuple = ()) -> int | None:
+    for k, v in batch.items():
+        if isinstance(v, torch.Tensor | np.ndarray) and v.ndim >= 1:
+            return int(v.shape[0])
+        if isinstance(v, list | tuple):
+            return len(v)
+        if isinstance(v, Mapping):
+            n = _batch_size(v)
+            if n is not None:
+                return n
+    return None
+
+
+def _layout(batch: Mapping) -> dict:
+    """Decide the batch form from ``cu_seqlens`` or ``attention_mask``; validate them."""
+    cu = batch.get("cu_seqlens")
+    if _is_tensorlike(cu) and not isinstance(cu, np.generic) and np.ndim(cu) == 1:
+        _, name, c = _as_cpu(cu, ("cu_seqlens",))
+        c = torch.as_tensor(c).to(torch.int64)
+        if not name.startswith(("int", "uint")) or c.numel() == 0 or int(c[0]) != 0 or bool((c[1:] < c[:-1]).any()):
+            raise BatchError(
+                "field 'cu_seqlens': must be a non-empty 1-D integer tensor starting at 0 and non-decreasing"
+            )
+        return {"form": "packed", "B": c.numel() - 1, "N": int(c[-1]), "lengths": (c[1:] - c[:-1])}
+    m = batch.get("attention_mask")
+    if _is_tensorlike(m) and np.ndim(m) >= 2:
+        _, name, a = _as_cpu(m, ("attention_mask",))
+        mb = torch.as_tensor(a) if isinstance(a, np.ndarray) else a
+        if name not in ("bool",):
+            if name.startswith("float") or name == "bfloat16":
+                ok = bool(((mb == 0) | (mb == 1)).all())
+            else:
+                ok = bool(((mb == 0) | (mb == 1)).all())
+            if not ok:
+                raise BatchError("field 'attention_mask': values must be 0 or 1 (found other values)")
+        mask = (mb != 0)
+        while mask.ndim > 2:  # [B, T, ...] masks: a token is valid where all of its entries are
+            mask = mask.all(dim=-1)
+        B, T = mask.shape
+        lengths = mask.sum(1)
+        ar = torch.arange(T)
+        right = ar[None, :] < lengths[:, None]
+        left = ar[None, :] >= (T - lengths)[:, None]
+        side = "right" if torch.equal(mask, right) else "left" if torch.equal(mask, left) else None
+        if side is None:  # holes in the mask: store every [B, T] field whole
+            return {"form": "padded", "B": B, "T": T, "side": None}
+        return {"form": "padded", "B": B, "T": T, "side": side, "mask": mask, "lengths": lengths}
+    return {"form": "plain", "B": _batch_size(batch) or 0}
+
+
+def _encode_tensor(enc: _Encoder, ctx: dict, path: tuple, v: Any) -> dict:
+    lib, name, x = _as_cpu(v, path)
+    col = ".".join(path)
+    B = ctx["B"]
+    if x.ndim == 0 or (ctx["form"] == "packed" and path == ("cu_seqlens",)):
+        raw = np.ascontiguousarray(_storage(x)).reshape(-1)
+        return {"t": "gtensor", "lib": lib, "dtype": name, "shape": list(x.shape),
+                "data": base64.b64encode(raw.tobytes()).decode()}
+    node = {"t": "tensor", "col": col, "lib": lib, "dtype": name}
+    form = ctx["form"]
+    if form == "padded" and x.ndim >= 2 and tuple(x.shape[:2]) == (B, ctx["T"]) and ctx["side"]:
+        xt = torch.from_numpy(x) if isinstance(x, np.ndarray) else x
+        mask = ctx["mask"]
+        pad = None
+        if not bool(mask.all()):
+            padbits = _bits(x)[~mask].reshape(-1)
+            if bool((padbits != padbits[0]).any()):
+                return _encode_sample(enc, node, path, x, B, tokenlike=True)
+            pad = int(padbits[0])
+        vals = xt[mask]
+        return _encode_token(enc, node, path, vals, ctx["lengths"], list(x.shape[2:]), pad, lib)
+    if form == "packed" and x.ndim >= 1 and x.shape[0] == ctx["N"]:
+        xt = torch.from_numpy(x) if isinstance(x, np.ndarray) else x
+        return _encode_token(enc, node, path, xt, ctx["lengths"], list(x.shape[1:]), None, lib)
+    if x.shape[0] != B:
+        expect = f"{B} (the batch size)"
+        if form == "padded":
+            expect += f", or [{B}, {ctx['T']}] per-token"
+        if form == "packed":
+            expect += f", or {ctx['N']} (cu_seqlens[-1]) per-token"
+        raise BatchError(
+            f"field {_where(path)!r}: leading dimension is {x.shape[0]} (shape {list(x.shape)}), expected "
+            f"{expect}; every field must have one entry per trajectory"
+        )
+    return _encode_sample(enc, node, path, x, B)
+
+
+def _encode_token(enc, node, path, vals, lengths, trail, pad, lib) -> dict:
+    width = math.prod(trail)
+    if isinstance(vals, torch.Tensor) and lib != "torch":
+        vals = vals.numpy()
+    storage = _storage(vals).reshape(-1)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(np.asarray(lengths, dtype=np.int64) * width, out=offsets[1:])
+    node.update(kind="token", trail=trail, pad=pad)
+    enc.add(node["col"], _list_array(offsets, storage),
+            {"dtype": node["dtype"], "kind": "token", "shape": _dumps(["n"] + trail)}, path)
+    return node
+
+
+def _encode_sample(enc, node, path, x, B, tokenlike=False) -> dict:
+    trail = list(x.shape[1:])
+    storage = _storage(x)
+    node.update(kind="sample", trail=trail)
+    if tokenlike:
+        node["tokenlike"] = True
+    if not trail:
+        arr = pa.array(storage)
+    else:
+        w = math.prod(trail)
+        arr = _list_array(np.arange(B + 1, dtype=np.int64) * w, storage.reshape(-1))
+    enc.add(node["col"], arr, {"dtype": node["dtype"], "kind": "sample", "shape": _dumps(trail)}, path)
+    return node
+
+
+def _has_tensor(v: Any) -> bool:
+    if _is_tensorlike(v):
+        return True
+    if isinstance(v, Mapping):
+        return any(_has_tensor(x) for x in v.values())
+    return False
+
+
+def _encode_elems(enc: _Encoder, path: tuple, elems: list) -> dict:
+    """Per-row values (one per trajectory) of one field: cells, columns or nested dicts."""
+    node: dict = {}
+    none = [i for i, e in enumerate(elems) if e is None]
+    missing = [i for i, e in enumerate(elems) if e is _MISSING]
+    if none:
+        node["none"] = none
+    if missing:
+        node["missing"] = missing
+    present = [(i, e) for i, e in enumerate(elems) if e is not None and e is not _MISSING]
+    col = ".".join(str(p) for p in path)
+    if not present:
+        node["t"] = "empty"
+        return node
+    tens = [_is_tensorlike(e) for _, e in present]
+    dicts = [isinstance(e, Mapping) for _, e in present]
+    if all(tens):
+        return _encode_cells(enc, node, path, col, elems, present)
+    if all(dicts) and any(_has_tensor(e) for _, e in present):
+        node["t"] = "struct"
+        keys: list = []
+        for _, e in present:
+            for k in e:
+                if type(k) is not str:
+                    raise UnsupportedTypeError(f"field {_where(path)!r}: key {k!r} is not a str")
+                if k not in keys:
+                    keys.append(k)
+        node["keys"] = [
+            [k, _encode_elems(enc, path + (k,), [
+                e.get(k, _MISSING) if isinstance(e, Mapping) else _MISSING for e in elems])]
+            for k in keys
+        ]
+        return node
+    if any(tens) or any(dicts[i] and _has_tensor(e) for i, (_, e) in enumerate(present)):
+        raise UnsupportedTypeError(
+            f"field {_where(path)!r}: mixes tensors with other values across trajectories; "
+            "use one kind of value per field (None is allowed)"
+        )
+    return _encode_values(enc, node, path, col, elems, present)
+
+
+def _encode_cells(enc, node, path, col, elems, present) -> dict:
+    libs, names, parts, shapes = set(), set(), {}, [None] * len(elems)
+    for i, e in present:
+        lib, name, x = _as_cpu(e, path + (i,))
+        libs.add(lib)
+        names.add(name)
+        parts[i] = _storage(x).reshape(-1)
+        shapes[i] = list(x.shape)
+    if len(libs) > 1 or len(names) > 1:
+        raise UnsupportedTypeError(
+            f"field {_where(path)!r}: trajectories hold different array types {sorted(libs)} / dtypes "
+            f"{sorted(names)}; use one dtype and one library (torch or numpy) per field"
+        )
+    name = names.pop()
+    lengths = np.array([len(parts[i]) if i in parts else 0 for i in range(len(elems))], dtype=np.int64)
+    offsets = np.zeros(len(elems) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    vals = np.concatenate([parts[i] for i, _ in present]) if present else np.empty(0, dt.storage_numpy(name))
+    nullmask = np.array([i not in parts for i in range(len(elems))], dtype=bool)
+    node.update(t="cell", col=col, lib=libs.pop(), dtype=name, shape_col=SHAPE_PREFIX + col)
+    meta = {"dtype": name, "kind": "cell"}
+    enc.add(col, _list_array(offsets, vals, nullmask), meta, path)
+    enc.add(SHAPE_PREFIX + col, pa.array(shapes, type=pa.list_(pa.int64())), {"kind": "shape"}, path)
+    return node
+
+
+def _encode_values(enc, node, path, col, elems, present) -> dict:
+    types = {type(e) for _, e in present}
+    vals = [None if (e is None or e is _MISSING) else e for e in elems]
+    if types == {str}:
+        arr, ptype = pa.array(vals, type=pa.string()), "str"
+    elif types == {bool}:
+        arr, ptype = pa.array(vals, type=pa.bool_()), "bool"
+    elif types == {float}:
+        arr, ptype = pa.array(vals, type=pa.float64()), "float"
+    elif types == {int} and all(-(2**63) <= e < 2**63 for _, e in present):
+        arr, ptype = pa.array(vals, type=pa.int64()), "int"
+    else:
+        for i, e in present:
+            check_json(e, f"field {_where(path)!r} row {i}")
+        arr, ptype = pa.array([None if v is None else _dumps(v) for v in vals], type=pa.string()), "json"
+    node.update(t="value", col=col, ptype=ptype)
+    enc.add(col, arr, {"kind": "json" if ptype == "json" else "value"}, path)
+    return node
+
+
+def _encode_field(enc: _Encoder, ctx: dict, path: tuple, v: Any) -> dict:
+    B = ctx["B"]
+    if _is_tensorlike(v):
+        return _encode_tensor(enc, ctx, path, v)
+    if isinstance(v, Mapping):
+        for k in v:
+            if type(k) is not str:
+                raise UnsupportedTypeError(f"field {_where(path)!r}: key {k!r} is not a str")
+        return {"t": "group", "keys": [[k, _encode_field(enc, ctx, path + (k,), x)] for k, x in v.items()]}
+    if isinstance(v, np.ndarray) and v.dtype.kind in "OUS":
+        if v.ndim != 1:
+            raise BatchError(f"field {_where(path)!r}: numpy {v.dtype} arrays must be 1-D [B], got shape {list(v.shape)}")
+        container, elems = "ndarray", list(v)
+        if v.dtype.kind in "US":
+            elems = [x.item() for x in v]
+    elif isinstance(v, list | tuple):
+        container, elems = type(v).__name__, list(v)
+    else:
+        if v is None or type(v) in (bool, int, float, str):
+            return {"t": "json", "v": v}
+        raise UnsupportedTypeError(
+            f"field {_where(path)!r}: a {type(v).__name__} cannot be stored; use a tensor, numpy array, "
+            "list of per-trajectory values, dict, or a plain scalar"
+        )
+    if len(elems) != B:
+        raise BatchError(
+            f"field {_where(path)!r}: has {len(elems)} entries, the batch has {B} trajectories; "
+            "every per-trajectory list must have one entry per trajectory"
+        )
+    node = {"t": "seq", "container": container, "elem": _encode_elems(enc, path, elems)}
+    if container == "ndarray":
+        node["np_dtype"] = v.dtype.str
+    return node
+
+
+def encode(batch: Any, *, step: int, split: str, meta: dict | None = None,
+           extra: dict | None = None) -> pa.Table:
+    """Encode ``batch`` into an Arrow table whose schema metadata holds the spec."""
+    if isinstance(batch, Mapping):
+        for k in batch:
+            if type(k) is not str:
+                raise UnsupportedTypeError(f"batch key {k!r} is a {type(k).__name__}; keys must be str")
+        ctx = _layout(batch)
+        enc = _Encoder(ctx["B"])
+        spec = {"t": "batch", "form": ctx["form"], "B": ctx["B"]}
+        if ctx["form"] == "padded":
+            spec.update(T=ctx["T"], side=ctx["side"])
+        spec["keys"] = [[k, _encode_field(enc, ctx, (k,), v)] for k, v in batch.items()]
+    elif isinstance(batch, list | tuple):
+        enc = _Encoder(len(batch))
+        spec = {"t": "seq", "container": type(batch).__name__, "elem": _encode_elems(enc, (), list(batch))}
+        if spec["elem"].get("t") not in ("struct", "empty"):
+            raise UnsupportedTypeError(
+                "a list batch must hold one dict (or None) per trajectory; "
+                f"got {sorted({type(e).__name__ for e in batch})}"
+            )
+        _mark_list_tokens(spec["elem"], batch)
+    else:
+        raise UnsupportedTypeError(
+            f"batch of type {type(batch).__name__} is not supported; pass a dict of tensors, "
+            "a list of per-trajectory dicts, a TensorDict or a DataProto-like object"
+        )
+    doc = {"format_version": 1, "step": step, "split": split, "num_rows": enc.n,
+           "meta": meta or {}, "batch": spec, **(extra or {})}
+    step_col = pa.array(np.full(enc.n, step, dtype=np.int64))
+    fields = [pa.field("step", pa.int64())] + enc.fields
+    schema = pa.schema(fields, metadata={"trajstore": _dumps(doc)})
+    return pa.Table.from_arrays([step_col] + enc.arrays, schema=schema)
+
+
+def _mark_list_tokens(elem: dict, batch: list | tuple) -> None:
+    """In a list of trajectory dicts, flag the cells shaped like each row's attention mask."""
+    keys = dict(elem.get("keys", []))
+    if keys.get("attention_mask", {}).get("t") != "cell":
+        return
+    rows = [e for e in batch if isinstance(e, Mapping)]
+    for k, node in keys.items():
+        if node.get("t") != "cell" or node.get("missing") or node.get("none"):
+            continue
+        if all("attention_mask" in e and tuple(np.shape(e[k]))[: np.ndim(e["attention_mask"])]
+               == tuple(np.shape(e["attention_mask"])) for e in rows):
+            node["kind"] = "token"
+
+
+# ----------------------------------------------------------------------------- decoder
+def _walk_cols(node: dict, out: list) -> None:
+    if "col" in node:
+        out.append(node["col"])
+    if "shape_col" in node:
+        out.append(node["shape_col"])
+    for _, child in node.get("keys", []):
+        _walk_cols(child, out)
+    if "elem" in node:
+        _walk_cols(node["elem"], out)
+
+
+def columns_for(spec: dict, columns: list[str] | None) -> list[str] | None:
+    """Arrow columns needed to decode the top-level fields ``columns`` (None: all)."""
+    if columns is None:
+        return None
+    keys = dict(spec["keys"] if spec["t"] == "batch" else spec["elem"].get("keys", []))
+    out: list[str] = []
+    for c in columns:
+        if c not in keys:
+            raise ConfigError(f"field {c!r} is not in this step; fields: {sorted(keys)}")
+        _walk_cols(keys[c], out)
+    return out
+
+
+class _Cols:
+    """Zero-copy access to a decoded table's columns."""
+
+    def __init__(self, table: pa.Table, where: str):
+        self.table, self.where = table, where
+
+    def arr(self, name: str) -> pa.Array:
+        try:
+            col = self.table.column(name)
+        except KeyError:
+            raise FormatError(f"{self.where}: column {name!r} named in the spec is missing from the file") from None
+        return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+
+    def list_parts(self, name: str, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+        a = self.arr(name)
+        if not isinstance(a, pa.LargeListArray):
+            raise FormatError(f"{self.where}: column {name!r} is {a.type}, expected large_list")
+        off = a.offsets.to_numpy()
+        vals = a.values
+        if vals.null_count:
+            raise FormatError(f"{self.where}: column {name!r} holds null values inside a tensor")
+        v = vals.to_numpy(zero_copy_only=False)
+        if v.dtype != dt.storage_numpy(dtype):
+            raise FormatError(f"{self.where}: column {name!r} stores {v.dtype}, spec says {dtype}")
+        return off, v
+
+    def prim(self, name: str, dtype: str) -> np.ndarray:
+        a = self.arr(name)
+        if a.null_count:
+            raise FormatError(f"{self.where}: column {name!r} has nulls in a tensor column")
+        v = a.to_numpy(zero_copy_only=False)
+        if v.dtype != dt.storage_numpy(dtype):
+            raise FormatError(f"{self.where}: column {name!r} stores {v.dtype}, spec says {dtype}")
+        return v
+
+
+def _out(a: np.ndarray, node: dict):
+    """A storage numpy array as the value type the spec names."""
+    if node["lib"] == "torch":
+        return dt.from_storage(a, node["dtype"])
+    r = a.view(dt.numpy_dtype(node["dtype"]))
+    return r[()] if node["lib"] == "np_scalar" else r
+
+
+def _from_b64(node: dict):
+    raw = base64.b64decode(node["data"])
+    a = np.frombuffer(raw, dtype=dt.storage_numpy(node["dtype"])).copy().reshape(node["shape"])
+    return _out(a, node)
+
+
+def _fill(shape: list, node: dict, pad: int | None) -> torch.Tensor:
+    lib_t = dt.torch_dtype(node["dtype"]) if node["lib"] == "torch" else torch.from_numpy(
+        np.empty(0, dt.numpy_dtype(node["dtype"]))).dtype
+    out = torch.empty(shape, dtype=lib_t)
+    dt.bits_view(out).fill_(pad or 0)
+    return out
+
+
+class _Decoder:
+    def __init__(self, cols: _Cols, spec: dict, layout: str | None):
+        self.c, self.spec, self.layout = cols, spec, layout
+        self.n = spec.get("B", 0)
+
+    # -- dict batches
+    def batch(self, keys: list[str] | None) -> Any:
+        spec = self.spec
+        if spec["t"] == "seq":
+            if self.layout:
+                raise ConfigError(f"{self.c.where}: layout conversion applies to dict batches, "
+                                  "this step is a list of trajectories")
+            return self.seq(spec, self.c.table.num_rows, keys)
+        chosen = [(k, n) for k, n in spec["keys"] if keys is None or k in keys]
+        want = self.layout or spec["form"]
+        if self.layout and spec["form"] not in ("padded", "packed"):
+            raise ConfigError(
+                f"{self.c.where}: layout={self.layout!r} needs a batch stored with attention_mask or "
+                f"cu_seqlens; this one is {spec['form']!r}"
+            )
+        if self.layout == "padded" and spec["form"] == "padded" and spec["side"] is None:
+            want = "padded"
+        self.lengths = None
+        out = {}
+        for k, node in chosen:
+            if want != spec["form"] and k in ("cu_seqlens", "max_seqlen", "attention_mask"):
+                continue
+            out[k] = self.field(node, want)
+        if want != spec["form"]:
+            lengths = self._lengths(chosen)
+            if want == "packed":
+                cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+                torch.cumsum(torch.as_tensor(lengths), 0, out=cu[1:])
+                out["cu_seqlens"] = cu
+                out["max_seqlen"] = int(max(lengths)) if len(lengths) else 0
+            else:
+                T = int(max(lengths)) if len(lengths) else 0
+                out["attention_mask"] = torch.arange(T)[None, :] < torch.as_tensor(lengths)[:, None]
+        return out
+
+    def _lengths(self, chosen) -> np.ndarray:
+        for _, node in chosen:
+            if node.get("kind") == "token":
+                off, _ = self.c.list_parts(node["col"], node["dtype"])
+                return np.diff(off) // max(1, math.prod(node["trail"]))
+        cu = dict(self.spec["keys"]).get("cu_seqlens")
+        if cu is not None and cu.get("t") == "gtensor":
+            c = np.asarray(_from_b64(cu), dtype=np.int64)
+            return np.diff(c)
+        raise ConfigError(
+            f"{self.c.where}: converting the layout needs a per-token field; include one in columns"
+        )
+
+    def field(self, node: dict, want: str) -> Any:
+        t = node["t"]
+        if t == "json":
+            return node["v"]
+        if t == "gtensor":
+            return _from_b64(node)
+        if t == "group":
+            return {k: self.field(n, want) for k, n in node["keys"]}
+        if t == "seq":
+            return self.seq(node, self.n, None)
+        if t != "tensor":
+            raise FormatError(f"{self.c.where}: unknown node type {t!r} in the spec")
+        spec = self.spec
+        if node["kind"] == "sample":
+            if node["trail"]:
+                _, v = self.c.list_parts(node["col"], node["dtype"])
+                x = _out(v, node).reshape([self.n] + node["trail"])
+            else:
+                x = _out(self.c.prim(node["col"], node["dtype"]), node)
+            if node.get("tokenlike") and want == "packed":
+                mask = self._mask_from_rows()
+                return _as_lib(torch.as_tensor(x)[mask], node)
+            return x
+        off, v = self.c.list_parts(node["col"], node["dtype"])
+        trail = node["trail"]
+        w = max(1, math.prod(trail))
+        if len(off) != self.n + 1 or (len(v) and int(off[-1]) - int(off[0]) != len(v)):
+            raise FormatError(f"{self.c.where}: column {node['col']!r} has inconsistent offsets")
+        flat = _out(v, node).reshape([-1] + trail) if w else _out(v, node).reshape([0] + trail)
+        if want == "packed":
+            return flat
+        lengths = np.diff(off) // w if w else np.zeros(self.n, np.int64)
+        T = spec["T"] if spec["form"] == "padded" else (int(lengths.max()) if len(lengths) else 0)
+        side = spec.get("side") or "right"
+        mask = _mask(lengths, T, side)
+        out = _fill([self.n, T] + trail, node, node.get("pad"))
+        out[mask] = torch.as_tensor(flat)
+        return _as_lib(out, node)
+
+    def _mask_from_rows(self) -> torch.Tensor:
+        for _, node in self.spec["keys"]:
+            if node.get("kind") == "token":
+                off, _ = self.c.list_parts(node["col"], node["dtype"])
+                w = max(1, math.prod(node["trail"]))
+                return _mask(np.diff(off) // w, self.spec["T"], self.spec["side"] or "right")
+        raise ConfigError(f"{self.c.where}: cannot convert to packed without a per-token field")
+
+    # -- per-trajectory sequences
+    def seq(self, node: dict, n: int, keys: list[str] | None) -> Any:
+        elems = self.elems(node["elem"], n, keys)
+        c = node["container"]
+        if c == "list":
+            return elems
+        if c == "tuple":
+            return tuple(elems)
+        dtype = np.dtype(node["np_dtype"])
+        if dtype.kind == "O":
+            arr = np.empty(n, dtype=object)
+            for i, e in enumerate(elems):
+                arr[i] = e
+            return arr
+        return np.array(elems, dtype=dtype).reshape(n)
+
+    def elems(self, node: dict, n: int, keys: list[str] | None = None) -> list:
+        t = node.get("t")
+        if t == "empty":
+            out: list = [None] * n
+        elif t == "cell":
+            off, v = self.c.list_parts(node["col"], node["dtype"])
+            shapes = self.c.arr(node["shape_col"]).to_pylist()
+            out = [None] * n
+            for i, shp in enumerate(shapes):
+                if shp is not None:
+                    x = v[off[i] - off[0]: off[i + 1] - off[0]]
+                    out[i] = _out(x.reshape(shp), node)
+        elif t == "value":
+            vals = self.c.arr(node["col"]).to_pylist()
+            out = [json.loads(x) if node["ptype"] == "json" and x is not None else x for x in vals]
+        elif t == "struct":
+            out = [{} for _ in range(n)]
+            for k, child in node["keys"]:
+                if keys is not None and k not in keys:
+                    continue
+                vals = self.elems(child, n)
+                miss = set(child.get("missing", ()))
+                for i in range(n):
+                    if i not in miss:
+                        out[i][k] = vals[i]
+        else:
+            raise FormatError(f"{self.c.where}: unknown element type {t!r} in the spec")
+        for i in node.get("none", ()):
+            out[i] = None
+        for i in node.get("missing", ()):
+            out[i] = None  # the parent struct drops the key
+        if len(out) != n:
+            raise FormatError(f"{self.c.where}: column {node.get('col')!r} has {len(out)} rows, expected {n}")
+        return out
+
+
+def _as_lib(t: torch.Tensor, node: dict):
+    return t if node["lib"] == "torch" else t.numpy()
+
+
+def _mask(lengths: np.ndarray, T: int, side: str) -> torch.Tensor:
+    L = torch.as_tensor(np.asarray(lengths, dtype=np.int64))
+    ar = torch.arange(T)
+    return ar[None, :] < L[:, None] if side == "right" else ar[None, :] >= (T - L)[:, None]
+
+
+def decode(table: pa.Table, spec: dict, *, where: str, columns: list[str] | None = None,
+           layout: str | None = None) -> Any:
+    """Rebuild the batch from ``table`` (already restricted to the needed columns)."""
+    if layout not in (None, "padded", "packed"):
+        raise ConfigError(f"layout must be 'padded', 'packed' or None, got {layout!r}")
+    try:
+        return _Decoder(_Cols(table, where), spec, layout).batch(columns)
+    except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:
+        if isinstance(e, (FormatError, ConfigError)):
+            raise
+        raise FormatError(f"{where}: the file does not match its own spec ({type(e).__name__}: {e}); "
+                          "the file is damaged or was not written by trajstore") from e
