@@ -18,6 +18,7 @@ import pyarrow as pa
 import torch
 
 from . import _dtypes as dt
+from . import adapters
 from .errors import BatchError, ConfigError, FormatError, UnsupportedTypeError
 
 __all__ = ["encode", "decode", "columns_for", "RESERVED"]
@@ -381,6 +382,7 @@ def _encode_field(enc: _Encoder, ctx: dict, path: tuple, v: Any) -> dict:
 def encode(batch: Any, *, step: int, split: str, meta: dict | None = None,
            extra: dict | None = None) -> pa.Table:
     """Encode ``batch`` into an Arrow table whose schema metadata holds the spec."""
+    batch, container = adapters.unwrap(batch)
     if isinstance(batch, Mapping):
         for k in batch:
             if type(k) is not str:
@@ -405,6 +407,8 @@ def encode(batch: Any, *, step: int, split: str, meta: dict | None = None,
             f"batch of type {type(batch).__name__} is not supported; pass a dict of tensors, "
             "a list of per-trajectory dicts, a TensorDict or a DataProto-like object"
         )
+    if container is not None:
+        spec["container"] = container
     doc = {"format_version": 1, "step": step, "split": split, "num_rows": enc.n,
            "meta": meta or {}, "batch": spec, **(extra or {})}
     step_col = pa.array(np.full(enc.n, step, dtype=np.int64))
@@ -584,7 +588,8 @@ class _Decoder:
                 x = _out(self.c.prim(node["col"], node["dtype"]), node)
             if node.get("tokenlike") and want == "packed":
                 mask = self._mask_from_rows()
-                return _as_lib(torch.as_tensor(x)[mask], node)
+                bits = _bits(x if isinstance(x, np.ndarray) else x.contiguous())[mask].contiguous()
+                return _as_lib(bits.view(_fill([0], node, 0).dtype), node)
             return x
         off, v = self.c.list_parts(node["col"], node["dtype"])
         trail = node["trail"]
@@ -599,7 +604,7 @@ class _Decoder:
         side = spec.get("side") or "right"
         mask = _mask(lengths, T, side)
         out = _fill([self.n, T] + trail, node, node.get("pad"))
-        out[mask] = torch.as_tensor(flat)
+        dt.bits_view(out)[mask] = _bits(flat if isinstance(flat, np.ndarray) else flat.contiguous())
         return _as_lib(out, node)
 
     def _mask_from_rows(self) -> torch.Tensor:
@@ -678,7 +683,8 @@ def decode(table: pa.Table, spec: dict, *, where: str, columns: list[str] | None
     if layout not in (None, "padded", "packed"):
         raise ConfigError(f"layout must be 'padded', 'packed' or None, got {layout!r}")
     try:
-        return _Decoder(_Cols(table, where), spec, layout).batch(columns)
+        out = _Decoder(_Cols(table, where), spec, layout).batch(columns)
+        return adapters.wrap(out, spec.get("container"))
     except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:
         if isinstance(e, (FormatError, ConfigError)):
             raise

@@ -1,0 +1,243 @@
+"""Hypothesis strategies for every batch form trajstore stores, and an exact comparison.
+
+Use them to test your own integration::
+
+    from hypothesis import given
+    from trajstore.testing import batches, assert_batch_equal
+
+    @given(batches())
+    def test_my_roundtrip(batch): ...
+
+Needs ``hypothesis`` (``pip install trajstore[test]``).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from hypothesis import strategies as st
+
+from . import _dtypes
+
+__all__ = [
+    "TORCH_DTYPES",
+    "tensors",
+    "padded_batches",
+    "trajectory_lists",
+    "packed_batches",
+    "multimodal_batches",
+    "non_tensor_values",
+    "batches",
+    "assert_batch_equal",
+]
+
+TORCH_DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                torch.float16, torch.bfloat16, torch.float32, torch.float64]
+NUMPY_DTYPES = [np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, np.float32,
+                np.float64, np.uint16, np.uint32, np.uint64]
+
+
+def _random_bits(seed: int, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+    """Arbitrary bit patterns (NaN payloads, -0.0, inf included) of ``dtype``."""
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    size = torch.empty(0, dtype=dtype).element_size()
+    raw = torch.randint(0, 256, (*shape, size), dtype=torch.uint8, generator=g)
+    return raw.view(dtype).reshape(shape) if shape else raw.view(dtype).reshape(())
+
+
+@st.composite
+def tensors(draw, shape: tuple, dtypes=TORCH_DTYPES, numpy: bool | None = False):
+    """A tensor (or numpy array when ``numpy``) of ``shape`` holding arbitrary bits."""
+    use_np = draw(st.booleans()) if numpy is None else numpy
+    seed = draw(st.integers(0, 2**31 - 1))
+    if use_np:
+        dtype = np.dtype(draw(st.sampled_from(NUMPY_DTYPES)))
+        rng = np.random.default_rng(seed)
+        if dtype == np.bool_:
+            return rng.integers(0, 2, shape).astype(bool)
+        return rng.integers(0, 256, (*shape, dtype.itemsize), dtype=np.uint8).view(dtype).reshape(shape)
+    return _random_bits(seed, tuple(shape), draw(st.sampled_from(list(dtypes))))
+
+
+_lengths = st.lists(st.integers(0, 9), min_size=0, max_size=6)
+
+
+@st.composite
+def padded_batches(draw, max_batch: int = 6):
+    """AReaL-style dicts of padded tensors: per-token [B, T] / [B, T, k], per-sample [B] / [B, ...]."""
+    lengths = draw(st.lists(st.integers(0, 9), min_size=0, max_size=max_batch))
+    B = len(lengths)
+    T = max(lengths, default=0) + draw(st.integers(0, 3))  # pad-to-multiple leaves extra width
+    side = draw(st.sampled_from(["right", "left"]))
+    ar = torch.arange(T)
+    L = torch.tensor(lengths, dtype=torch.int64).reshape(B)
+    mask = ar[None, :] < L[:, None] if side == "right" else ar[None, :] >= (T - L)[:, None]
+    mask_dtype = draw(st.sampled_from([torch.bool, torch.int32, torch.int64]))
+    batch: dict[str, Any] = {}
+    ids_dtype = draw(st.sampled_from([torch.int32, torch.int64]))
+    pad_id = draw(st.integers(0, 100))
+    ids = torch.randint(0, 152_000, (B, T), generator=torch.Generator().manual_seed(draw(st.integers(0, 999))))
+    batch["input_ids"] = ids.to(ids_dtype).masked_fill(~mask, pad_id)
+    batch["attention_mask"] = mask.to(mask_dtype)
+    batch["loss_mask"] = (draw(tensors((B, T), [torch.bool])) & mask).to(torch.int32)
+    lp = draw(tensors((B, T), [torch.float32, torch.bfloat16]))
+    batch["logprobs"] = lp.masked_fill(~mask, 0.0)
+    batch["versions"] = torch.where(mask, draw(tensors((B, T), [torch.int32])), torch.full((B, T), -1, dtype=torch.int32))
+    if draw(st.booleans()):
+        k = draw(st.integers(1, 3))
+        batch["topk"] = draw(tensors((B, T, k)))  # pad region arbitrary: stored whole
+    batch["rewards"] = draw(tensors((B,), [torch.float32]))
+    if draw(st.booleans()):
+        batch["extra"] = draw(tensors((B, draw(st.integers(0, 3))), numpy=None))
+    for name in draw(st.lists(st.sampled_from(["a", "b", "c"]), unique=True, max_size=2)):
+        batch[f"tok_{name}"] = draw(tensors((B, T), numpy=None))
+    return batch
+
+
+@st.composite
+def trajectory_lists(draw, max_batch: int = 6):
+    """A list of per-trajectory dicts (tensors [1, T] or [T]) with ``None`` for rejected ones."""
+    out: list = []
+    two_d = draw(st.booleans())
+    for _ in range(draw(st.integers(0, max_batch))):
+        if draw(st.integers(0, 4)) == 0:
+            out.append(None)
+            continue
+        T = draw(st.integers(0, 9))
+        shape = (1, T) if two_d else (T,)
+        out.append({
+            "input_ids": draw(tensors(shape, [torch.int32])),
+            "attention_mask": torch.ones(shape, dtype=torch.bool),
+            "logprobs": draw(tensors(shape, [torch.float32])),
+            "rewards": draw(tensors((1,), [torch.float32])),
+            "uid": draw(st.text(max_size=5)),
+        })
+    return out
+
+
+@st.composite
+def packed_batches(draw, max_batch: int = 6):
+    """Packed layout: flat [N] per-token tensors plus ``cu_seqlens`` [B+1]."""
+    lengths = draw(st.lists(st.integers(0, 9), min_size=0, max_size=max_batch))
+    B, N = len(lengths), sum(lengths)
+    cu = torch.zeros(B + 1, dtype=draw(st.sampled_from([torch.int32, torch.int64])))
+    cu[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0).to(cu.dtype) if B else cu[1:]
+    batch = {
+        "input_ids": draw(tensors((N,), [torch.int64, torch.int32])),
+        "logprobs": draw(tensors((N,), [torch.float32, torch.bfloat16])),
+        "cu_seqlens": cu,
+        "rewards": draw(tensors((B,), [torch.float32])),
+    }
+    if draw(st.booleans()):
+        batch["max_seqlen"] = max(lengths, default=0)
+    return batch
+
+
+@st.composite
+def multimodal_batches(draw, max_batch: int = 4):
+    """Per-sample tensors of per-sample shape, and AReaL's ``multi_modal_input`` list of dicts."""
+    B = draw(st.integers(0, max_batch))
+    T = draw(st.integers(1, 6))
+    mm = []
+    pv_dtype = draw(st.sampled_from([torch.float32, torch.bfloat16]))
+    for _ in range(B):
+        n = draw(st.integers(0, 4))
+        mm.append({"pixel_values": draw(tensors((n, 4), [pv_dtype])),
+                   "image_grid_thw": draw(tensors((draw(st.integers(0, 2)), 3), [torch.int64]))})
+    return {
+        "input_ids": draw(tensors((B, T), [torch.int64])),
+        "attention_mask": torch.ones(B, T, dtype=torch.bool),
+        "pixel_values": [draw(tensors((draw(st.integers(0, 3)), 2), [torch.float16])) for _ in range(B)],
+        "multi_modal_input": mm,
+    }
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=8),
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=4), c, max_size=3),
+    max_leaves=8,
+)
+
+
+def non_tensor_values(n: int):
+    """One per-sample value list of a single kind: str / int / float / bool / JSON / None mix."""
+    leaf = st.sampled_from(["str", "int", "float", "bool", "json"])
+
+    @st.composite
+    def _one(draw):
+        kind = draw(leaf)
+        base = {"str": st.text(max_size=6), "int": st.integers(-(2**63), 2**63 - 1),
+                "float": st.floats(), "bool": st.booleans(), "json": _json}[kind]
+        return [draw(st.none() | base) for _ in range(n)]
+
+    return _one()
+
+
+@st.composite
+def non_tensor_batches(draw, max_batch: int = 5):
+    """verl-style ``non_tensor_batch``: numpy object arrays, plus plain lists and scalars."""
+    B = draw(st.integers(0, max_batch))
+    batch: dict[str, Any] = {"rewards": draw(tensors((B,), [torch.float32]))}
+    for i in range(draw(st.integers(1, 3))):
+        vals = draw(non_tensor_values(B))
+        if draw(st.booleans()):
+            arr = np.empty(B, dtype=object)
+            for j, v in enumerate(vals):
+                arr[j] = v
+            batch[f"nt{i}"] = arr
+        else:
+            batch[f"nt{i}"] = vals
+    batch["uid"] = np.array([f"u{j}" for j in range(B)]) if B else np.array([], dtype="<U1")
+    batch["global_flag"] = draw(st.none() | st.booleans() | st.integers(0, 9) | st.text(max_size=3))
+    batch["temperature"] = torch.tensor(draw(st.floats(0, 2)), dtype=torch.float32)
+    return batch
+
+
+def batches():
+    """Any batch form trajstore accepts."""
+    return st.one_of(padded_batches(), trajectory_lists(), packed_batches(), multimodal_batches(),
+                     non_tensor_batches())
+
+
+# ----------------------------------------------------------------------------- comparison
+def _float_bits(x: float) -> bytes:
+    return struct.pack("<d", x)
+
+
+def assert_batch_equal(a: Any, b: Any, path: str = "batch") -> None:
+    """Assert ``a`` and ``b`` are the same structure with bit-identical contents."""
+    assert type(a) is type(b), f"{path}: type {type(a).__name__} != {type(b).__name__}"
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype, f"{path}: dtype {a.dtype} != {b.dtype}"
+        assert a.shape == b.shape, f"{path}: shape {tuple(a.shape)} != {tuple(b.shape)}"
+        ac, bc = a.detach().cpu().contiguous(), b.detach().cpu().contiguous()
+        assert torch.equal(_dtypes.bits_view(ac), _dtypes.bits_view(bc)), f"{path}: values differ"
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype, f"{path}: dtype {a.dtype} != {b.dtype}"
+        assert a.shape == b.shape, f"{path}: shape {a.shape} != {b.shape}"
+        if a.dtype == object:
+            for i, (x, y) in enumerate(zip(a.reshape(-1), b.reshape(-1))):
+                assert_batch_equal(x, y, f"{path}[{i}]")
+        else:
+            assert a.tobytes() == b.tobytes(), f"{path}: values differ"
+    elif isinstance(a, np.generic):
+        assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), f"{path}: {a!r} != {b!r}"
+    elif isinstance(a, Mapping):
+        assert list(a.keys()) == list(b.keys()), f"{path}: keys {list(a)} != {list(b)}"
+        for k in a:
+            assert_batch_equal(a[k], b[k], f"{path}[{k!r}]")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), f"{path}: length {len(a)} != {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_batch_equal(x, y, f"{path}[{i}]")
+    elif isinstance(a, float):
+        assert _float_bits(a) == _float_bits(b) or (math.isnan(a) and math.isnan(b)), f"{path}: {a!r} != {b!r}"
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
