@@ -408,7 +408,7 @@ def encode(batch: Any, *, step: int, split: str, meta: dict | None = None,
             "a list of per-trajectory dicts, a TensorDict or a DataProto-like object"
         )
     if container is not None:
-        spec["container"] = container
+        spec["wrapper"] = container
     doc = {"format_version": 1, "step": step, "split": split, "num_rows": enc.n,
            "meta": meta or {}, "batch": spec, **(extra or {})}
     step_col = pa.array(np.full(enc.n, step, dtype=np.int64))
@@ -684,7 +684,7 @@ def decode(table: pa.Table, spec: dict, *, where: str, columns: list[str] | None
         raise ConfigError(f"layout must be 'padded', 'packed' or None, got {layout!r}")
     try:
         out = _Decoder(_Cols(table, where), spec, layout).batch(columns)
-        return adapters.wrap(out, spec.get("container"))
+        return adapters.wrap(out, spec.get("wrapper"))
     except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:
         if isinstance(e, (FormatError, ConfigError)):
             raise
