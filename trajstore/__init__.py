@@ -4,10 +4,13 @@ __version__ = "0.1.0"
 
 from .errors import (  # noqa: E402
     BatchError,
+    ChecksumError,
     ConfigError,
     DumpNotFoundError,
+    EnvironmentMismatchError,
     FormatError,
     FormatVersionError,
+    MissingDependencyError,
     StepExistsError,
     StepNotFoundError,
     TrajstoreError,
@@ -16,11 +19,22 @@ from .errors import (  # noqa: E402
 )
 from .reader import Reader  # noqa: E402
 from .writer import Writer  # noqa: E402
+from .recorder import DumpReplayConfig, Recorder  # noqa: E402
+from .fingerprint import deterministic  # noqa: E402
+from ._diff import diff  # noqa: E402
+from ._traces import traces  # noqa: E402
+from .integrity import verify  # noqa: E402
 
 __all__ = [
     "__version__",
     "Writer",
     "Reader",
+    "Recorder",
+    "DumpReplayConfig",
+    "deterministic",
+    "traces",
+    "diff",
+    "verify",
     "TrajstoreError",
     "StepNotFoundError",
     "StepExistsError",
@@ -29,6 +43,9 @@ __all__ = [
     "UnsupportedTypeError",
     "FormatError",
     "FormatVersionError",
+    "ChecksumError",
     "WriterError",
     "ConfigError",
+    "EnvironmentMismatchError",
+    "MissingDependencyError",
 ]

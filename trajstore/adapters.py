@@ -1,17 +1,166 @@
 """Batch container adapters: turn container types (TensorDict, DataProto-like objects)
-into the plain dict/list forms ``schema`` stores, and back.
+into the plain dict forms ``schema`` stores, and back.
 
 ``unwrap(batch)`` returns ``(plain, tag)``; ``tag`` is a JSON-able description of the
 container (None for plain batches) stored in the spec; ``wrap(plain, tag)`` rebuilds it.
+
+* ``tensordict.TensorDict`` (and any ``TensorDictBase``): stored as a dict of its
+  tensors (nested TensorDicts become nested dicts, non-tensor entries become values);
+  it comes back as a ``TensorDict`` on CPU with the same ``batch_size`` (nested ones
+  too) and the same non-tensor entries.  Reading it needs ``tensordict`` installed.
+* A verl-style ``DataProto`` (duck typed, verl is never imported): any object with a
+  ``batch`` (TensorDict or None), a ``non_tensor_batch`` (dict of numpy arrays, one
+  entry per trajectory) and a ``meta_info`` (dict of JSON values).  The tensors and the
+  non-tensor arrays are stored side by side as top-level fields, so ``attention_mask``
+  and friends get the unpadded per-token layout.  It comes back as the original class
+  when that class's module is *already imported* by the reading process and the class
+  is a dataclass with those three fields (verl's is): nothing is ever imported, so
+  reading a file never runs code the process did not load itself.  Otherwise it comes
+  back as :class:`DataProtoLike`, a small dataclass of the same shape.
 """
 
 from __future__ import annotations
 
+import sys
+from dataclasses import dataclass, field
 from typing import Any
+
+__all__ = ["unwrap", "wrap", "DataProtoLike"]
+
+
+@dataclass
+class DataProtoLike:
+    """What a DataProto-shaped step comes back as when its own class is not loaded."""
+
+    batch: Any = None
+    non_tensor_batch: dict = field(default_factory=dict)
+    meta_info: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        if self.batch is not None and len(self.batch.batch_size):
+            return int(self.batch.batch_size[0])
+        for v in self.non_tensor_batch.values():
+            return len(v)
+        return 0
+
+
+def _td_base():
+    mod = sys.modules.get("tensordict")  # a TensorDict can only exist if tensordict is imported
+    return getattr(mod, "TensorDictBase", None) if mod is not None else None
+
+
+def _is_td(x: Any) -> bool:
+    base = _td_base()
+    return base is not None and isinstance(x, base)
+
+
+def _is_dataproto(x: Any) -> bool:
+    return (not isinstance(x, dict) and hasattr(x, "batch") and hasattr(x, "non_tensor_batch")
+            and hasattr(x, "meta_info") and (x.batch is None or _is_td(x.batch))
+            and isinstance(x.non_tensor_batch, dict) and isinstance(x.meta_info, dict))
+
+
+def _td_plain(td, where: str) -> tuple[dict, dict]:
+    """(plain nested dict, tag describing batch sizes and non-tensor keys)."""
+    import torch
+
+    from .errors import UnsupportedTypeError
+
+    out, nested, non_tensor = {}, {}, {}
+    for k in td.keys():
+        v = td.get(k)
+        if _is_td(v) and not _is_non_tensor(v):
+            out[k], nested[k] = _td_plain(v, f"{where}.{k}")
+        elif isinstance(v, torch.Tensor):
+            out[k] = v
+        elif _is_non_tensor(v):
+            stack = type(v).__name__ == "NonTensorStack"
+            out[k] = v.tolist() if stack else v.data
+            non_tensor[k] = "stack" if stack else "data"
+        else:
+            raise UnsupportedTypeError(f"field {where}.{k}: TensorDict entry of type {type(v).__name__} "
+                                       "cannot be stored; use tensors, nested TensorDicts or non-tensor data")
+    tag = {"batch_size": list(td.batch_size)}
+    if nested:
+        tag["nested"] = nested
+    if non_tensor:
+        tag["non_tensor"] = non_tensor
+    if td.device is not None:
+        tag["device"] = str(td.device)  # informational: batches come back on CPU
+    return out, tag
+
+
+def _is_non_tensor(v: Any) -> bool:
+    return type(v).__name__ in ("NonTensorData", "NonTensorStack")
+
+
+def _td_build(plain: dict, tag: dict):
+    try:
+        from tensordict import NonTensorStack, TensorDict
+    except ImportError:
+        from .errors import MissingDependencyError
+
+        raise MissingDependencyError("this step was recorded from a tensordict.TensorDict; install "
+                                     "tensordict (pip install tensordict) to read it") from None
+    nested = tag.get("nested", {})
+    non_tensor = tag.get("non_tensor", {})
+    from .errors import ConfigError
+
+    td = TensorDict({}, batch_size=tag["batch_size"])
+    for k, v in plain.items():
+        try:
+            if k in nested:
+                td.set(k, _td_build(v, nested[k]))
+            elif non_tensor.get(k) == "stack":
+                td.set(k, NonTensorStack.from_list(list(v)))
+            elif k in non_tensor:
+                td.set_non_tensor(k, v)
+            else:
+                td.set(k, v)
+        except (RuntimeError, ValueError, TypeError) as e:
+            raise ConfigError(f"field {k!r} does not fit the recorded TensorDict batch_size "
+                              f"{tag['batch_size']} ({e}); read without layout= to get it back as recorded") from None
+    return td
 
 
 def unwrap(batch: Any) -> tuple[Any, dict | None]:
+    from .errors import BatchError
+
+    if isinstance(batch, dict | list | tuple):
+        return batch, None
+    if _is_td(batch):
+        plain, tag = _td_plain(batch, "<batch>")
+        return plain, {"type": "tensordict", **tag}
+    if _is_dataproto(batch):
+        from .schema import check_json
+
+        plain, tag = ({}, None) if batch.batch is None else _td_plain(batch.batch, "batch")
+        for k, v in batch.non_tensor_batch.items():
+            if k in plain:
+                raise BatchError(f"field {k!r} is in both batch and non_tensor_batch; rename one of them")
+            plain[k] = v
+        check_json(batch.meta_info, "meta_info")
+        cls = type(batch)
+        return plain, {"type": "dataproto", "td": tag, "non_tensor_keys": list(batch.non_tensor_batch),
+                       "meta_info": batch.meta_info, "cls": f"{cls.__module__}:{cls.__qualname__}"}
     return batch, None
+
+
+_FIELDS = {"batch", "non_tensor_batch", "meta_info"}
+
+
+def _loaded_class(path: str):
+    """The class named ``module:qualname`` if its module is already imported and it is a
+    dataclass with ``batch``, ``non_tensor_batch`` and ``meta_info`` fields, else None.
+    A file names the class, so only such already-loaded, DataProto-shaped classes are
+    ever instantiated: nothing is imported and no other constructor runs."""
+    mod_name, _, qual = path.partition(":")
+    obj = sys.modules.get(mod_name)
+    for part in qual.split(".") if obj is not None else ():
+        obj = getattr(obj, part, None)
+    if not isinstance(obj, type) or obj is DataProtoLike:
+        return None
+    return obj if _FIELDS <= set(getattr(obj, "__dataclass_fields__", ())) else None
 
 
 def wrap(plain: Any, tag: dict | None) -> Any:
@@ -19,4 +168,19 @@ def wrap(plain: Any, tag: dict | None) -> Any:
         return plain
     from .errors import FormatError
 
-    raise FormatError(f"unknown batch container {tag.get('type')!r} in the spec; upgrade trajstore")
+    kind = tag.get("type")
+    if kind == "tensordict":
+        return _td_build(plain, tag)
+    if kind == "dataproto":
+        keys = set(tag["non_tensor_keys"])
+        non_tensor = {k: plain[k] for k in tag["non_tensor_keys"] if k in plain}
+        rest = {k: v for k, v in plain.items() if k not in keys}
+        batch = None if tag["td"] is None else _td_build(rest, tag["td"])
+        cls = _loaded_class(tag.get("cls", ""))
+        if cls is not None:
+            try:
+                return cls(batch=batch, non_tensor_batch=non_tensor, meta_info=tag["meta_info"])
+            except Exception:  # noqa: BLE001 - a class of another shape: fall back to the plain one
+                pass
+        return DataProtoLike(batch=batch, non_tensor_batch=non_tensor, meta_info=tag["meta_info"])
+    raise FormatError(f"unknown batch container {kind!r} in the spec; upgrade trajstore")

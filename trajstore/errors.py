@@ -10,9 +10,12 @@ catch, so ``except KeyError`` around ``reader[step]`` keeps working::
     ├── BatchError(ValueError)            a batch that cannot be stored exactly
     │   └── UnsupportedTypeError(TypeError)   a value of a type the format cannot hold
     ├── FormatError(ValueError)           a file that is not a valid trajstore file
-    │   └── FormatVersionError            written by a newer format version
+    │   ├── FormatVersionError            written by a newer format version
+    │   └── ChecksumError                 a step file does not match its recorded checksum
     ├── WriterError(RuntimeError)         a background write failed
-    └── ConfigError(ValueError)           an invalid option or argument
+    ├── ConfigError(ValueError)           an invalid option or argument
+    ├── EnvironmentMismatchError(RuntimeError)  replay environment differs from the dump's (strict mode)
+    └── MissingDependencyError(ImportError)  an optional package (an extra) is not installed
 
 Messages name the step, field or file, say why, and say what to do.
 """
@@ -28,8 +31,11 @@ __all__ = [
     "UnsupportedTypeError",
     "FormatError",
     "FormatVersionError",
+    "ChecksumError",
     "WriterError",
     "ConfigError",
+    "EnvironmentMismatchError",
+    "MissingDependencyError",
 ]
 
 
@@ -72,9 +78,21 @@ class FormatVersionError(FormatError):
     """A file was written by a newer format version than this library reads."""
 
 
+class ChecksumError(FormatError):
+    """A step file's bytes do not match the SHA-256 recorded when it was committed."""
+
+
 class WriterError(TrajstoreError, RuntimeError):
     """Writing a step failed (in the background or on disk)."""
 
 
 class ConfigError(TrajstoreError, ValueError):
     """An option or argument is invalid."""
+
+
+class EnvironmentMismatchError(TrajstoreError, RuntimeError):
+    """A strict replay found the environment differs from the one recorded at dump time."""
+
+
+class MissingDependencyError(TrajstoreError, ImportError):
+    """An optional package is needed; the message names the extra to install."""

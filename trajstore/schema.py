@@ -55,11 +55,16 @@ def _as_cpu(x: Any, path: tuple) -> tuple[str, str, torch.Tensor | np.ndarray]:
                 f"field {_where(path)!r}: {x.layout} tensors are not supported; call .to_dense() first"
             )
         t = x.detach()
+        if t.device.type == "meta":
+            raise UnsupportedTypeError(f"field {_where(path)!r}: a tensor on the meta device has no values to store")
         if t.device.type != "cpu":
             t = t.cpu()
         t = t.resolve_conj().resolve_neg().contiguous()
         return "torch", name, t
     lib = "np_scalar" if isinstance(x, np.generic) else "numpy"
+    if isinstance(x, np.ma.MaskedArray):
+        raise UnsupportedTypeError(f"field {_where(path)!r}: numpy masked arrays are not supported (the mask "
+                                   "would be lost); store .filled() values and the mask as two fields")
     a = np.ascontiguousarray(np.asarray(x))
     name = dt.NUMPY_NAMES.get(a.dtype.newbyteorder("=") if a.dtype.byteorder not in "=|" else a.dtype)
     if name is None or a.dtype.byteorder == ">":
@@ -88,15 +93,31 @@ def _list_array(offsets: np.ndarray, values: np.ndarray, mask: np.ndarray | None
     return pa.LargeListArray.from_arrays(off, vals)
 
 
-def check_json(v: Any, where: str) -> None:
+MAX_JSON_DEPTH = 200
+
+
+def _check_str(v: str, where: str) -> None:
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BatchError(f"{where}: string {v[:40]!r} is not valid UTF-8 (it holds a lone surrogate); "
+                         "fix the text or store it as bytes in a uint8 tensor") from None
+
+
+def check_json(v: Any, where: str, _depth: int = 0) -> None:
     """Raise unless ``v`` survives a JSON round trip with identical types."""
-    if v is None or type(v) in (bool, int, str):
+    if v is None or type(v) in (bool, int):
         return
+    if type(v) is str:
+        return _check_str(v, where)
     if type(v) is float:
         return
+    if _depth >= MAX_JSON_DEPTH:
+        raise BatchError(f"{where[:120]}...: a value nests more than {MAX_JSON_DEPTH} lists/dicts deep; "
+                         "flatten it")
     if type(v) is list:
         for i, x in enumerate(v):
-            check_json(x, f"{where}[{i}]")
+            check_json(x, f"{where}[{i}]", _depth + 1)
         return
     if type(v) is dict:
         for k, x in v.items():
@@ -104,7 +125,8 @@ def check_json(v: Any, where: str) -> None:
                 raise UnsupportedTypeError(
                     f"{where}: dict key {k!r} is a {type(k).__name__}; only str keys round-trip exactly"
                 )
-            check_json(x, f"{where}[{k!r}]")
+            _check_str(k, f"{where} key")
+            check_json(x, f"{where}[{k!r}]", _depth + 1)
         return
     raise UnsupportedTypeError(
         f"{where}: value of type {type(v).__name__} cannot be stored exactly; use None, bool, int, "
@@ -124,6 +146,7 @@ class _Encoder:
         self.arrays: list[pa.Array] = []
 
     def add(self, name: str, arr: pa.Array, meta: dict[str, str], path: tuple) -> None:
+        _check_str(name, f"field {_where(path)!r} name")
         if name in RESERVED or any(f.name == name for f in self.fields):
             raise BatchError(
                 f"field {_where(path)!r}: column name {name!r} is reserved or already used; rename the field"
@@ -162,13 +185,8 @@ def _layout(batch: Mapping) -> dict:
     if _is_tensorlike(m) and np.ndim(m) >= 2:
         _, name, a = _as_cpu(m, ("attention_mask",))
         mb = torch.as_tensor(a) if isinstance(a, np.ndarray) else a
-        if name not in ("bool",):
-            if name.startswith("float") or name == "bfloat16":
-                ok = bool(((mb == 0) | (mb == 1)).all())
-            else:
-                ok = bool(((mb == 0) | (mb == 1)).all())
-            if not ok:
-                raise BatchError("field 'attention_mask': values must be 0 or 1 (found other values)")
+        if name != "bool" and not bool(((mb == 0) | (mb == 1)).all()):
+            raise BatchError("field 'attention_mask': values must be 0 or 1 (found other values)")
         mask = (mb != 0)
         while mask.ndim > 2:  # [B, T, ...] masks: a token is valid where all of its entries are
             mask = mask.all(dim=-1)
@@ -328,6 +346,8 @@ def _encode_values(enc, node, path, col, elems, present) -> dict:
     types = {type(e) for _, e in present}
     vals = [None if (e is None or e is _MISSING) else e for e in elems]
     if types == {str}:
+        for i, e in present:
+            _check_str(e, f"field {_where(path)!r} row {i}")
         arr, ptype = pa.array(vals, type=pa.string()), "str"
     elif types == {bool}:
         arr, ptype = pa.array(vals, type=pa.bool_()), "bool"
@@ -364,8 +384,9 @@ def _encode_field(enc: _Encoder, ctx: dict, path: tuple, v: Any) -> dict:
     else:
         if v is None or type(v) in (bool, int, float, str):
             return {"t": "json", "v": v}
+        kind = f" of dtype {v.dtype}" if isinstance(v, np.ndarray | np.generic) else ""
         raise UnsupportedTypeError(
-            f"field {_where(path)!r}: a {type(v).__name__} cannot be stored; use a tensor, numpy array, "
+            f"field {_where(path)!r}: a {type(v).__name__}{kind} cannot be stored; use a tensor, numpy array, "
             "list of per-trajectory values, dict, or a plain scalar"
         )
     if len(elems) != B:
@@ -501,7 +522,7 @@ def _out(a: np.ndarray, node: dict):
 
 
 def _from_b64(node: dict):
-    raw = base64.b64decode(node["data"])
+    raw = base64.b64decode(node["data"], validate=True)
     a = np.frombuffer(raw, dtype=dt.storage_numpy(node["dtype"])).copy().reshape(node["shape"])
     return _out(a, node)
 
@@ -600,11 +621,15 @@ class _Decoder:
         if want == "packed":
             return flat
         lengths = np.diff(off) // w if w else np.zeros(self.n, np.int64)
+        if w and bool((np.diff(off) % w).any()):
+            raise FormatError(f"{self.c.where}: column {node['col']!r} rows are not whole tokens of {trail}")
         T = spec["T"] if spec["form"] == "padded" else (int(lengths.max()) if len(lengths) else 0)
         side = spec.get("side") or "right"
         mask = _mask(lengths, T, side)
         out = _fill([self.n, T] + trail, node, node.get("pad"))
-        dt.bits_view(out)[mask] = _bits(flat if isinstance(flat, np.ndarray) else flat.contiguous())
+        src = _bits(flat if isinstance(flat, np.ndarray) else flat.contiguous()).reshape(-1)
+        # masked_scatter_ fills in the same row-major order as out[mask] = ..., ~6x faster on CPU
+        dt.bits_view(out).masked_scatter_(mask.reshape(list(mask.shape) + [1] * len(trail)).expand(out.shape), src)
         return _as_lib(out, node)
 
     def _mask_from_rows(self) -> torch.Tensor:
@@ -642,6 +667,9 @@ class _Decoder:
             for i, shp in enumerate(shapes):
                 if shp is not None:
                     x = v[off[i] - off[0]: off[i + 1] - off[0]]
+                    if any(type(d) is not int or d < 0 for d in shp) or math.prod(shp) != len(x):
+                        raise FormatError(f"{self.c.where}: column {node['col']!r} row {i} has shape {shp} "
+                                          f"but {len(x)} values")
                     out[i] = _out(x.reshape(shp), node)
         elif t == "value":
             vals = self.c.arr(node["col"]).to_pylist()
@@ -685,8 +713,11 @@ def decode(table: pa.Table, spec: dict, *, where: str, columns: list[str] | None
     try:
         out = _Decoder(_Cols(table, where), spec, layout).batch(columns)
         return adapters.wrap(out, spec.get("wrapper"))
-    except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:
+    except (KeyError, IndexError, TypeError, ValueError, RuntimeError, AttributeError, ArithmeticError,
+            pa.ArrowException) as e:
         if isinstance(e, (FormatError, ConfigError)):
-            raise
+            if where in str(e):
+                raise
+            raise type(e)(f"{where}: {e}") from e
         raise FormatError(f"{where}: the file does not match its own spec ({type(e).__name__}: {e}); "
                           "the file is damaged or was not written by trajstore") from e

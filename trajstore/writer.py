@@ -1,35 +1,81 @@
-"""Writer: append one step's batch as one Parquet file, atomically."""
+"""Writer: append one step's batch as one Parquet file, atomically, in the background.
+
+``append`` takes a snapshot of the batch and returns; encoding, compression and file I/O run on
+background thread(s). What is recorded is the batch as it was at ``append``:
+
+* CUDA tensors are copied into reused pinned host buffers on a side stream that first waits on
+  the caller's current stream; the caller's stream then waits (on the GPU, the calling thread does
+  not block) for that copy, so later in-place updates queued on it cannot race the copy.
+* CPU torch tensors are not copied. Their version counters (``t._version``) are recorded, and
+  checked again before and after the step is encoded; if one changed (an in-place update after
+  ``append``), the step is *not* written and ``WriterError`` names the step and field. Pass
+  ``copy=True`` to clone CPU tensors on the caller's thread instead. Writes that bypass torch's
+  counter (through a ``.numpy()`` view, ``.data`` or another alias of the memory) are not seen.
+* numpy arrays have no version counter, so an in-place change could not be detected: numeric
+  numpy arrays are always copied at ``append`` (a memcpy; they are small in RL batches); object
+  and string arrays are copied shallowly.
+* dicts, lists and tuples are rebuilt at ``append`` (a shallow copy of the structure, one level
+  per container); Python scalars and strings are immutable. Other objects are kept by reference.
+
+Memory is bounded: at ``max_pending_steps`` steps or ``max_pending_bytes`` bytes (tensor bytes)
+not yet on disk, ``append`` waits; the time waited is logged (logger ``trajstore.writer``) and
+counted in ``writer.stats``. A failure in the background is raised, as ``WriterError`` naming the
+step, by the next ``append``, ``flush()`` or ``close()``; other steps keep being written.
+``flush()`` waits for every pending step; an interpreter exit flushes open writers.
+"""
 
 from __future__ import annotations
 
+import atexit
 import json
+import logging
+import queue
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow.parquet as pq
+import torch
 
-from . import _store, schema
-from .errors import ConfigError, StepExistsError, WriterError
+from . import _batchcheck, _store, adapters, schema, torch_bridge
+from .errors import ConfigError, StepExistsError, TrajstoreError, WriterError
 
 __all__ = ["Writer"]
 
+log = logging.getLogger("trajstore.writer")
 MAX_META_BYTES = 1 << 20
+ROW_GROUPS = 8  # row groups per step file: lets a reader decode one step on several cores
+ZSTD_LEVEL = 3
+LOG_EVERY_S = 60.0  # at most one 'append waited' warning a minute per writer
 
 
 def parquet_options(table) -> dict:
-    """Per-column encodings: BYTE_STREAM_SPLIT for numeric tensor values (see docs/FORMAT.md)."""
-    bss = []
+    """Per-column encodings, chosen by the encoding benchmark (benchmarks/RESULTS.md): on Zipf
+    token ids and float32 log-probs, BYTE_STREAM_SPLIT + zstd level 3 gave the smallest files
+    (vs plain, dictionary, DELTA_BINARY_PACKED) at full write speed; levels above 3 gained < 1%
+    for 2-4x the write time. So: BYTE_STREAM_SPLIT for 16/32/64-bit tensor values, dictionary for
+    everything else (masks, strings, JSON), and ``ROW_GROUPS`` row groups so a reader can decode
+    one step on several cores."""
+    bss, dic = [], []
     for f in table.schema:
         t = f.type.value_type if hasattr(f.type, "value_type") else f.type
+        # Parquet options name leaf columns: a list column's values are "<name>.list.element"
+        names = [f.name, f"{f.name}.list.element"] if hasattr(f.type, "value_type") else [f.name]
         if (f.metadata or {}).get(b"trajstore.kind") in (b"token", b"sample", b"cell") and (
             t.bit_width in (16, 32, 64) and str(t) not in ("bool",)
         ):
-            bss.append(f.name)
+            bss += names
+        else:
+            dic += names
     return {
         "compression": "zstd",
-        "use_dictionary": [f.name for f in table.schema if f.name not in bss],
+        "compression_level": ZSTD_LEVEL,
+        "use_dictionary": dic,
         "use_byte_stream_split": bss,
         "write_statistics": ["step"],
+        "row_group_size": max(1, -(-table.num_rows // ROW_GROUPS)),
     }
 
 
@@ -46,44 +92,316 @@ def check_meta(meta: Any, step: int) -> dict:
     return meta
 
 
+# ----------------------------------------------------------------------------- snapshot
+class _Snapshot:
+    """The batch of one step as it was at ``append``, plus what the background must check."""
+
+    def __init__(self, copy: bool):
+        self.copy = copy
+        self.versions: list[tuple[str, torch.Tensor, int]] = []
+        self.cuda: list[tuple[str, torch.Tensor]] = []
+        self.nbytes = 0
+
+    def take(self, v: Any, path: tuple) -> Any:
+        if isinstance(v, torch.Tensor):
+            self.nbytes += v.numel() * v.element_size()
+            if v.device.type == "cuda":
+                self.cuda.append((_name(path), v))
+                return _CudaSlot(len(self.cuda) - 1)
+            if v.device.type != "cpu":
+                return v.detach().cpu()
+            if self.copy:
+                return v.detach().clone()
+            self.versions.append((_name(path), v, v._version))
+            return v
+        if isinstance(v, np.ndarray):
+            self.nbytes += v.nbytes
+            return v.copy()
+        if isinstance(v, dict):
+            return {k: self.take(x, path + (k,)) for k, x in v.items()}
+        if isinstance(v, list):
+            return [self.take(x, path + (i,)) for i, x in enumerate(v)]
+        if isinstance(v, tuple):
+            return tuple(self.take(x, path + (i,)) for i, x in enumerate(v))
+        return v
+
+    def check(self, step: int) -> None:
+        for name, t, ver in self.versions:
+            if t._version != ver:
+                raise WriterError(
+                    f"step {step}: field {name!r} was modified in place after append (its tensor "
+                    "version changed); the step was not written. Pass copy=True to append, or do not "
+                    "modify the tensor before flush()"
+                )
+
+
+class _CudaSlot:
+    def __init__(self, i: int):
+        self.i = i
+
+
+def _name(path: tuple) -> str:
+    return ".".join(str(p) for p in path) if path else "<batch>"
+
+
+def _fill_cuda(v: Any, hosts: list) -> Any:
+    if isinstance(v, _CudaSlot):
+        return hosts[v.i]
+    if isinstance(v, dict):
+        return {k: _fill_cuda(x, hosts) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_fill_cuda(x, hosts) for x in v]
+    if isinstance(v, tuple):
+        return tuple(_fill_cuda(x, hosts) for x in v)
+    return v
+
+
+class _Job:
+    def __init__(self, step, batch, tag, meta, overwrite, snap, hosts, cuda_snaps):
+        self.step, self.batch, self.tag, self.meta, self.overwrite = step, batch, tag, meta, overwrite
+        self.snap, self.hosts, self.cuda_snaps = snap, hosts, cuda_snaps
+        self.nbytes = snap.nbytes
+
+
+_live: set[Writer] = set()
+_live_lock = threading.Lock()
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    with _live_lock:
+        writers = list(_live)
+    for w in writers:
+        try:
+            w.close()
+        except Exception as e:  # noqa: BLE001 - report every writer, never crash the exit
+            log.error("trajstore: at exit, %r failed: %s", w, e)
+
+
+# ----------------------------------------------------------------------------- writer
 class Writer:
     """Append steps to a dump at ``path``; use as a context manager.
 
     >>> with trajstore.Writer("dumps/run1") as w:
-    ...     w.append(0, batch, meta={"lr": 1e-6})
+    ...     w.append(0, batch, meta={"lr": 1e-6})     # returns at once; written in the background
+
+    ``max_pending_steps`` / ``max_pending_bytes`` bound the steps not yet on disk (``append``
+    waits at the limit; see ``stats``); ``workers`` background threads write steps concurrently
+    (with more than one, steps may be committed out of order).
     """
 
-    def __init__(self, path: str | Path, split: str = "train", *, overwrite: bool = False):
+    def __init__(self, path: str | Path, split: str = "train", *, overwrite: bool = False,
+                 max_pending_steps: int = 8, max_pending_bytes: int = 4 << 30, workers: int = 1):
+        for name, v in (("max_pending_steps", max_pending_steps), ("max_pending_bytes", max_pending_bytes),
+                        ("workers", workers)):
+            if type(v) is not int or v < 1:
+                raise ConfigError(f"Writer({str(path)!r}): {name} must be an int >= 1, got {v!r}")
         self.path = Path(path)
         self.split = _store.check_split(split)
         self.overwrite = overwrite
+        self.max_pending_steps, self.max_pending_bytes = max_pending_steps, max_pending_bytes
         self.manifest = _store.create_manifest(self.path)
         self.dir = self.path / self.split
         self.dir.mkdir(exist_ok=True)
         _store.clean_temp(self.dir)
         self._closed = False
+        self._lock = threading.Lock()          # one append at a time
+        self._cond = threading.Condition()     # guards everything below
+        self._pending: dict[int, int] = {}     # step -> jobs queued or being written
+        self._pending_bytes = 0
+        self._errors: list[WriterError] = []
+        self._last_log = -LOG_EVERY_S
+        self._stats = {"appended": 0, "written": 0, "failed": 0, "append_s": 0.0, "max_append_s": 0.0,
+                       "wait_s": 0.0, "waits": 0, "max_wait_s": 0.0, "write_s": 0.0,
+                       "bytes_in": 0, "bytes_written": 0}
+        self._pool = torch_bridge.PinnedPool(max_cached_bytes=max_pending_bytes)
+        self._queue: queue.Queue = queue.Queue()
+        self._threads = [threading.Thread(target=self._run, name=f"trajstore-writer-{i}", daemon=True)
+                         for i in range(workers)]
+        for t in self._threads:
+            t.start()
+        with _live_lock:
+            _live.add(self)
 
-    def append(self, step: int, batch: Any, meta: dict | None = None, *, overwrite: bool | None = None) -> None:
-        """Record ``batch`` as step ``step`` (with JSON-able step metadata ``meta``)."""
+    # -- caller's side
+    def append(self, step: int, batch: Any, meta: dict | None = None, *, overwrite: bool | None = None,
+               copy: bool = False) -> None:
+        """Record ``batch`` as step ``step`` (with JSON-able step metadata ``meta``).
+
+        Returns once the batch is snapshotted (see the module doc); ``copy=True`` clones CPU
+        tensors now, so the caller may modify them in place afterwards."""
+        t0 = time.perf_counter()
+        with self._lock:
+            if self._closed:
+                raise WriterError(f"append(step={step}) on a closed Writer for {self.dir}; open a new Writer")
+            step = _store.check_step(step)
+            self._raise_errors(f"; step {step} was not appended, call append again to record it")
+            meta = check_meta(meta, step)
+            ow = self.overwrite if overwrite is None else overwrite
+            final = self.dir / _store.step_name(step)
+            with self._cond:
+                queued = step in self._pending
+            if not ow and queued:
+                raise StepExistsError(f"step {step} is already appended to {self.dir} and not yet written; "
+                                      "pass overwrite=True to replace it, or use another step")
+            if not ow and final.exists():
+                raise StepExistsError(
+                    f"step {step} already exists in {self.dir} ({final.name}); pass overwrite=True to "
+                    "replace it, or write to another path or split"
+                )
+            plain, tag = adapters.unwrap(batch)
+            _batchcheck.check(plain)  # types, keys, shapes, lengths: errors now, not one step later
+            snap = _Snapshot(copy)
+            plain = snap.take(plain, ())
+            hosts, cuda_snaps = [], []
+            if snap.cuda:
+                hosts, cuda_snaps = torch_bridge.snapshot_cuda([t for _, t in snap.cuda], self._pool)
+            job = _Job(step, plain, tag, meta, ow, snap, hosts, cuda_snaps)
+            self._admit(job, queued and len(self._threads) > 1)
+            self._queue.put(job)
+        dt = time.perf_counter() - t0
+        with self._cond:
+            self._stats["appended"] += 1
+            self._stats["append_s"] += dt
+            self._stats["max_append_s"] = max(self._stats["max_append_s"], dt)
+
+    def _admit(self, job: _Job, same_step_pending: bool) -> None:
+        with self._cond:
+            n = job.nbytes
+
+            def full() -> bool:
+                if same_step_pending and job.step in self._pending:
+                    return True  # keep two writes of one step in order
+                if not self._pending:
+                    return False  # a step larger than the byte limit still goes, alone
+                return (sum(self._pending.values()) >= self.max_pending_steps
+                        or self._pending_bytes + n > self.max_pending_bytes)
+
+            if full():
+                t0 = time.perf_counter()
+                while full():
+                    self._cond.wait()
+                w = time.perf_counter() - t0
+                s = self._stats
+                s["wait_s"] += w
+                s["waits"] += 1
+                s["max_wait_s"] = max(s["max_wait_s"], w)
+                now = time.monotonic()
+                if now - self._last_log >= LOG_EVERY_S:  # the first wait, then at most once a minute
+                    self._last_log = now
+                    log.warning("append(step=%d) waited %.1f ms for the background writer of %s (limits: "
+                                "%d steps, %d bytes pending; %d waits, %.3f s in all so far); raise "
+                                "max_pending_steps/max_pending_bytes or workers, or dump less often",
+                                job.step, w * 1e3, self.dir, self.max_pending_steps, self.max_pending_bytes,
+                                s["waits"], s["wait_s"])
+            self._pending[job.step] = self._pending.get(job.step, 0) + 1
+            self._pending_bytes += n
+            self._stats["bytes_in"] += n
+
+    @property
+    def stats(self) -> dict:
+        """Counters: steps appended/written/failed, seconds spent in ``append`` (``append_s``,
+        ``max_append_s``), seconds ``append`` waited at the pending limit (``wait_s``, ``waits``,
+        ``max_wait_s``), background seconds (``write_s``), tensor bytes in, file bytes written,
+        and what is pending now."""
+        with self._cond:
+            return {**self._stats, "pending_steps": sum(self._pending.values()),
+                    "pending_bytes": self._pending_bytes}
+
+    def flush(self) -> None:
+        """Wait until every appended step is on disk (or failed); raise the first failure."""
+        with self._cond:
+            while self._pending:
+                if not any(t.is_alive() for t in self._threads):
+                    raise WriterError(f"the background writer of {self.dir} is gone with "
+                                      f"{len(self._pending)} step(s) pending: {sorted(self._pending)}")
+                self._cond.wait(1.0)
+        self._raise_errors()
+
+    def close(self) -> None:
+        """Flush, then stop the background threads. Idempotent."""
         if self._closed:
-            raise WriterError(f"append(step={step}) on a closed Writer for {self.dir}; open a new Writer")
-        step = _store.check_step(step)
-        meta = check_meta(meta, step)
-        ow = self.overwrite if overwrite is None else overwrite
-        final = self.dir / _store.step_name(step)
-        if not ow and final.exists():
-            raise StepExistsError(
-                f"step {step} already exists in {self.dir} ({final.name}); pass overwrite=True to "
-                "replace it, or write to another path or split"
-            )
-        table = schema.encode(batch, step=step, split=self.split, meta=meta)
-        self._write(step, table, final, ow)
+            return
+        try:
+            self.flush()
+        finally:
+            with self._lock:
+                if not self._closed:
+                    self._closed = True
+                    for _ in self._threads:
+                        self._queue.put(None)
+                    for t in self._threads:
+                        t.join()
+                    with _live_lock:
+                        _live.discard(self)
 
-    def _write(self, step: int, table, final: Path, overwrite: bool) -> None:
+    def _raise_errors(self, suffix: str = "") -> None:
+        with self._cond:
+            errs, self._errors = self._errors, []
+        if not errs:
+            return
+        if len(errs) == 1:
+            e = errs[0]
+            err = WriterError(f"{e}{suffix}")
+        else:
+            steps = [e.step for e in errs]
+            err = WriterError(f"{len(errs)} steps failed in the background: {steps}; the first: {errs[0]}{suffix}")
+        err.step = errs[0].step
+        err.steps = [e.step for e in errs]
+        raise err from (errs[0].__cause__ or errs[0])
+
+    # -- background side
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            t0 = time.perf_counter()
+            nbytes, err = 0, None
+            try:
+                nbytes = self._write(job)
+            except BaseException as e:  # noqa: BLE001 - every failure is reported to the caller
+                err = e
+            finally:
+                for c in job.cuda_snaps:
+                    c.release()
+                job.batch = job.hosts = job.snap = None
+            with self._cond:
+                s = self._stats
+                s["write_s"] += time.perf_counter() - t0
+                if err is None:
+                    s["written"] += 1
+                    s["bytes_written"] += nbytes
+                else:
+                    s["failed"] += 1
+                    self._errors.append(_as_writer_error(err, job.step))
+                    log.error("trajstore: step %d was not written: %s", job.step, err)
+            if err is not None:  # best effort: readers then say why the step is missing
+                _store.record_skipped(self.dir, job.step, f"{type(err).__name__}: {err}")
+            with self._cond:
+                self._pending_bytes -= job.nbytes
+                self._pending[job.step] -= 1
+                if not self._pending[job.step]:
+                    del self._pending[job.step]
+                self._cond.notify_all()
+
+    def _write(self, job: _Job) -> int:
+        step, snap = job.step, job.snap
+        for c in job.cuda_snaps:
+            c.wait()
+        batch = _fill_cuda(job.batch, job.hosts) if job.hosts else job.batch
+        snap.check(step)
+        table = schema.encode(adapters.wrap(batch, job.tag) if job.tag is not None else batch,
+                              step=step, split=self.split, meta=job.meta)
+        final = self.dir / _store.step_name(step)
         tmp = self.dir / _store.temp_name(step)
         try:
             pq.write_table(table, tmp, **parquet_options(table))
-            _store.commit(tmp, final, overwrite)
+            del table
+            snap.check(step)  # the values may have changed while they were being encoded
+            size = tmp.stat().st_size
+            _store.commit(tmp, final, job.overwrite)
+            return size
         except FileExistsError:
             raise StepExistsError(
                 f"step {step} was committed to {final} by someone else while it was being written; "
@@ -94,18 +412,27 @@ class Writer:
         finally:
             tmp.unlink(missing_ok=True)
 
-    def flush(self) -> None:
-        """Wait until every appended step is on disk."""
-
-    def close(self) -> None:
-        self.flush()
-        self._closed = True
-
     def __enter__(self) -> "Writer":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:  # an exception is already propagating: still write what was appended, never mask it
+            self.close()
+        except TrajstoreError as e:
+            log.error("trajstore: closing %r after an exception: %s", self, e)
 
     def __repr__(self) -> str:
         return f"Writer({str(self.path)!r}, split={self.split!r})"
+
+
+def _as_writer_error(e: BaseException, step: int) -> WriterError:
+    if isinstance(e, WriterError) and f"step {step}" in str(e):
+        out = WriterError(str(e))
+    else:
+        out = WriterError(f"step {step} was not written: {type(e).__name__}: {e}")
+    out.__cause__ = e
+    out.step = step
+    return out

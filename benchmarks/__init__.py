@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m benchmarks`` (see __main__.py and RESULTS.md)."""

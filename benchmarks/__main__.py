@@ -1,0 +1,355 @@
+"""``python -m benchmarks [--quick] [--json FILE]``: trajstore against the baselines, same run.
+
+Workload: benchmarks/workload.py. Baselines, on the same step: AReaL-style ``torch.save`` /
+``torch.load`` of the padded batch, ROLL-style ``pickle`` of the padded batch, ``torch.save`` of
+the flat unpadded tensors, safetensors of the flat tensors. Every time is the median of
+``--repeat`` runs; reads come from the page cache for every contender. Figures are printed as a
+Markdown table (each with its ratio to a baseline and the issue's target) and, with ``--json``,
+saved. On a machine with CUDA the GPU figures (replay GB/s, exposed data wait with a 200 ms
+compute loop, prefetch=2) are added.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import trajstore
+from trajstore import integrity, schema
+
+from . import encodings
+from . import workload as W
+
+
+def med(fn, repeat: int) -> float:
+    ts = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+class Report:
+    def __init__(self):
+        self.rows: list[dict] = []
+
+    def add(self, figure: str, value: float, unit: str, base: float | None = None, base_name: str = "",
+            target: str = "", ok: bool | None = None):
+        ratio = value / base if base else None
+        self.rows.append({"figure": figure, "value": value, "unit": unit, "baseline": base_name,
+                          "baseline_value": base, "ratio": ratio, "target": target, "met": ok})
+        r = f"{ratio:.3f}x {base_name}" if ratio is not None else ""
+        mark = "" if ok is None else (" MET" if ok else " MISSED")
+        print(f"  {figure:58s} {value:12.4g} {unit:6s} {r}{('  target ' + target + mark) if target else ''}",
+              flush=True)
+
+    def markdown(self) -> str:
+        out = ["| figure | value | baseline | ratio | target |", "|---|---|---|---|---|"]
+        for r in self.rows:
+            ratio = f"{r['ratio']:.3f}" if r["ratio"] is not None else ""
+            base = f"{r['baseline']} ({r['baseline_value']:.4g})" if r["baseline_value"] else ""
+            tgt = r["target"] + ("" if r["met"] is None else (" met" if r["met"] else " **missed**"))
+            out.append(f"| {r['figure']} | {r['value']:.4g} {r['unit']} | {base} | {ratio} | {tgt} |")
+        return "\n".join(out)
+
+
+def fsize(p: Path) -> int:
+    return p.stat().st_size
+
+
+def baselines(rep: Report, tmp: Path, P: dict, F: dict, raw: int, repeat: int) -> dict:
+    from safetensors.torch import load_file, save_file
+
+    b = {}
+    f = tmp / "padded.pt"
+    b["save_padded"] = med(lambda: torch.save(P, f), repeat)
+    b["bytes_padded"] = fsize(f)
+    b["load_padded"] = med(lambda: torch.load(f, weights_only=True), repeat)
+    f = tmp / "padded.pkl"
+
+    def dump():
+        with open(f, "wb") as fh:
+            pickle.dump(P, fh, protocol=pickle.HIGHEST_PROTOCOL)
+
+    b["save_pickle"] = med(dump, repeat)
+    b["bytes_pickle"] = fsize(f)
+
+    def load():
+        with open(f, "rb") as fh:
+            return pickle.load(fh)  # the ROLL-style baseline being measured, not library code
+
+    b["load_pickle"] = med(load, repeat)
+    f = tmp / "flat.pt"
+    b["save_flat"] = med(lambda: torch.save(F, f), repeat)
+    b["bytes_flat"] = fsize(f)
+    b["load_flat"] = med(lambda: torch.load(f, weights_only=True), repeat)
+    f = tmp / "flat.safetensors"
+    Fc = {k: v.contiguous() for k, v in F.items()}
+    b["save_st"] = med(lambda: save_file(Fc, str(f)), repeat)
+    b["bytes_st"] = fsize(f)
+    b["load_st"] = med(lambda: load_file(str(f)), repeat)
+    print("baselines (s / bytes):", json.dumps({k: round(v, 5) for k, v in b.items()}), flush=True)
+    return b
+
+
+def writer_figures(rep: Report, tmp: Path, batches: list[dict], raw: int, n: int, b: dict) -> Path:
+    d = tmp / "dump"
+    blocks = []
+    w = trajstore.Writer(d)
+    t0 = time.perf_counter()
+    for s in range(n):
+        a0 = time.perf_counter()
+        w.append(s, batches[s % len(batches)])
+        blocks.append(time.perf_counter() - a0)
+    w.flush()
+    wall = time.perf_counter() - t0
+    st = w.stats
+    w.close()
+    copy_blocks = []
+    with trajstore.Writer(tmp / "dump_copy") as wc:
+        for s in range(min(n, 3)):
+            a0 = time.perf_counter()
+            wc.append(s, batches[s % len(batches)], copy=True)
+            copy_blocks.append(time.perf_counter() - a0)
+    blk = statistics.median(blocks)
+    rep.add("append blocking time (median)", blk * 1e3, "ms", b["save_padded"] * 1e3, "padded torch.save",
+            "<= 0.02x", blk / b["save_padded"] <= 0.02)
+    rep.add("append blocking time, max", max(blocks) * 1e3, "ms", b["save_padded"] * 1e3, "padded torch.save")
+    rep.add("append(copy=True) blocking time (median)", statistics.median(copy_blocks) * 1e3, "ms",
+            b["save_padded"] * 1e3, "padded torch.save")
+    rep.add("background write, per step (1 worker)", st["write_s"] / st["written"] * 1e3, "ms",
+            b["save_padded"] * 1e3, "padded torch.save")
+    rep.add("background write throughput (1 worker, raw bytes)", raw / (st["write_s"] / st["written"]) / 1e9,
+            "GB/s", raw / b["save_padded"] / 1e9, "padded torch.save (raw B/s)")
+    rep.add(f"append {n} steps + flush, raw bytes", n * raw / wall / 1e9, "GB/s")
+    size = statistics.mean(fsize(d / "train" / f"step_{s:08d}.parquet") for s in range(n))
+    rep.add("bytes on disk / raw unpadded bytes", size / raw, "x", None, "", "<= 0.30 (issue 2)", size / raw <= 0.30)
+    rep.add("bytes on disk", size / 1e6, "MB", b["bytes_padded"] / 1e6, "padded torch.save")
+    rep.add("bytes on disk ", size / 1e6, "MB", b["bytes_pickle"] / 1e6, "padded pickle")
+    rep.add("bytes on disk  ", size / 1e6, "MB", b["bytes_flat"] / 1e6, "flat torch.save")
+    rep.add("bytes on disk   ", size / 1e6, "MB", b["bytes_st"] / 1e6, "flat safetensors")
+    return d
+
+
+def reader_figures(rep: Report, d: Path, b: dict, repeat: int) -> dict:
+    out = {}
+    for verify in (True, False):
+        r = trajstore.Reader(d, verify=verify)
+        tag = "" if verify else ", verify=False"
+        t = med(lambda: r.read(0, layout="packed"), repeat)
+        rep.add(f"read(step, layout='packed') to CPU{tag}", t * 1e3, "ms", b["load_flat"] * 1e3, "flat torch.load",
+                "<= 1.5x", t / b["load_flat"] <= 1.5)
+        t2 = med(lambda: r[0], repeat)
+        rep.add(f"Reader[step] padded{tag}", t2 * 1e3, "ms", b["load_padded"] * 1e3, "padded torch.load",
+                "<= 0.4x", t2 / b["load_padded"] <= 0.4)
+        out[verify] = (t, t2)
+    return out
+
+
+def read_profile(d: Path, repeat: int) -> None:
+    """Where Reader.read(step, layout='packed') spends its time (printed, not in the table)."""
+    import pyarrow.parquet as pq
+
+    r = trajstore.Reader(d, verify=False)
+    f = r.file(0)
+    pf = pq.ParquetFile(f)
+    print("# read profile, main step (single-threaded Parquet decode per column, ms: "
+          "ParquetFile.read / read_table):", flush=True)
+    for c in pf.schema_arrow.names:
+        t = med(lambda: pq.ParquetFile(f).read(columns=[c], use_threads=False), repeat)
+        t2 = med(lambda: pq.read_table(f, columns=[c], use_threads=False), repeat)
+        print(f"#   {c:16s} {t * 1e3:8.2f} {t2 * 1e3:8.2f}", flush=True)
+    t_all1 = med(lambda: pq.ParquetFile(f).read(use_threads=False), repeat)
+    t_file = med(lambda: pq.ParquetFile(f).read(use_threads=True), repeat)
+    t_ds = med(lambda: pq.read_table(f, use_threads=True), repeat)
+    table = pq.read_table(f, use_threads=True)
+    spec = r.info(0)["batch"]
+    t_dec = med(lambda: schema.decode(table, spec, where="x", layout="packed"), repeat)
+    t_sha = med(lambda: integrity.read_verified(f, 0), repeat)
+    print(f"#   all columns, 1 thread {t_all1 * 1e3:.1f}; ParquetFile.read(use_threads) {t_file * 1e3:.1f}; "
+          f"read_table (row groups in parallel) {t_ds * 1e3:.1f}; schema.decode of that table "
+          f"{t_dec * 1e3:.1f}; read + SHA-256 check (verify=True) {t_sha * 1e3:.1f}", flush=True)
+
+
+def rewards_figures(rep: Report, tmp: Path, m: int, B: int, main: Path, n: int, repeat: int) -> None:
+    for verify in (True, False):  # on the main-size steps
+        r = trajstore.Reader(main, verify=verify)
+        tag = "" if verify else ", verify=False"
+        t = med(lambda: [r.read(s, columns=["rewards"]) for s in range(n)], repeat)
+        whole = med(lambda: [r.read(s) for s in range(n)], 1)
+        rep.add(f"rewards across the {n} main-size steps{tag}", t * 1e3, "ms", whole * 1e3,
+                f"loading those {n} steps whole", "<= 0.01x", t / whole <= 0.01)
+    d = tmp / "many"
+    small = [W.padded_batch(B=B, max_len=512, seed=i, scale=1 / 32) for i in range(4)]
+    with trajstore.Writer(d, workers=min(4, os.cpu_count() or 1)) as w:
+        for s in range(m):
+            w.append(s, small[s % 4])
+    for verify in (True, False):
+        r = trajstore.Reader(d, verify=verify)
+        tag = "" if verify else ", verify=False"
+        steps = r.steps
+        t = med(lambda: [r.read(s, columns=["rewards"]) for s in steps], max(1, repeat // 2))
+        whole = med(lambda: [r.read(s) for s in steps], 1)
+        rep.add(f"rewards across {m} small steps{tag}", t, "s", whole, f"loading those {m} steps whole",
+                "<= 0.01x", t / whole <= 0.01)
+
+
+def gpu_figures(rep: Report, d: Path, raw: int, n: int, b: dict, tmp: Path, cycles: int) -> None:
+    dev = torch.device("cuda")
+    f_flat = tmp / "flat.pt"
+    steps = list(range(n)) * max(1, 24 // n)
+    for verify in (True, False):
+        r = trajstore.Reader(d, verify=verify)
+        tag = "" if verify else ", verify=False"
+        for _ in r.iter(steps=steps[:2], device=dev, layout="packed"):
+            pass
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in r.iter(steps=steps, device=dev, prefetch=2, layout="packed"):
+            pass
+        torch.cuda.synchronize()
+        gbps = len(steps) * raw / (time.perf_counter() - t0) / 1e9
+        t0 = time.perf_counter()
+        for _ in steps[:6]:
+            x = torch.load(f_flat, weights_only=True)
+            x = {k: v.to(dev) for k, v in x.items()}
+        torch.cuda.synchronize()
+        base = 6 * raw / (time.perf_counter() - t0) / 1e9
+        rep.add(f"replay to CUDA, iter(prefetch=2, packed){tag}", gbps, "GB/s", base,
+                "flat torch.load + .cuda()", ">= 8 GB/s", gbps >= 8)
+        if not verify:
+            t0 = time.perf_counter()
+            for _ in r.iter(steps=steps, device=dev, prefetch=8, layout="packed"):
+                pass
+            torch.cuda.synchronize()
+            g8 = len(steps) * raw / (time.perf_counter() - t0) / 1e9
+            rep.add(f"replay to CUDA, iter(prefetch=8, packed){tag}", g8, "GB/s", base,
+                    "flat torch.load + .cuda()", ">= 8 GB/s", g8 >= 8)
+            t0 = time.perf_counter()
+            for s in steps[:8]:
+                r.read(s, layout="packed")
+            t = (time.perf_counter() - t0) / 8
+            rep.add("  of which: read(step, packed) to CPU, one at a time", t * 1e3, "ms")
+
+    # exposed data wait: a loop that computes 200 ms per step on the GPU and syncs each step
+    r = trajstore.Reader(d)
+    fixed = r.read(0, layout="packed", device=dev)
+
+    def body(batch):
+        batch["input_ids"].sum()
+        torch.cuda._sleep(cycles)
+        torch.cuda.current_stream().synchronize()
+
+    comp = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        body(fixed)
+        comp.append(time.perf_counter() - t0)
+    compute = statistics.median(comp)
+    exposed, nxt = [], []
+    it = r.iter(steps=steps, device=dev, prefetch=2, layout="packed")
+    for i in range(len(steps)):
+        t0 = time.perf_counter()
+        _, batch = next(it)
+        t1 = time.perf_counter()
+        body(batch)
+        t2 = time.perf_counter()
+        exposed.append(max(0.0, (t2 - t0) - compute))
+        nxt.append(t1 - t0)
+    it.close()
+    steady = exposed[1:]
+    mean = statistics.mean(steady)
+    rep.add("compute per step (calibrated GPU loop)", compute * 1e3, "ms")
+    rep.add("exposed data wait per step, mean (steps 2..)", mean * 1e3, "ms", compute * 1e3, "step compute",
+            "<= 0.01x", mean / compute <= 0.01)
+    rep.add("exposed data wait per step, max (steps 2..)", max(steady) * 1e3, "ms", compute * 1e3, "step compute")
+    rep.add("exposed data wait, first step (cold)", exposed[0] * 1e3, "ms")
+    rep.add("time inside next(), mean (steps 2..)", statistics.mean(nxt[1:]) * 1e3, "ms")
+
+
+def calibrate_sleep(ms: float = 200.0) -> int:
+    torch.cuda._sleep(1000)
+    torch.cuda.synchronize()
+    c = 50_000_000
+    t0 = time.perf_counter()
+    torch.cuda._sleep(c)
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    return int(c * ms / 1e3 / dt)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes, a few minutes on 2 cores")
+    ap.add_argument("--json", help="write every figure here")
+    ap.add_argument("--dir", help="scratch folder (default: a temporary one, removed)")
+    ap.add_argument("--no-gpu", action="store_true")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: encodings,rewards")
+    a = ap.parse_args(argv)
+    q = a.quick
+    B, max_len, n, m, repeat = (128, 4096, 4, 100, 3) if q else (1024, 8192, 8, 1000, 5)
+    skip = set(filter(None, a.skip.split(",")))
+    tmp = Path(a.dir or tempfile.mkdtemp(prefix="trajstore-bench-"))
+    tmp.mkdir(parents=True, exist_ok=True)
+    info = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "python": platform.python_version(),
+            "torch": torch.__version__, "pyarrow": __import__("pyarrow").__version__,
+            "cpus": os.cpu_count(), "machine": platform.platform(), "quick": q,
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+    print("#", json.dumps(info), flush=True)
+    rep = Report()
+    try:
+        t0 = time.perf_counter()
+        batches = [W.padded_batch(B=B, max_len=max_len, seed=i) for i in range(3)]
+        P = batches[0]
+        F = W.flat_batch(P)
+        raw = W.raw_bytes(P)
+        tokens = int(P["attention_mask"].sum())
+        print(f"# workload: B={B}, T={P['input_ids'].shape[1]}, tokens={tokens} (mean {tokens / B:.0f}), "
+              f"raw {raw / 1e6:.1f} MB, padded {sum(v.nbytes for v in P.values()) / 1e6:.1f} MB "
+              f"(generated in {time.perf_counter() - t0:.1f} s)", flush=True)
+        b = baselines(rep, tmp, P, F, raw, repeat)
+        d = writer_figures(rep, tmp, batches, raw, n, b)
+        rd = reader_figures(rep, d, b, repeat)
+        if q:  # the issue-2 acceptance point is on a 1,024-trajectory batch: measure it in quick mode too
+            A = W.padded_batch(B=1024, max_len=8192, seed=7)
+            with trajstore.Writer(tmp / "accept") as w:
+                w.append(0, A)
+            size = fsize(tmp / "accept" / "train" / "step_00000000.parquet")
+            rep.add("bytes on disk / raw unpadded bytes, B=1024", size / W.raw_bytes(A), "x", None, "",
+                    "<= 0.30 (issue 2)", size / W.raw_bytes(A) <= 0.30)
+            del A
+        read_profile(d, repeat)
+        if "rewards" not in skip:
+            rewards_figures(rep, tmp, m, B, d, n, repeat)
+        if torch.cuda.is_available() and not a.no_gpu:
+            gpu_figures(rep, d, raw, n, b, tmp, calibrate_sleep())
+        enc = [] if "encodings" in skip else encodings.run(P)
+        if enc:
+            print("\n| column | encoding | zstd | bytes/value | write MB/s | read MB/s |\n|---|---|---|---|---|---|")
+            for e in enc:
+                print(f"| {e['column']} | {e['encoding']} | {e['zstd']} | {e['bytes_per_value']:.3f} | "
+                      f"{e['write_MBps']:.0f} | {e['read_MBps']:.0f} |")
+        print("\n" + rep.markdown(), flush=True)
+        if a.json:
+            Path(a.json).write_text(json.dumps({"info": info, "figures": rep.rows, "encodings": enc,
+                                                "baselines": b}, indent=1))
+    finally:
+        if not a.dir:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

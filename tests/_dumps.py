@@ -1,0 +1,144 @@
+"""Small real dumps and a real tokenizer (trained here from text, nothing downloaded) for the
+inspection tests (CLI, traces, diff, SQL)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+import trajstore
+
+CORPUS = [
+    "What is 2 + 3? Think step by step.",
+    "The answer is 5. Let me check with the calculator.",
+    "calculator(2 + 3) = 5",
+    "Confirmed: 2 + 3 = 5, so the final answer is 5.",
+    "Write a haiku about autumn leaves.",
+    "Red leaves drift and fall / the wind hums a quiet song / winter waits nearby",
+    "Translate 'bonjour' to English: hello — ça va? naïve café",
+    "def add(a, b):\n    return a + b\n",
+]
+
+# multi-turn conversations: (role, text); "model" turns carry loss-mask 1
+CONVERSATIONS = [
+    [("prompt", "What is 2 + 3? Think step by step."),
+     ("model", " The answer is 5. Let me check with the calculator."),
+     ("env", "\ncalculator(2 + 3) = 5\n"),
+     ("model", "Confirmed: 2 + 3 = 5, so the final answer is 5.")],
+    [("prompt", "Write a haiku about autumn leaves."),
+     ("model", "\nRed leaves drift and fall / the wind hums a quiet song / winter waits nearby")],
+    [("prompt", "Translate 'bonjour' to English:"),
+     ("model", " hello — ça va? naïve café")],
+]
+REWARDS = [1.0, 0.5, -0.25]
+
+
+def make_tokenizer(tmp: Path) -> Path:
+    """Train a byte-level BPE on CORPUS, save it as tmp/tokenizer.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=["<pad>"])
+    tok.train_from_iterator(CORPUS, trainer)
+    path = tmp / "tokenizer.json"
+    tok.save(str(path))
+    return path
+
+
+def encode_conversation(tok, conv) -> tuple[list[int], list[int], list[int]]:
+    """ids, loss mask, policy version (3 for the first model turn, 4 after) of one conversation."""
+    ids, mask, ver = [], [], []
+    turn = 0
+    for role, text in conv:
+        e = tok.encode(text).ids
+        ids += e
+        mask += [1 if role == "model" else 0] * len(e)
+        if role == "model":
+            turn += 1
+        ver += [3 if turn <= 1 else 4] * len(e)
+    return ids, mask, ver
+
+
+def padded_dump(path: Path, tok_path: Path, steps=(0, 1, 2), perturb=None, pad_side="right") -> dict:
+    """A dict-of-padded-tensors dump of CONVERSATIONS at each step; ``perturb=(step, traj, token, delta)``
+    adds ``delta`` to one logprob. Returns what was written, for checks."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tok_path))
+    enc = [encode_conversation(tok, c) for c in CONVERSATIONS]
+    B, T = len(enc), max(len(e[0]) for e in enc) + 2
+    written = {}
+    with trajstore.Writer(path) as w:
+        for s in steps:
+            ids = torch.zeros(B, T, dtype=torch.int64)
+            am = torch.zeros(B, T, dtype=torch.bool)
+            lm = torch.zeros(B, T, dtype=torch.int32)
+            ver = torch.full((B, T), -1, dtype=torch.int32)
+            g = torch.Generator().manual_seed(1000 + s)
+            lp = -torch.rand(B, T, generator=g)
+            for i, (e, m, v) in enumerate(enc):
+                n = len(e)
+                sl = slice(0, n) if pad_side == "right" else slice(T - n, T)
+                ids[i, sl] = torch.tensor(e)
+                am[i, sl] = True
+                lm[i, sl] = torch.tensor(m, dtype=torch.int32)
+                ver[i, sl] = torch.tensor(v, dtype=torch.int32) + s
+            lp = torch.where(am, lp, torch.zeros(()))
+            old_lp = lp.clone()  # the trainer's recomputation: equal unless perturbed
+            if perturb and perturb[0] == s:
+                _, i, t, d = perturb
+                pos = (0 if pad_side == "right" else T - len(enc[i][0])) + t
+                lp[i, pos] += d
+            rewards = torch.tensor(REWARDS, dtype=torch.float32) + s
+            batch = {"input_ids": ids, "attention_mask": am, "loss_mask": lm, "logprobs": lp,
+                     "old_logprobs": old_lp, "versions": ver, "rewards": rewards,
+                     "uid": [f"s{s}-t{i}" for i in range(B)]}
+            w.append(s, batch, meta={"lr": 1e-6})
+            written[s] = batch
+    return written
+
+
+def list_dump(path: Path, tok_path: Path, steps=(0, 1), split="train") -> dict:
+    """A list-of-trajectories dump (prompt_ids / response_ids) with a rejected (None) one per step."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tok_path))
+    written = {}
+    with trajstore.Writer(path, split=split) as w:
+        for s in steps:
+            batch = []
+            for i, conv in enumerate(CONVERSATIONS[1:]):
+                p = tok.encode(conv[0][1]).ids
+                c = tok.encode(conv[1][1]).ids
+                batch.append({"prompt_ids": torch.tensor(p, dtype=torch.int32),
+                              "response_ids": torch.tensor(c, dtype=torch.int32),
+                              "logprobs": -torch.arange(len(c), dtype=torch.float32) / 10,
+                              "reward": float(i + s), "policy_version": s})
+            batch.insert(1, None)
+            w.append(s, batch)
+            written[s] = batch
+    return written
+
+
+def cli() -> list[str]:
+    """The installed console script."""
+    exe = Path(sys.executable).parent / "trajstore"
+    found = str(exe) if exe.exists() else shutil.which("trajstore")
+    assert found, "the trajstore console script is not installed (pip install -e .)"
+    return [found]
+
+
+def run(*args, check_rc: int | None = 0, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200", **(env or {})}
+    p = subprocess.run(cli() + [str(a) for a in args], capture_output=True, text=True, env=env, **kw)
+    if check_rc is not None:
+        assert p.returncode == check_rc, f"rc {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
+    return p

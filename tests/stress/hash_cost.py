@@ -1,0 +1,74 @@
+"""What the per-step SHA-256 costs, next to encoding + zstd writing and next to reading.
+
+    python tests/stress/hash_cost.py [--batch 64] [--tokens 8192] [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import shutil
+import tempfile
+import time
+import zlib
+from pathlib import Path
+
+import torch
+
+import trajstore
+from trajstore import _store
+
+
+def _best(fn, n):
+    best = float("inf")
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--repeat", type=int, default=5)
+    a = ap.parse_args(argv)
+    g = torch.Generator().manual_seed(0)
+    B, T = a.batch, a.tokens
+    lengths = torch.randint(T // 4, T + 1, (B,), generator=g)
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    batch = {"input_ids": torch.randint(0, 150000, (B, T), generator=g).masked_fill(~mask, 0),
+             "attention_mask": mask, "logprobs": (-torch.rand(B, T, generator=g) * 5).masked_fill(~mask, 0),
+             "old_logprobs": (-torch.rand(B, T, generator=g) * 5).masked_fill(~mask, 0),
+             "rewards": torch.randn(B, generator=g)}
+    root = Path(tempfile.mkdtemp())
+    try:
+        i = [0]
+
+        def write():
+            with trajstore.Writer(root / "d", overwrite=True) as w:
+                w.append(i[0], batch)
+            i[0] += 1
+
+        t_write = _best(write, a.repeat)
+        f = root / "d" / "train" / _store.step_name(0)
+        data = f.read_bytes()
+        t_sha = _best(lambda: _store.file_sha256(f), a.repeat)
+        t_crc = _best(lambda: zlib.crc32(data), a.repeat)
+        t_blake = _best(lambda: hashlib.blake2b(data).digest(), a.repeat)
+        t_read = _best(lambda: trajstore.Reader(root / "d", verify=False)[0], a.repeat)
+        t_readv = _best(lambda: trajstore.Reader(root / "d", verify=True)[0], a.repeat)
+        mb = len(data) / 1e6
+        print(f"step: B={B} T={T}, {sum(lengths.tolist())} tokens, file {mb:.1f} MB")
+        print(f"append+flush (encode, zstd, fsync, commit incl. sha256): {t_write * 1e3:.1f} ms")
+        print(f"sha256 of the file: {t_sha * 1e3:.2f} ms ({t_sha / t_write:.1%} of the write); "
+              f"crc32 {t_crc * 1e3:.2f} ms, blake2b {t_blake * 1e3:.2f} ms")
+        print(f"read verify=False: {t_read * 1e3:.1f} ms; verify=True: {t_readv * 1e3:.1f} ms "
+              f"(+{(t_readv - t_read) / t_read:.1%})")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""Disk full and I/O errors at every point of a step's write: the error names the step and the
+path, earlier steps stay intact, nothing half-written is left, and the step can be written again."""
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from stress.faults import inject
+
+import trajstore
+from trajstore import _store, integrity
+from trajstore.errors import TrajstoreError
+from trajstore.testing import assert_batch_equal
+
+
+def batch(step, v=0):
+    g = torch.Generator().manual_seed(step * 10 + v)
+    return {"input_ids": torch.randint(0, 100, (4, 64), generator=g), "rewards": torch.randn(4, generator=g)}
+
+
+def _leftovers(d: Path):
+    return [n for n in os.listdir(d) if n.startswith(".")]
+
+
+def _intact(path, steps, v=0):
+    r = trajstore.Reader(path)
+    assert r.steps == steps
+    for s in steps:
+        assert_batch_equal(r[s], batch(s, v))
+    assert integrity.verify(path).ok
+
+
+POINTS = [("data", errno.ENOSPC), ("data", errno.EIO), ("open", errno.ENOSPC), ("write", errno.ENOSPC),
+          ("fsync", errno.EIO), ("fsync", errno.ENOSPC), ("link", errno.ENOSPC), ("link", errno.EIO),
+          ("replace", errno.EIO)]
+
+
+@pytest.mark.parametrize("point,err", POINTS, ids=[f"{p}-{errno.errorcode[e]}" for p, e in POINTS])
+@pytest.mark.parametrize("nth", [1, 2])
+def test_writer_error_names_step_and_path(tmp_path, point, err, nth):
+    w = trajstore.Writer(tmp_path)
+    w.append(0, batch(0))
+    w.append(1, batch(1))
+    w.flush()
+    with inject(tmp_path, point, err, nth=nth, after_bytes=100) as fault:
+        w.append(2, batch(2))
+        try:
+            w.flush()
+        except TrajstoreError as e:
+            raised = e
+        else:
+            raised = None
+    if not fault.fired:  # this point is not on the path for this nth (e.g. one link per step)
+        assert raised is None
+        w.close()
+        _intact(tmp_path, [0, 1, 2])
+        return
+    if point == "replace":  # renaming the checksum into place, after the step became visible
+        assert raised is None, raised
+        _intact(tmp_path, [0, 1, 2])  # the pending checksum is accepted
+        w.close()
+        trajstore.Writer(tmp_path).close()  # and promoted on reopen
+        assert _leftovers(tmp_path / "train") == []
+        _intact(tmp_path, [0, 1, 2])
+        return
+    assert raised is not None, f"{point} fault was swallowed"
+    msg = str(raised)
+    assert "step 2" in msg and os.strerror(err) in msg, msg
+    assert "step_00000002.parquet" in msg or str(tmp_path) in msg, msg
+    d = tmp_path / "train"
+    assert not (d / "step_00000002.parquet").exists()
+    assert not (d / "step_00000002.sha256").exists()
+    assert _leftovers(d) == []
+    _intact(tmp_path, [0, 1])
+    assert 2 in trajstore.Reader(tmp_path).skipped  # recorded as skipped, with the reason
+    w.append(2, batch(2))  # the disk has room again: the same step can be written
+    w.close()
+    _intact(tmp_path, [0, 1, 2])
+    assert trajstore.Reader(tmp_path).skipped == {}
+
+
+def test_disk_full_persists(tmp_path):
+    """A full disk: every write fails until space is freed; earlier steps are untouched."""
+    w = trajstore.Writer(tmp_path)
+    w.append(0, batch(0))
+    w.flush()
+    with inject(tmp_path, "data", errno.ENOSPC, nth=1, persist=True, after_bytes=0):
+        for s in (1, 2, 3):
+            w.append(s, batch(s)) if s == 1 else None
+            with pytest.raises(TrajstoreError, match=f"step {s}.*No space left on device"):
+                if s > 1:
+                    w.append(s, batch(s))
+                w.flush()
+    w.close()
+    _intact(tmp_path, [0])
+    assert sorted(trajstore.Reader(tmp_path).skipped) == [1, 2, 3]
+    assert _leftovers(tmp_path / "train") == []
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+@pytest.mark.parametrize("point", ["open", "write", "fsync", "link", "replace"])
+def test_commit_fault_at_every_call(tmp_path, point, overwrite):
+    """_store.commit failing at its k-th call of ``point``, for every k: the old state or the new
+    one, each with a matching checksum, and no temporary file left."""
+    d = tmp_path / "train"
+    trajstore.Writer(tmp_path).close()
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    final = d / _store.step_name(0)
+    if overwrite:
+        pq.write_table(pa.table({"v": [0]}), d / "old.tmp")
+        _store.commit(d / "old.tmp", final, False)
+    for k in range(1, 20):
+        tmp = d / _store.temp_name(0)
+        pq.write_table(pa.table({"v": [k]}), tmp)
+        with inject(tmp_path, point, errno.EIO, nth=k) as fault:
+            try:
+                _store.commit(tmp, final, overwrite)
+                failed = False
+            except FileExistsError:
+                assert not overwrite
+                failed = True
+            except OSError as e:
+                assert e.errno == errno.EIO
+                failed = True
+        tmp.unlink(missing_ok=True)  # the writer's own cleanup
+        if final.exists():
+            integrity.check_digest(final, 0, _store.file_sha256(final))  # pending or recorded: consistent
+        if not fault.fired and not failed:
+            break
+        _store.clean_temp(d)
+        assert _leftovers(d) == [], (k, _leftovers(d))
+        if final.exists():
+            assert _store.read_sum(final.with_suffix(".sha256")) == _store.file_sha256(final), k
+        if not overwrite:
+            final.unlink(missing_ok=True)
+            final.with_suffix(".sha256").unlink(missing_ok=True)
+    else:
+        raise AssertionError("commit never completed")
+    assert pq.read_table(final)["v"][0].as_py() == k
+    assert _store.read_sum(final.with_suffix(".sha256")) == _store.file_sha256(final)
+
+
+def test_record_skipped_under_a_full_disk(tmp_path):
+    trajstore.Writer(tmp_path).close()
+    d = tmp_path / "train"
+    with inject(tmp_path, "write", errno.ENOSPC, nth=1, persist=True):
+        assert _store.record_skipped(d, 5, "No space left on device") is False
+    assert _leftovers(d) == [] and _store.list_skipped(d) == {}
+    assert _store.record_skipped(d, 5, "No space left on device") is True
+    assert _store.list_skipped(d) == {5: "No space left on device"}

@@ -1,0 +1,221 @@
+"""Reader.read(device=...) / Reader.iter(...): prefetch order, early break, CUDA == CPU bit for bit."""
+
+import tempfile
+import threading
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import trajstore
+from trajstore import torch_bridge
+from trajstore.testing import assert_batch_equal, batches, packed_batches, padded_batches
+
+
+def write_steps(d, n=6, seed=0):
+    out = {}
+    with trajstore.Writer(d) as w:
+        for s in range(n):
+            g = torch.Generator().manual_seed(seed + s)
+            B, T = 4, 9
+            m = torch.arange(T)[None, :] < torch.randint(1, T + 1, (B,), generator=g)[:, None]
+            b = {"input_ids": torch.randint(0, 152_000, (B, T), generator=g).masked_fill(~m, 0),
+                 "attention_mask": m,
+                 "logprobs": torch.randn(B, T, generator=g).masked_fill(~m, 0.0),
+                 "rewards": torch.randn(B, generator=g), "uids": [f"u{s}-{i}" for i in range(B)],
+                 "scores": np.arange(B, dtype=np.float32) + s}
+            w.append(10 * s, b)
+            out[10 * s] = b
+    return out
+
+
+def read_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("trajstore-read")]
+
+
+@pytest.mark.parametrize("prefetch", [0, 1, 2, 5])
+def test_iter_yields_steps_in_order_with_prefetch(tmp_path, prefetch):
+    want = write_steps(tmp_path)
+    r = trajstore.Reader(tmp_path)
+    got = list(r.iter(prefetch=prefetch))
+    assert [s for s, _ in got] == sorted(want)
+    for s, b in got:
+        assert_batch_equal(want[s], b)
+    order = [40, 0, 20]
+    assert [s for s, _ in r.iter(steps=order, prefetch=prefetch)] == order
+
+
+def test_iter_columns_and_layout_match_read(tmp_path):
+    write_steps(tmp_path, n=3)
+    r = trajstore.Reader(tmp_path)
+    for s, b in r.iter(columns=["input_ids", "rewards"], layout="packed"):
+        assert_batch_equal(r.read(s, columns=["input_ids", "rewards"], layout="packed"), b)
+
+
+def test_early_break_frees_threads(tmp_path):
+    write_steps(tmp_path)
+    r = trajstore.Reader(tmp_path)
+    before = len(read_threads())
+    for s, _ in r.iter(prefetch=3):
+        assert len(read_threads()) > before
+        break
+    assert len(read_threads()) == before
+
+
+def test_errors_propagate_and_free_threads(tmp_path):
+    write_steps(tmp_path, n=3)
+    r = trajstore.Reader(tmp_path)
+    with pytest.raises(KeyError, match="step 5 is not in dump"):
+        for _ in r.iter(steps=[0, 5, 10]):
+            pass
+    assert read_threads() == []
+    with pytest.raises(trajstore.ConfigError, match="prefetch"):
+        next(r.iter(prefetch=-1))
+
+
+def test_read_on_cpu_device_is_the_plain_read(tmp_path):
+    want = write_steps(tmp_path, n=1)
+    r = trajstore.Reader(tmp_path)
+    assert_batch_equal(want[0], r.read(0, device="cpu"))
+    with pytest.raises(trajstore.ConfigError, match="device"):
+        r.read(0, device="nonsense")
+
+
+def test_concurrent_iteration_from_several_threads(tmp_path):
+    want = write_steps(tmp_path)
+    r = trajstore.Reader(tmp_path)
+    errors = []
+
+    def run():
+        try:
+            for _ in range(2):
+                for s, b in r.iter(prefetch=2):
+                    assert_batch_equal(want[s], b)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    ts = [threading.Thread(target=run) for _ in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors, errors
+
+
+def test_pinned_pool_reuses_and_bounds_cache():
+    pool = torch_bridge.PinnedPool(max_cached_bytes=3 << 20)
+    a = pool.take(1000)
+    pool.give(a)
+    b = pool.take(900)
+    assert b.data_ptr() == a.data_ptr() and pool.allocated == 1
+    c = pool.take(2 << 20)
+    pool.give(b)
+    pool.give(c)
+    assert pool.in_use == 0 and pool.cached_bytes <= 3 << 20
+
+
+def test_stage_packs_every_tensor_into_one_buffer():
+    obj = {"a": torch.arange(5), "b": [torch.ones(2, 3, dtype=torch.bfloat16), None],
+           "c": (torch.tensor(True),), "n": np.arange(3), "z": torch.zeros(0, 4)}
+    pool = torch_bridge.PinnedPool()
+    st_ = torch_bridge.stage(obj, pool)
+    assert_batch_equal(obj, st_.obj)
+    base = st_.buf.data_ptr()
+    for t in torch_bridge._leaves(st_.obj):
+        assert t.numel() == 0 or base <= t.data_ptr() < base + st_.buf.numel()
+    assert st_.offsets == sorted(st_.offsets) and len(st_.offsets) == 4
+    st_.release()
+    assert pool.in_use == 0
+
+
+# ----------------------------------------------------------------------------- CUDA
+def _cuda_equal(cpu, gpu):
+    leaves = torch_bridge._leaves(gpu)
+    assert all(t.is_cuda for t in leaves)
+    torch.cuda.synchronize()
+    assert_batch_equal(cpu, torch_bridge.map_tensors(gpu, lambda t: t.cpu()))
+
+
+@pytest.mark.cuda
+@settings(max_examples=30)
+@given(st.one_of(batches(), padded_batches(), packed_batches()), st.sampled_from([None, "padded", "packed"]))
+def test_cuda_read_equals_cpu_read_bit_for_bit(batch, layout):
+    with tempfile.TemporaryDirectory() as d:
+        with trajstore.Writer(d) as w:
+            w.append(0, batch)
+        r = trajstore.Reader(d)
+        try:
+            cpu = r.read(0, layout=layout)
+        except trajstore.ConfigError:
+            return  # layout does not apply to this batch form
+        _cuda_equal(cpu, r.read(0, layout=layout, device="cuda"))
+
+
+@pytest.mark.cuda
+def test_cuda_iter_equals_cpu_on_a_side_stream_consumer(tmp_path):
+    write_steps(tmp_path, n=8)
+    r = trajstore.Reader(tmp_path)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):  # the consumer's stream is not the default one
+        got = [(k, b) for k, b in r.iter(device="cuda", prefetch=2)]
+        sums = [b["input_ids"].sum() for _, b in got]
+    s.synchronize()
+    for (k, b), x in zip(got, sums):
+        _cuda_equal(r.read(k), b)
+        assert int(x) == int(r.read(k)["input_ids"].sum())
+
+
+@pytest.mark.cuda
+def test_cuda_early_break_returns_staging_memory(tmp_path):
+    write_steps(tmp_path, n=8)
+    r = trajstore.Reader(tmp_path)
+    for _ in r.iter(device="cuda", prefetch=3):
+        break
+    assert torch_bridge._read_pool.in_use == 0 and read_threads() == []
+    torch.cuda.synchronize()
+
+
+@pytest.mark.cuda
+def test_cuda_concurrent_readers(tmp_path):
+    write_steps(tmp_path)
+    r = trajstore.Reader(tmp_path)
+    errors = []
+
+    def run():
+        try:
+            with torch.cuda.stream(torch.cuda.Stream()):
+                for k, b in r.iter(device="cuda", prefetch=2):
+                    _cuda_equal(r.read(k), b)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    ts = [threading.Thread(target=run) for _ in range(3)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors, errors
+
+
+@pytest.mark.cuda
+def test_writer_snapshots_cuda_tensors_modified_in_place_after_append(tmp_path):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    B, T = 64, 4096
+    m = torch.ones(B, T, dtype=torch.bool, device="cuda")
+    b = {"input_ids": torch.randint(0, 152_000, (B, T), device="cuda", generator=g), "attention_mask": m,
+         "logprobs": torch.randn(B, T, device="cuda", generator=g).t().contiguous().t(),  # non-contiguous
+         "rewards": torch.randn(B, device="cuda", generator=g)}
+    want = torch_bridge.map_tensors(b, lambda t: t.cpu())
+    with trajstore.Writer(tmp_path) as w:
+        for step in range(3):
+            w.append(step, b)
+            # training goes on: in-place updates queued right after append on the same stream
+            b["input_ids"].add_(1)
+            b["logprobs"].mul_(2.0)
+            b["rewards"].zero_()
+    r = trajstore.Reader(tmp_path)
+    assert_batch_equal(want, r[0])
+    assert torch.equal(r[2]["input_ids"], want["input_ids"] + 2)
+    assert not torch.equal(r[1]["input_ids"], want["input_ids"])

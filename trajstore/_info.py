@@ -1,0 +1,125 @@
+"""What is in a dump: splits, steps (range, gaps), rows/tokens/bytes per step, fields, environment.
+
+Only each step's Parquet footer is read, plus the offsets of one per-token column for the token
+count (``tokens`` is None for steps without a per-token field).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import pyarrow.parquet as pq
+
+from . import _store
+from .reader import Reader
+
+__all__ = ["describe", "fields_of", "gaps"]
+
+
+def gaps(steps: list[int]) -> list[list[int]]:
+    """Missing step ranges ``[first, last]`` between the first and last step."""
+    out = []
+    for a, b in zip(steps, steps[1:]):
+        if b > a + 1:
+            out.append([a + 1, b - 1])
+    return out
+
+
+def fields_of(spec: dict) -> list[dict]:
+    """The fields of a step spec: dotted name, dtype, kind (token / sample / cell / value / json /
+    global), shape of one token or one sample."""
+    out: list[dict] = []
+
+    def walk(name: str, node: dict, per_row: bool) -> None:
+        t = node.get("t")
+        if t in ("group", "struct"):
+            for k, child in node["keys"]:
+                walk(f"{name}.{k}" if name else k, child, per_row or t == "struct")
+        elif t == "seq":
+            walk(name, node["elem"], True)
+        elif t == "tensor":
+            kind = "token" if node.get("kind") == "token" or node.get("tokenlike") else "sample"
+            out.append({"name": name, "dtype": node["dtype"], "kind": kind, "shape": node.get("trail", [])})
+        elif t == "cell":
+            out.append({"name": name, "dtype": node["dtype"], "kind": "token" if node.get("kind") == "token"
+                        else "cell", "shape": None})
+        elif t == "value":
+            out.append({"name": name, "dtype": node["ptype"], "kind": "json" if node["ptype"] == "json"
+                        else "sample", "shape": []})
+        elif t == "gtensor":
+            out.append({"name": name, "dtype": node["dtype"], "kind": "global", "shape": node["shape"]})
+        elif t == "json":
+            out.append({"name": name, "dtype": type(node["v"]).__name__, "kind": "global", "shape": []})
+        elif t == "empty":
+            out.append({"name": name, "dtype": "none", "kind": "sample", "shape": []})
+
+    if spec.get("t") == "batch":
+        for k, node in spec["keys"]:
+            walk(k, node, False)
+    else:
+        walk("", spec.get("elem", {}), True)
+    return out
+
+
+def _tokens(f: Path, spec: dict) -> int | None:
+    """Token count of a step: the lengths of its first per-token column."""
+    if spec.get("t") == "batch":
+        for _, node in spec["keys"]:
+            if node.get("t") == "tensor" and node.get("kind") == "token":
+                col = pq.read_table(f, columns=[node["col"]]).column(0).combine_chunks()
+                w = max(1, math.prod(node["trail"]))
+                off = col.offsets.to_numpy()
+                return int(off[-1] - off[0]) // w
+            if node.get("t") == "tensor" and node.get("tokenlike"):
+                return None
+        return None
+    for _, node in spec.get("elem", {}).get("keys", []):
+        if node.get("t") == "cell" and node.get("kind") == "token":
+            shapes = pq.read_table(f, columns=[node["shape_col"]]).column(0).to_pylist()
+            return int(sum(s[1] if len(s) > 1 and s[0] == 1 else s[0] for s in shapes if s))
+    return None
+
+
+def describe(path: str | Path, split: str | None = None,
+             progress: Callable[[Iterable], Iterable] | None = None) -> dict:
+    """A JSON-able description of the dump at ``path`` (every split, or only ``split``)."""
+    root = Path(path)
+    manifest = _store.read_manifest(root)
+    splits = [split] if split else _store.list_splits(root)
+    out: dict[str, Any] = {
+        "path": str(root),
+        "format_version": manifest.get("format_version"),
+        "library_version": manifest.get("library_version"),
+        "created": manifest.get("created"),
+        "environment": manifest.get("environment", {}),
+        "splits": {},
+    }
+    for sp in splits:
+        r = Reader(root, sp)
+        steps = r.steps
+        per_step, fields = [], {}
+        it = progress(steps, f"{sp}") if progress else steps
+        for s in it:
+            f = r.file(s)
+            doc = r.info(s)
+            spec = doc["batch"]
+            per_step.append({"step": s, "rows": doc.get("num_rows"), "tokens": _tokens(f, spec),
+                             "bytes": f.stat().st_size})
+            for fd in fields_of(spec):
+                cur = fields.setdefault(fd["name"], {**fd, "steps": 0})
+                cur["steps"] += 1
+                if cur["dtype"] != fd["dtype"] or cur["kind"] != fd["kind"]:
+                    cur["varies"] = True
+        tok = [p["tokens"] for p in per_step if p["tokens"] is not None]
+        out["splits"][sp] = {
+            "steps": {"count": len(steps), "first": steps[0] if steps else None,
+                      "last": steps[-1] if steps else None, "gaps": gaps(steps)},
+            "rows": sum(p["rows"] or 0 for p in per_step),
+            "tokens": sum(tok) if tok else None,
+            "bytes": sum(p["bytes"] for p in per_step),
+            "per_step": per_step,
+            "fields": list(fields.values()),
+        }
+    return out

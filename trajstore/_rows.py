@@ -1,0 +1,128 @@
+"""One step's batch as one dict per trajectory: the common view behind traces, diff and to_pandas.
+
+Whatever form a step was appended in (padded dict with ``attention_mask``, packed dict with
+``cu_seqlens``, plain dict, list of per-trajectory dicts with ``None`` for rejected ones), ``rows``
+returns ``[dict | None]`` with one entry per trajectory:
+
+* nested dicts are flattened to dotted names (``{"a": {"b": x}}`` -> ``"a.b"``);
+* per-token fields are cut to the trajectory's own tokens (padding removed, packed rows split),
+  as numpy arrays whose first axis is the token axis; in a list batch, a field shaped like the
+  row's ``attention_mask`` is cut by that mask (so ``[1, T]`` tensors become ``[n]``);
+* tensors become numpy arrays (bfloat16 becomes float32, which holds every bfloat16 exactly);
+* batch-wide values (``cu_seqlens``, ``max_seqlen``, 0-d tensors, plain scalars) are left out;
+* a rejected (``None``) trajectory is ``None``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["rows", "to_numpy", "is_rejected"]
+
+_LAYOUT = ("cu_seqlens", "max_seqlen")
+
+
+def to_numpy(x: Any) -> Any:
+    """A tensor as a numpy array (bfloat16 -> float32); other values unchanged."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu()
+        if x.dtype == torch.bfloat16:
+            x = x.float()
+        return x.numpy()
+    return x
+
+
+def is_rejected(row: Any) -> bool:
+    return row is None
+
+
+def _flat(prefix: str, node: Any, out: dict) -> None:
+    for k, v in node.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            _flat(name + ".", v, out)
+        else:
+            out[name] = v
+
+
+def _token_names(spec_keys: list, prefix: str = "") -> set[str]:
+    out: set[str] = set()
+    for k, node in spec_keys:
+        name = f"{prefix}{k}"
+        if node.get("t") == "group":
+            out |= _token_names(node["keys"], name + ".")
+        elif node.get("t") == "tensor" and (node.get("kind") == "token" or node.get("tokenlike")):
+            out.add(name)
+    return out
+
+
+def _global_names(spec_keys: list, prefix: str = "") -> set[str]:
+    out: set[str] = set()
+    for k, node in spec_keys:
+        name = f"{prefix}{k}"
+        if node.get("t") == "group":
+            out |= _global_names(node["keys"], name + ".")
+        elif node.get("t") in ("json", "gtensor"):
+            out.add(name)
+    return out
+
+
+def _mask2d(m: Any) -> torch.Tensor:
+    m = torch.as_tensor(np.asarray(m)) if not isinstance(m, torch.Tensor) else m
+    m = m != 0
+    while m.ndim > 2:
+        m = m.all(dim=-1)
+    return m
+
+
+def _list_row(d: Mapping) -> dict:
+    flat: dict = {}
+    _flat("", d, flat)
+    mask = flat.get("attention_mask")
+    mshape = None
+    if isinstance(mask, torch.Tensor | np.ndarray) and np.ndim(mask) >= 1:
+        mt = torch.as_tensor(np.asarray(to_numpy(mask))) != 0
+        mshape = tuple(mt.shape)
+    out = {}
+    for k, v in flat.items():
+        if mshape is not None and isinstance(v, torch.Tensor | np.ndarray) and tuple(v.shape[: len(mshape)]) == mshape:
+            v = to_numpy(v)[mt.numpy()]
+        out[k] = to_numpy(v)
+    return out
+
+
+def rows(batch: Any, spec: dict) -> list[dict | None]:
+    """The trajectories of one decoded step (``spec`` is ``reader.info(step)["batch"]``)."""
+    if spec.get("t") == "seq":
+        return [None if e is None else _list_row(e) if isinstance(e, Mapping) else {"value": e}
+                for e in batch]
+    B = int(spec.get("B", 0))
+    flat: dict = {}
+    _flat("", batch, flat)
+    tokens = _token_names(spec.get("keys", []))
+    skip = _global_names(spec.get("keys", []))
+    form = spec.get("form")
+    out: list[dict] = [{} for _ in range(B)]
+    mask = cu = None
+    if form == "padded" and "attention_mask" in flat:
+        mask = _mask2d(flat["attention_mask"]).numpy()
+    if form == "packed":
+        cu = np.asarray(to_numpy(flat["cu_seqlens"]), dtype=np.int64)
+    for name, v in flat.items():
+        if name in skip or (form == "packed" and name in _LAYOUT):
+            continue
+        v = to_numpy(v)
+        if name in tokens and mask is not None:
+            for i in range(B):
+                out[i][name] = v[i][mask[i]]
+        elif name in tokens and cu is not None:
+            for i in range(B):
+                out[i][name] = v[cu[i]:cu[i + 1]]
+        else:
+            for i in range(B):
+                out[i][name] = v[i]
+    return out

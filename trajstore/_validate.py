@@ -1,0 +1,223 @@
+"""Check a step file's stored description (its "spec") before decoding it.
+
+A file is input: its spec may lie (wrong column names or types, negative or huge shapes,
+indices out of range).  ``check`` walks the spec once, checks every node's types and
+ranges against the Parquet schema and row count, and bounds the memory the decode will
+allocate beyond the data itself (padded outputs, inline tensors, fixed-width strings) by
+``MAX_DECODED_BYTES`` (environment variable ``TRAJSTORE_MAX_DECODED_BYTES``, default 16 GiB).
+Everything raises FormatError naming the file.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+
+import pyarrow as pa
+
+from . import _dtypes as dt
+from .errors import FormatError
+
+MAX_DECODED_BYTES = int(os.environ.get("TRAJSTORE_MAX_DECODED_BYTES", 16 << 30))
+MAX_DEPTH = 64
+MAX_DIMS = 32
+_NP_STR = re.compile(r"^[<>|=]?(O|U\d{1,9}|S\d{1,9})$")
+_LIBS = ("torch", "numpy", "np_scalar")
+
+
+class _Bad(Exception):
+    pass
+
+
+def _int(v, what: str, lo: int = 0) -> int:
+    if type(v) is not int or v < lo:
+        raise _Bad(f"{what} is {v!r}, expected an int >= {lo}")
+    return v
+
+
+def _shape(v, what: str) -> list[int]:
+    if type(v) is not list or len(v) > MAX_DIMS:
+        raise _Bad(f"{what} is {v!r}, expected a list of at most {MAX_DIMS} sizes")
+    for x in v:
+        _int(x, f"a size in {what}")
+    return v
+
+
+def _str(v, what: str) -> str:
+    if type(v) is not str:
+        raise _Bad(f"{what} is {v!r}, expected a string")
+    return v
+
+
+class _Checker:
+    def __init__(self, schema: pa.Schema, n: int, spec: dict):
+        self.types = {f.name: f.type for f in schema}
+        self.n = n
+        self.bytes = 0
+        self.spec = spec
+
+    def add(self, nbytes: int, what: str) -> None:
+        self.bytes += nbytes
+        if self.bytes > MAX_DECODED_BYTES:
+            raise _Bad(f"decoding {what} would allocate {self.bytes} bytes, over the limit of "
+                       f"{MAX_DECODED_BYTES} (set TRAJSTORE_MAX_DECODED_BYTES to raise it if the file is trusted)")
+
+    def col(self, node: dict, key: str, expect) -> str:
+        name = _str(node.get(key), f"column name {key!r}")
+        if name not in self.types:
+            raise _Bad(f"column {name!r} named in the spec is missing from the file")
+        t = self.types[name]
+        if not expect(t):
+            raise _Bad(f"column {name!r} has Arrow type {t}, which does not fit the spec")
+        return name
+
+    def dtype(self, node: dict) -> tuple[str, int]:
+        name, lib = node.get("dtype"), node.get("lib")
+        if type(name) is not str or not dt.known(name):
+            raise _Bad(f"dtype {name!r} is not one trajstore writes")
+        if lib not in _LIBS:
+            raise _Bad(f"lib {lib!r} is not one of {_LIBS}")
+        if lib == "torch" and name in ("uint16", "uint32", "uint64"):
+            raise _Bad(f"dtype {name} has no torch equivalent")
+        if lib != "torch" and name == "bfloat16":
+            raise _Bad("bfloat16 has no numpy equivalent")
+        return name, dt.storage_numpy(name).itemsize
+
+    def rows(self, node: dict, key: str) -> None:
+        v = node.get(key, [])
+        if type(v) is not list or any(type(i) is not int or not 0 <= i < self.n for i in v):
+            raise _Bad(f"{key!r} must list row indices in [0, {self.n}), got {str(v)[:80]}")
+
+    # -- nodes
+    def field(self, node, depth: int) -> None:
+        if type(node) is not dict:
+            raise _Bad(f"a spec node is {type(node).__name__}, expected an object")
+        if depth > MAX_DEPTH:
+            raise _Bad(f"the spec nests deeper than {MAX_DEPTH} levels")
+        t = node.get("t")
+        if t == "json":
+            return
+        if t == "gtensor":
+            name, size = self.dtype(node)
+            count = math.prod(_shape(node.get("shape"), "gtensor shape"))
+            data = _str(node.get("data"), "gtensor data")
+            if count * size != len(data) // 4 * 3 - data[-2:].count("="):
+                raise _Bad(f"an inline tensor of shape {node['shape']} {name} does not match its data")
+            self.add(count * size, "an inline tensor")
+        elif t == "group":
+            self.keys(node, depth)
+        elif t == "seq":
+            self.seq(node, depth)
+        elif t == "tensor":
+            self.tensor(node)
+        else:
+            raise _Bad(f"unknown node type {t!r}")
+
+    def keys(self, node: dict, depth: int, child=None) -> None:
+        keys = node.get("keys")
+        if type(keys) is not list:
+            raise _Bad("'keys' must be a list")
+        seen = set()
+        for kv in keys:
+            if type(kv) is not list or len(kv) != 2 or type(kv[0]) is not str or kv[0] in seen:
+                raise _Bad(f"a key entry {str(kv)[:60]} is not a unique [name, node] pair")
+            seen.add(kv[0])
+            (child or self.field)(kv[1], depth + 1)
+
+    def tensor(self, node: dict) -> None:
+        name, size = self.dtype(node)
+        trail = _shape(node.get("trail"), "trail shape")
+        w = math.prod(trail)
+        kind = node.get("kind")
+        if kind == "sample" and not trail:
+            self.col(node, "col", lambda t: t == dt.arrow_type(name))
+            return
+        self.col(node, "col", lambda t: pa.types.is_large_list(t) and t.value_type == dt.arrow_type(name))
+        if kind == "sample":
+            return
+        if kind != "token":
+            raise _Bad(f"tensor kind {kind!r} is not 'token' or 'sample'")
+        pad = node.get("pad")
+        if pad is not None and type(pad) is not int:
+            raise _Bad(f"pad {pad!r} is not an int")
+        spec = self.spec
+        if spec.get("form") == "padded":
+            self.add(self.n * spec["T"] * w * size, f"field {node['col']!r} padded to [{self.n}, {spec['T']}]")
+
+    def seq(self, node: dict, depth: int) -> None:
+        c = node.get("container")
+        if c not in ("list", "tuple", "ndarray"):
+            raise _Bad(f"container {c!r} is not list, tuple or ndarray")
+        if c == "ndarray":
+            s = _str(node.get("np_dtype"), "np_dtype")
+            if not _NP_STR.match(s):
+                raise _Bad(f"np_dtype {s!r} is not an object, str or bytes dtype")
+            digits = re.sub(r"\D", "", s)
+            self.add(self.n * (int(digits or 0) * (4 if "U" in s else 1) + 8), "a numpy string array")
+        self.elem(node.get("elem"), depth + 1)
+
+    def elem(self, node, depth: int) -> None:
+        if type(node) is not dict:
+            raise _Bad("an element node is not an object")
+        if depth > MAX_DEPTH:
+            raise _Bad(f"the spec nests deeper than {MAX_DEPTH} levels")
+        self.rows(node, "none")
+        self.rows(node, "missing")
+        t = node.get("t")
+        if t == "empty":
+            return
+        if t == "cell":
+            name, _ = self.dtype(node)
+            self.col(node, "col", lambda t: pa.types.is_large_list(t) and t.value_type == dt.arrow_type(name))
+            self.col(node, "shape_col", lambda t: t == pa.list_(pa.int64()))
+        elif t == "value":
+            p = node.get("ptype")
+            want = {"str": pa.string(), "json": pa.string(), "bool": pa.bool_(), "float": pa.float64(),
+                    "int": pa.int64()}.get(p) if type(p) is str else None
+            if want is None:
+                raise _Bad(f"value type {p!r} is unknown")
+            self.col(node, "col", lambda t: t == want)
+        elif t == "struct":
+            self.keys(node, depth, self.elem)
+        else:
+            raise _Bad(f"unknown element type {t!r}")
+
+
+def check(doc: dict, schema: pa.Schema, num_rows: int, where: str) -> None:
+    """Raise FormatError unless ``doc`` (a step's trajstore metadata) fits the file."""
+    try:
+        spec = doc.get("batch")
+        n = _int(doc.get("num_rows"), "num_rows")
+        if n != num_rows:
+            raise _Bad(f"the file holds {num_rows} rows, its metadata says {n}")
+        if not isinstance(doc.get("meta", {}), dict):
+            raise _Bad("meta is not an object")
+        ch = _Checker(schema, n, spec)
+        t = spec.get("t")
+        if t == "batch":
+            form = spec.get("form")
+            if form not in ("padded", "packed", "plain"):
+                raise _Bad(f"batch form {form!r} is unknown")
+            if _int(spec.get("B"), "B") != n:
+                raise _Bad(f"the spec says {spec['B']} trajectories, the file holds {n} rows")
+            if form == "padded":
+                _int(spec.get("T"), "T")
+                if spec.get("side") not in ("right", "left", None):
+                    raise _Bad(f"padding side {spec.get('side')!r} is unknown")
+            w = spec.get("wrapper")
+            if w is not None and type(w) is not dict:
+                raise _Bad("wrapper is not an object")
+            ch.keys(spec, 0)
+        elif t == "seq":
+            if spec.get("container") not in ("list", "tuple"):
+                raise _Bad(f"a list batch has container {spec.get('container')!r}")
+            ch.elem(spec.get("elem"), 1)
+        else:
+            raise _Bad(f"batch node type {t!r} is unknown")
+    except _Bad as e:
+        raise FormatError(f"{where}: the file's description does not fit its contents: {e}; "
+                          "the file is damaged or was not written by trajstore") from None
+    except RecursionError:
+        raise FormatError(f"{where}: the file's description nests too deeply; "
+                          "the file is damaged or was not written by trajstore") from None

@@ -1,0 +1,77 @@
+"""Tabular views of a dump: pandas DataFrames and DuckDB views.
+
+``to_pandas``: one row per trajectory with ``step`` and ``index`` (position in the batch)
+columns; per-token fields hold the trajectory's own tokens as numpy arrays (bfloat16 as
+float32), nested fields have dotted names, a rejected (``None``) trajectory is a row whose
+``rejected`` column is True and whose fields are missing (NaN/None).
+
+``duckdb``: an in-memory DuckDB connection with one view per split (``train``, ``val``, ...)
+over the split's step files, every row carrying its ``step``. Columns are the stored Arrow
+columns (docs/FORMAT.md): per-token fields are lists, nested fields have dotted names (quote
+them: ``"a.b"``), JSON-valued fields are JSON strings, and bfloat16 values appear as their raw
+uint16 bits (use ``to_pandas`` for them).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ._rows import rows
+from .errors import FormatError, MissingDependencyError
+
+__all__ = ["to_pandas", "duckdb_connect"]
+
+
+def to_pandas(reader: Any, step: int | None = None):
+    """The trajectories of ``step`` (None: every step) as a pandas DataFrame."""
+    try:
+        import pandas as pd
+    except ImportError:
+        raise MissingDependencyError("to_pandas needs pandas: pip install pandas") from None
+    steps = reader.steps if step is None else [step]
+    recs: list[dict] = []
+    for s in steps:
+        for i, r in enumerate(rows(reader.read(s), reader.info(s)["batch"])):
+            rec = {"step": s, "index": i, "rejected": r is None}
+            if r is not None:
+                rec.update(r)
+            recs.append(rec)
+    if not recs:
+        return pd.DataFrame({"step": pd.Series(dtype="int64"), "index": pd.Series(dtype="int64"),
+                             "rejected": pd.Series(dtype="bool")})
+    return pd.DataFrame.from_records(recs)
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _lit(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+def duckdb_connect(path: Any, con: Any = None):
+    """A DuckDB connection (new in-memory one unless ``con``) with one view per split of the dump at
+    ``path`` (a directory or a Reader)."""
+    try:
+        import duckdb
+    except ImportError:
+        raise MissingDependencyError("SQL over a dump needs duckdb: pip install 'trajstore[cli]'") from None
+    from . import _store
+
+    root = Path(getattr(path, "path", path))
+    _store.read_manifest(root)
+    con = con if con is not None else duckdb.connect()
+    for split in _store.list_splits(root):
+        d = root / split
+        files = [str(d / _store.step_name(s)) for s in _store.list_steps(d)]
+        if not files:
+            continue
+        lst = "[" + ", ".join(_lit(f) for f in files) + "]"
+        try:
+            con.execute(f"CREATE OR REPLACE VIEW {_quote(split)} AS "
+                        f"SELECT * FROM read_parquet({lst}, union_by_name = true)")
+        except duckdb.Error as e:
+            raise FormatError(f"dump {root} split {split!r}: DuckDB cannot open its step files ({e})") from None
+    return con

@@ -1,0 +1,367 @@
+"""The ``trajstore`` command: look inside a dump without writing code.
+
+    trajstore info PATH [--json]                   splits, steps, sizes, fields, environment
+    trajstore show PATH --step N [--sample I] [--tokenizer T] [--logprobs]
+    trajstore diff A B [--steps 0-9] [--fields f,g] [--atol X --rtol Y]
+    trajstore diff A --pair logprobs old_logprobs [--mask loss_mask]
+    trajstore sql PATH "SELECT step, avg(rewards) FROM train GROUP BY step"
+    trajstore export PATH --format jsonl [--tokenizer T] [--max-per-step K] [-o FILE]
+
+Exit status: 0 success; 1 ``diff`` found a difference beyond tolerance; 2 an error (bad
+arguments, no such dump/step/field, a damaged file, a missing optional package).
+
+Adding a subcommand: write one function ``def cmd_x(args) -> int`` and register it with one
+``@command("x", "help", arg(...), ...)`` line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Callable
+
+from . import _console as out
+from .errors import ConfigError, TrajstoreError
+
+__all__ = ["main", "command", "arg"]
+
+_COMMANDS: list[tuple[str, str, tuple, Callable[[argparse.Namespace], int]]] = []
+
+
+def arg(*names: str, **kw: Any) -> tuple:
+    """An argparse argument of a subcommand (same arguments as ``add_argument``)."""
+    return names, kw
+
+
+def command(name: str, help: str, *arguments: tuple):
+    """Register ``fn(args) -> exit status`` as subcommand ``name``."""
+    def deco(fn):
+        _COMMANDS.append((name, help, arguments, fn))
+        return fn
+    return deco
+
+
+PATH = arg("path", help="dump directory (holds trajstore.json)")
+SPLIT = arg("--split", default="train", help="split to read (default: train)")
+JSON = arg("--json", action="store_true", help="machine-readable JSON on stdout")
+TOKENIZER = arg("--tokenizer", metavar="T", help="local tokenizer.json or HF model directory (no network)")
+OVERRIDES = [arg(f"--{k}-field", dest=f"f_{k}", metavar="NAME", help=f"field holding the {k} (default: by name)")
+             for k in ("tokens", "prompt", "completion", "mask", "reward", "versions", "logprobs")]
+
+
+def _fields(args) -> dict:
+    return {k[2:]: v for k, v in vars(args).items() if k.startswith("f_") and v}
+
+
+def _human(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _ranges(gaps: list) -> str:
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in gaps) or "none"
+
+
+# ----------------------------------------------------------------------------- info
+@command("info", "splits, steps, sizes, fields and environment of a dump", PATH,
+         arg("--split", default=None, help="only this split (default: all)"),
+         arg("--all-steps", action="store_true", help="list every step (default: the first and last 10)"), JSON)
+def cmd_info(args) -> int:
+    from ._info import describe
+
+    d = describe(args.path, args.split, progress=lambda s, name: out.progress(s, f"reading {name}"))
+    if args.json:
+        print(json.dumps(d, indent=2))
+        return 0
+    print(f"dump {d['path']}  (format {d['format_version']}, trajstore {d['library_version']}, "
+          f"created {d['created']})")
+    for name, sp in d["splits"].items():
+        st = sp["steps"]
+        out.heading(f"split {name}")
+        rng = f"{st['first']}..{st['last']}" if st["count"] else "none"
+        print(f"steps {rng}  count {st['count']}  gaps {_ranges(st['gaps'])}")
+        print(f"rows {sp['rows']}  tokens {sp['tokens'] if sp['tokens'] is not None else '-'}  "
+              f"bytes {_human(sp['bytes'])}")
+        per = sp["per_step"]
+        if len(per) > 20 and not args.all_steps:
+            per = per[:10] + [{"step": f"... {len(per) - 20} more (--all-steps)"}] + per[-10:]
+        out.table(["step", "rows", "tokens", "bytes"],
+                  [[p["step"], p.get("rows", ""), p.get("tokens", ""), p.get("bytes", "")] for p in per],
+                  title="per step")
+        out.table(["field", "dtype", "kind", "shape", "steps"],
+                  [[f["name"], f["dtype"] + (" (varies)" if f.get("varies") else ""), f["kind"],
+                    "-" if f["shape"] is None else "[" + ", ".join(map(str, f["shape"])) + "]", f["steps"]]
+                   for f in sp["fields"]], title="fields")
+    env = d["environment"] or {}
+    out.table(["key", "value"], [[k, json.dumps(v) if isinstance(v, list | dict) else v] for k, v in env.items()],
+              title="environment (of the process that created the dump)")
+    return 0
+
+
+# ----------------------------------------------------------------------------- show
+@command("show", "one trajectory as text: prompt, completion, segments, reward, versions", PATH,
+         arg("--step", type=int, required=True, help="step number"),
+         arg("--sample", type=int, default=0, help="trajectory index in the step (default 0)"),
+         TOKENIZER, arg("--logprobs", action="store_true", help="print per-token log-probabilities"),
+         SPLIT, JSON, *OVERRIDES)
+def cmd_show(args) -> int:
+    from ._rows import rows
+    from ._traces import _decode, load_tokenizer, to_json, trace_rows
+    from .reader import Reader
+
+    r = Reader(args.path, args.split)
+    tok = load_tokenizer(args.tokenizer)
+    all_rows = rows(r.read(args.step), r.info(args.step)["batch"])
+    if not 0 <= args.sample < len(all_rows):
+        raise ConfigError(f"step {args.step} has {len(all_rows)} trajectories; --sample {args.sample} is out of range")
+    row = all_rows[args.sample]
+    if row is None:
+        if args.json:
+            print(json.dumps({"step": args.step, "index": args.sample, "rejected": True}))
+        else:
+            print(f"step {args.step} trajectory {args.sample}: rejected (stored as None)")
+        return 0
+    t = trace_rows(row, tok, fields=_fields(args), logprobs=args.logprobs)
+    if args.json:
+        print(json.dumps({"step": args.step, "index": args.sample, "rejected": False, **to_json(t)},
+                         ensure_ascii=False))
+        return 0
+    head = [f"step {args.step}", f"trajectory {args.sample} of {len(all_rows)}"]
+    if "reward" in t:
+        head.append(f"reward {t['reward']}")
+    if "lengths" in t:
+        head.append("tokens " + ", ".join(f"{k} {v}" for k, v in t["lengths"].items()))
+    if "versions" in t:
+        v = t["versions"]
+        head.append("versions " + (", ".join(f"{a}x{n}" for a, n in v) if isinstance(v, list) else str(v)))
+    print("  |  ".join(head))
+    if not t["segments"]:
+        for k in ("prompt", "completion"):
+            if k in t:
+                out.block(k, t[k])
+        if "prompt" not in t and "completion" not in t:
+            print("(no token or text field found: use --tokens-field NAME)")
+    for s in t["segments"]:
+        body = s["text"] if "text" in s else " ".join(map(str, s["ids"].tolist()))
+        out.block(f"{s['role']} ({s['tokens']} tokens)", body,
+                  style={"model": "green", "prompt": "blue", "env": "yellow"}.get(s["role"], ""))
+    if args.logprobs:
+        lines = []
+        for s in t["segments"]:
+            lp = s.get("logprobs")
+            for j, i in enumerate(s["ids"].tolist()):
+                lines.append([s["pos"][0] + j, s["role"], i,
+                              repr(_decode(tok, [i])) if tok is not None else "",
+                              None if lp is None else float(lp[j])])
+        if "logprobs_field" in t:
+            out.table(["pos", "role", "id", "token", t["logprobs_field"]], lines, title="per-token log-probabilities")
+        else:
+            print("(no logprobs field found: use --logprobs-field NAME)")
+    if t.get("fields"):
+        out.table(["field", "value"], list(t["fields"].items()), title="other fields")
+    return 0
+
+
+# ----------------------------------------------------------------------------- diff
+def _where(fd: dict | None) -> str:
+    """``step 1 traj 2 tok 5: -0.335 vs -0.325`` for a first divergence."""
+    if not fd:
+        return "-"
+    short = {"step": "step", "field": "field", "trajectory": "traj", "token": "tok", "element": "elem"}
+    s = " ".join(f"{short[k]} {fd[k]}" for k in short if k in fd)
+    if "a" in fd:
+        s += f": {out.fmt(fd['a'])} vs {out.fmt(fd['b'])}"
+    if fd.get("note"):
+        s += f" ({fd['note']})"
+    return s
+
+
+@command("diff", "compare two dumps (or two fields of one) step by step, field by field",
+         arg("a", help="dump A"), arg("b", nargs="?", help="dump B (omit with --pair: compare within A)"),
+         arg("--steps", help="steps to compare, e.g. 0-9,12 (default: all)"),
+         arg("--fields", help="comma-separated fields (default: all)"),
+         arg("--atol", type=float, default=0.0, help="absolute tolerance (default 0: exact)"),
+         arg("--rtol", type=float, default=0.0, help="relative tolerance, |a-b| <= atol + rtol*|b|"),
+         arg("--pair", nargs=2, metavar=("FIELD_A", "FIELD_B"),
+             help="compare FIELD_A of A with FIELD_B of B (or of A), with summary statistics"),
+         arg("--mask", help="only compare tokens where this per-token field is non-zero"),
+         SPLIT, JSON)
+def cmd_diff(args) -> int:
+    from ._diff import diff
+
+    fields = [f.strip() for f in args.fields.split(",") if f.strip()] if args.fields else None
+    rep = diff(args.a, args.b, steps=args.steps, fields=fields, atol=args.atol, rtol=args.rtol,
+               split=args.split, pair=tuple(args.pair) if args.pair else None, mask=args.mask,
+               progress=lambda s: out.progress(s, "comparing"))
+    if args.json:
+        print(json.dumps(rep.to_dict(), indent=2, default=str))
+        return 0 if rep.ok else 1
+    summ = rep.fields()
+    stats = bool(args.pair)
+    headers = ["field", "status", "steps", "values", "beyond tol", "max abs", "max rel"]
+    if stats:
+        headers += ["mean abs", "rmse", "p50 abs", "p99 abs", "corr"]
+    lines = []
+    for name, f in summ.items():
+        line = [name, f["status"], f["steps"], f["n"], f["n_exceed"], f["max_abs"], f["max_rel"]]
+        if stats:
+            line += [f.get("mean_abs"), f.get("rmse"), f.get("p50_abs"), f.get("p99_abs"), f.get("corr")]
+        lines.append(line)
+    out.table(headers, lines, title=f"{rep.a} vs {rep.b}  (atol {rep.atol}, rtol {rep.rtol})")
+    for name, f in summ.items():
+        if f["first"]:
+            print(f"{name}: first beyond tolerance at {_where(f['first'])}")
+    first = rep.first_divergence
+    if rep.identical:
+        print("identical")
+    elif rep.ok:
+        print("within tolerance")
+    else:
+        print(f"first divergence ({first['status']}): {_where(first)}")
+    return 0 if rep.ok else 1
+
+
+# ----------------------------------------------------------------------------- sql
+@command("sql", "run DuckDB SQL over a dump: one view per split (train, val, ...), each row with its step",
+         PATH, arg("query", help='e.g. "SELECT step, avg(rewards) FROM train GROUP BY step ORDER BY step"'),
+         arg("--format", choices=("table", "json", "csv"), default="table", dest="fmt",
+             help="output format (default table; plain columns when piped)"))
+def cmd_sql(args) -> int:
+    from ._views import duckdb_connect
+
+    con = duckdb_connect(args.path)
+    import duckdb
+
+    try:
+        cur = con.execute(args.query)
+    except duckdb.Error as e:
+        views = [r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()]
+        raise ConfigError(f"SQL error: {e} (views of dump {args.path}: {', '.join(views) or 'none'})") from None
+    cols = [d[0] for d in cur.description] if cur.description else []
+    data = cur.fetchall()
+    if args.fmt == "json":
+        for r in data:
+            print(json.dumps(dict(zip(cols, r)), default=str))
+    elif args.fmt == "csv":
+        import csv
+
+        w = csv.writer(sys.stdout)
+        w.writerow(cols)
+        w.writerows(data)
+    else:
+        out.table(cols, data)
+    return 0
+
+
+# ----------------------------------------------------------------------------- export
+@command("export", "readable traces (prompt, completion, messages, reward, versions, lengths)", PATH,
+         arg("--format", choices=("jsonl", "trackio"), default="jsonl", dest="fmt",
+             help="jsonl (default), or trackio: log to a local Trackio project (needs trajstore[trackio])"),
+         arg("--project", help="Trackio project (default: the dump directory's name)"),
+         arg("--run", dest="run_name", help="Trackio run name (default: Trackio's)"),
+         TOKENIZER, arg("--max-per-step", type=int, metavar="K", help="at most K trajectories per step"),
+         arg("--steps", help="steps to export, e.g. 0-9,12 (default: all)"),
+         arg("-o", "--output", help="output file (default: stdout)"),
+         arg("--include-rejected", action="store_true", help='also write {"rejected": true} records'),
+         arg("--logprobs", action="store_true", help="add per-token log-probabilities"),
+         SPLIT, *OVERRIDES)
+def cmd_export(args) -> int:
+    from ._diff import parse_steps
+    from ._traces import dumps, load_tokenizer, traces
+    from .reader import Reader
+
+    r = Reader(args.path, args.split)
+    tok = load_tokenizer(args.tokenizer)
+    want = parse_steps(args.steps)
+    steps = r.steps if want is None else [s for s in want if s in r.steps]
+    if want is not None and not steps:
+        raise ConfigError(f"--steps {args.steps}: none of these steps is in {args.path} split {args.split!r}")
+    if args.fmt == "trackio":
+        from ._trackio import export_trackio
+
+        n, rejected = export_trackio(r, steps, tok, args.max_per_step, fields=_fields(args),
+                                     project=args.project or r.path.resolve().name, name=args.run_name,
+                                     progress=lambda s: out.progress(s, "exporting"))
+        print(f"logged {n} trajectories from {len(steps)} step(s) to Trackio; {rejected} rejected counted",
+              file=sys.stderr)
+        return 0
+    f = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
+    n = rejected = 0
+    try:
+        for s in out.progress(steps, "exporting"):
+            for t in traces(r, s, tok, args.max_per_step, fields=_fields(args), logprobs=args.logprobs):
+                if t["rejected"]:
+                    rejected += 1
+                    if not args.include_rejected:
+                        continue
+                else:
+                    n += 1
+                f.write(dumps(t) + "\n")
+    finally:
+        if f is not sys.stdout:
+            f.close()
+    print(f"exported {n} trajectories from {len(steps)} step(s); {rejected} rejected "
+          f"{'included' if args.include_rejected else 'skipped'}", file=sys.stderr)
+    return 0
+
+
+# ----------------------------------------------------------------------------- entry point
+def parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    p = argparse.ArgumentParser(prog="trajstore", description="Look inside trajstore dumps.")
+    p.add_argument("--version", action="version", version=f"trajstore {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, help, arguments, fn in _COMMANDS:
+        sp = sub.add_parser(name, help=help, description=help)
+        for names, kw in arguments:
+            sp.add_argument(*names, **kw)
+        sp.set_defaults(_fn=fn)
+    return p
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
+    args = parser().parse_args(argv)
+    try:
+        return args._fn(args)
+    except TrajstoreError as e:
+        print(f"trajstore {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # e.g. piped into head
+        sys.stderr.close()
+        return 0
+    except KeyboardInterrupt:
+        return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry point. Called without ``argv`` (as the installed ``trajstore``), it ends
+    the process with ``os._exit`` once output is flushed: a command has nothing left to clean up,
+    and skipping interpreter teardown keeps the exit status exactly the command's (native
+    libraries' thread pools can abort during teardown). With ``argv`` it just returns the status."""
+    if argv is not None:
+        return run(argv)
+    try:
+        rc = run()
+    except SystemExit as e:  # argparse: --help, --version, usage errors
+        rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+        if not isinstance(e.code, int | None):
+            print(e.code, file=sys.stderr)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(rc)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

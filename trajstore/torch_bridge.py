@@ -1,0 +1,332 @@
+"""Host <-> GPU data movement: reused pinned staging memory, side-stream copies ordered by events.
+
+Rules kept everywhere in this module (so callers never need ``record_stream``):
+
+* Device memory handed to a caller is allocated on the *caller's* stream. Before a side stream
+  writes into it, the side stream waits on the caller's stream (the block may have been freed by
+  work still queued there), and the caller's stream waits on an event recorded after the copy.
+* A pinned staging buffer goes back to its pool together with the event of the last copy that
+  reads or writes it; whoever takes it next synchronizes that event first. Pools cache a bounded
+  number of bytes, so pinned memory does not grow without bound.
+
+``snapshot_cuda`` (device -> pinned host, for the writer), ``to_device`` (one batch, for
+``Reader.read``) and ``iterate`` (prefetching replay, for ``Reader.iter``) are the entry points.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from .errors import ConfigError
+
+__all__ = ["PinnedPool", "snapshot_cuda", "to_device", "iterate", "map_tensors"]
+
+ALIGN = 256  # byte alignment of each tensor carved out of a staging buffer
+
+
+def _round(n: int, a: int = ALIGN) -> int:
+    return (n + a - 1) // a * a
+
+
+def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """Rebuild dict/list/tuple structure with ``fn`` applied to every torch tensor."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, Mapping):
+        return {k: map_tensors(v, fn) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [map_tensors(v, fn) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(map_tensors(v, fn) for v in obj)
+    return obj
+
+
+def _leaves(obj: Any) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    map_tensors(obj, out.append)
+    return out
+
+
+class PinnedPool:
+    """Reused page-locked host buffers (``uint8`` tensors).
+
+    ``take(n)`` returns a buffer of at least ``n`` bytes, reusing a cached one when one fits
+    (after synchronizing the event it was given back with); ``give(buf, event)`` returns it.
+    At most ``max_cached_bytes`` are kept cached; the rest is released.
+    """
+
+    def __init__(self, max_cached_bytes: int = 4 << 30):
+        self.max_cached_bytes = max_cached_bytes
+        self._lock = threading.Lock()
+        self._free: list[tuple[torch.Tensor, Any]] = []
+        self.in_use = 0       # buffers handed out and not given back
+        self.allocated = 0    # buffers ever allocated (a reuse does not count)
+
+    @property
+    def cached_bytes(self) -> int:
+        with self._lock:
+            return sum(b.numel() for b, _ in self._free)
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        with self._lock:
+            best = None
+            for i, (b, _) in enumerate(self._free):
+                if nbytes <= b.numel() <= 2 * nbytes + (1 << 20) and (
+                        best is None or b.numel() < self._free[best][0].numel()):
+                    best = i
+            if best is not None:
+                buf, ev = self._free.pop(best)
+            else:
+                buf, ev = None, None
+            self.in_use += 1
+        if ev is not None:
+            ev.synchronize()
+        if buf is None:
+            pin = torch.cuda.is_available()
+            buf = torch.empty(_round(max(nbytes, 1), 1 << 20), dtype=torch.uint8, pin_memory=pin)
+            with self._lock:
+                self.allocated += 1
+        return buf
+
+    def give(self, buf: torch.Tensor, event: Any = None) -> None:
+        with self._lock:
+            self.in_use -= 1
+            self._free.append((buf, event))
+            total = sum(b.numel() for b, _ in self._free)
+            while total > self.max_cached_bytes and self._free:
+                b, ev = self._free.pop(0)
+                if ev is not None:
+                    ev.synchronize()
+                total -= b.numel()
+
+
+_read_pool = PinnedPool()
+_side: dict[int, torch.cuda.Stream] = {}
+_side_lock = threading.Lock()
+
+
+def side_stream(device: torch.device) -> torch.cuda.Stream:
+    """The module's copy stream for ``device`` (one per device, shared by all threads)."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    with _side_lock:
+        s = _side.get(idx)
+        if s is None:
+            s = _side[idx] = torch.cuda.Stream(device=idx)
+        return s
+
+
+# ----------------------------------------------------------------------------- GPU -> host (writer)
+class CudaSnapshot:
+    """Pinned host copies of CUDA tensors, valid once ``wait()`` returns."""
+
+    def __init__(self, buf: torch.Tensor, pool: PinnedPool, event, sources: list):
+        self.buf, self.pool, self.event, self._sources = buf, pool, event, sources
+
+    def wait(self) -> None:
+        self.event.synchronize()
+        self._sources = []  # the device tensors may be freed now
+
+    def release(self) -> None:
+        if self.buf is not None:
+            self.pool.give(self.buf, None)
+            self.buf = None
+
+
+def snapshot_cuda(tensors: list[torch.Tensor], pool: PinnedPool) -> tuple[list[torch.Tensor], list[CudaSnapshot]]:
+    """Start copying CUDA ``tensors`` into pinned host memory; returns the host tensors (valid
+    after each snapshot's ``wait()``) and the snapshots (one per device).
+
+    The copies run on a side stream that first waits on the caller's current stream, so they see
+    every write queued before ``append``. The caller's stream then waits on the copies' event,
+    so a later in-place update or a reuse of freed memory on that stream cannot race them; the
+    calling thread itself never blocks.
+    """
+    hosts: list[torch.Tensor | None] = [None] * len(tensors)
+    snaps = []
+    by_dev: dict[torch.device, list[int]] = {}
+    for i, t in enumerate(tensors):
+        by_dev.setdefault(t.device, []).append(i)
+    for dev, idx in by_dev.items():
+        total = sum(_round(tensors[i].numel() * tensors[i].element_size()) for i in idx)
+        buf = pool.take(total)
+        cur = torch.cuda.current_stream(dev)
+        side = side_stream(dev)
+        side.wait_stream(cur)
+        off = 0
+        with torch.cuda.stream(side):
+            for i in idx:
+                t = tensors[i]
+                n = t.numel() * t.element_size()
+                dst = buf[off:off + n].view(t.dtype).view(t.shape)
+                dst.copy_(t.detach(), non_blocking=True)
+                hosts[i] = dst
+                off += _round(n)
+            ev = torch.cuda.Event()
+            ev.record(side)
+        cur.wait_event(ev)
+        snaps.append(CudaSnapshot(buf, pool, ev, [tensors[i] for i in idx]))
+    return hosts, snaps  # type: ignore[return-value]
+
+
+# ----------------------------------------------------------------------------- host -> GPU (reader)
+class Staged:
+    """A decoded batch whose torch tensors live in one pinned staging buffer."""
+
+    def __init__(self, obj: Any, buf: torch.Tensor | None, total: int, pool: PinnedPool,
+                 offsets: list[int] | None = None):
+        self.obj, self.buf, self.total, self.pool = obj, buf, total, pool
+        self.offsets = offsets or []  # byte offset of each tensor, in map_tensors order
+
+    def release(self, event=None) -> None:
+        if self.buf is not None:
+            self.pool.give(self.buf, event)
+            self.buf = None
+
+
+def stage(obj: Any, pool: PinnedPool = _read_pool) -> Staged:
+    """Copy every torch tensor of ``obj`` into one pinned buffer (CPU memcpy, off the GPU)."""
+    leaves = _leaves(obj)
+    total = sum(_round(t.numel() * t.element_size()) for t in leaves)
+    if not leaves:
+        return Staged(obj, None, 0, pool)
+    buf = pool.take(total)
+    offsets: list[int] = []
+
+    def put(t: torch.Tensor) -> torch.Tensor:
+        off = next_off[0]
+        n = t.numel() * t.element_size()
+        dst = buf[off:off + n].view(t.dtype).view(t.shape)
+        dst.copy_(t)
+        offsets.append(off)
+        next_off[0] = off + _round(n)
+        return dst
+
+    next_off = [0]
+    return Staged(map_tensors(obj, put), buf, total, pool, offsets)
+
+
+def launch(staged: Staged, device: torch.device, consumer: torch.cuda.Stream) -> tuple[Any, Any]:
+    """Start copying a staged batch to ``device``: one H2D copy on the side stream into memory
+    allocated on ``consumer``. Returns (device batch, event); ``consumer`` must wait on the event
+    before it uses (or frees) the batch. The staging buffer goes back to its pool with the event."""
+    if staged.buf is None:
+        return staged.obj, None
+    side = side_stream(device)
+    with torch.cuda.stream(consumer):
+        gbuf = torch.empty(staged.total, dtype=torch.uint8, device=device)
+    side.wait_stream(consumer)
+    with torch.cuda.stream(side):
+        gbuf.copy_(staged.buf[:staged.total], non_blocking=True)
+        ev = torch.cuda.Event()
+        ev.record(side)
+    offsets = iter(staged.offsets)
+
+    def view(t: torch.Tensor) -> torch.Tensor:
+        off = next(offsets)
+        n = t.numel() * t.element_size()
+        return gbuf[off:off + n].view(t.dtype).view(t.shape)
+
+    out = map_tensors(staged.obj, view)
+    staged.release(ev)
+    return out, ev
+
+
+def _device(device: Any) -> torch.device | None:
+    if device is None:
+        return None
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ConfigError(f"device {device!r} is not a torch device ({e}); use e.g. 'cuda', 'cuda:1' or 'cpu'") from None
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device {device!r}: CUDA is not available in this process; pass device=None")
+        if d.index is None:
+            d = torch.device("cuda", torch.cuda.current_device())
+    return d
+
+
+def to_device(obj: Any, device: Any) -> Any:
+    """Move every torch tensor of a decoded batch to ``device`` (numpy arrays and Python values
+    stay on the host). On CUDA the result is ordered on the caller's current stream."""
+    d = _device(device)
+    if d is None or d.type == "cpu":
+        return obj
+    if d.type != "cuda":
+        return map_tensors(obj, lambda t: t.to(d))
+    cur = torch.cuda.current_stream(d)
+    out, ev = launch(stage(obj), d, cur)
+    if ev is not None:
+        cur.wait_event(ev)
+    return out
+
+
+def iterate(read: Callable[[int], Any], steps: list[int], device: Any = None, prefetch: int = 2,
+            workers: int | None = None) -> Iterator[tuple[int, Any]]:
+    """Yield ``(step, batch)`` for ``steps`` in order, decoding up to ``prefetch`` steps ahead on a
+    thread pool. On CUDA, decoded batches are staged in pinned memory and the copy of the next
+    batch is started (on a side stream) before the current one is handed out; the consumer's
+    stream waits on each batch's event. Closing the iterator (``break``) cancels pending work,
+    waits for running decodes and returns their staging buffers."""
+    if type(prefetch) is not int or prefetch < 0:
+        raise ConfigError(f"prefetch must be an int >= 0, got {prefetch!r}")
+    d = _device(device)
+    cuda = d is not None and d.type == "cuda"
+    other = d is not None and d.type not in ("cpu", "cuda")
+    consumer = torch.cuda.current_stream(d) if cuda else None
+
+    def load(step: int) -> Any:
+        obj = read(step)
+        return stage(obj) if cuda else obj
+
+    pool = ThreadPoolExecutor(max_workers=workers or max(1, prefetch), thread_name_prefix="trajstore-read")
+    pending: deque[tuple[int, Future]] = deque()
+    issued: deque[tuple[int, Any]] = deque()  # CUDA: copies started, not yet yielded
+    todo = iter(steps)
+
+    def fill() -> None:
+        while len(pending) + len(issued) < max(1, prefetch + (1 if cuda else 0)):
+            s = next(todo, None)
+            if s is None:
+                return
+            pending.append((s, pool.submit(load, s)))
+
+    try:
+        fill()
+        while pending or issued:
+            if not cuda:
+                s, fut = pending.popleft()
+                obj = fut.result()
+                fill()
+                yield s, (map_tensors(obj, lambda t: t.to(d)) if other else obj)
+                continue
+            if not issued:
+                s, fut = pending.popleft()
+                issued.append((s, *launch(fut.result(), d, consumer)))
+            # start the next copy now if its decode is done, so it overlaps the consumer's compute
+            if pending and pending[0][1].done() and len(issued) < 2:
+                s, fut = pending.popleft()
+                issued.append((s, *launch(fut.result(), d, consumer)))
+            s, obj, ev = issued.popleft()
+            if ev is not None:
+                consumer.wait_event(ev)
+            fill()
+            yield s, obj
+    finally:
+        for _, _, ev in issued:  # never let the caching allocator reuse memory a copy still writes
+            if ev is not None:
+                consumer.wait_event(ev)
+        issued.clear()
+        for _, fut in pending:
+            fut.cancel()
+        pool.shutdown(wait=True)
+        for _, fut in pending:
+            if not fut.cancelled() and fut.exception() is None and cuda:
+                fut.result().release()
+        pending.clear()
