@@ -68,8 +68,13 @@ def dump(tmp_path_factory):
     r = trajstore.Reader(p)
     for i, b in enumerate(BATCHES):
         assert_batch_equal(r[i], b)
-    yield p
-    out = os.environ.get("TRAJSTORE_FUZZ_FIGURES")
+    return p
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _figures():
+    yield
+    out = os.environ.get("TRAJSTORE_FUZZ_FIGURES")  # the counts reported in docs/RELIABILITY.md
     if out:
         with open(out, "a") as f:
             f.write(json.dumps(FIGURES) + "\n")
@@ -141,7 +146,7 @@ def test_mutated_bytes_are_caught_by_the_checksum(dump, step, m):
         assume(new != r.orig)
         f.write_bytes(new)
         with pytest.raises(ChecksumError, match=f.name):
-            trajstore.Reader(dump)[step]
+            trajstore.Reader(dump, verify=True)[step]
         _count("bytes_verified_caught")
 
 
@@ -218,7 +223,7 @@ def spec_lies(draw, doc):
         elif action == "copy":
             parent[key] = copy.deepcopy(_get(doc, draw(st.sampled_from(paths))[:len(path)]))
         else:
-            parent[key] = draw(lies)
+            parent[key] = copy.deepcopy(draw(lies))  # st.just values are shared objects
     return doc
 
 
@@ -416,3 +421,35 @@ def test_manifest_says_trajstore_but_split_is_missing(tmp_path):
     shutil.rmtree(tmp_path / "train")
     with pytest.raises(trajstore.DumpNotFoundError, match="no split 'train'"):
         trajstore.Reader(tmp_path)
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+                           lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=3),
+                           max_leaves=10)
+manifests = st.one_of(
+    st.binary(max_size=200),
+    json_values.map(lambda v: json.dumps(v).encode()),
+    st.fixed_dictionaries({"format": st.sampled_from(["trajstore", "other", 1]),
+                           "format_version": st.one_of(st.integers(-2, 3), st.booleans(), st.text(max_size=2),
+                                                       st.none(), st.floats())},
+                          optional={"environment": json_values}).map(lambda v: json.dumps(v).encode()),
+)
+
+
+@settings(max_examples=300 * SCALE)
+@given(content=manifests)
+def test_fuzzed_manifest(tmp_path_factory, content):
+    p = tmp_path_factory.mktemp("manifest")
+    with trajstore.Writer(p) as w:
+        w.append(0, BATCHES[1])
+    (p / "trajstore.json").write_bytes(content)
+    try:
+        r = trajstore.Reader(p)
+    except TrajstoreError as e:
+        assert "trajstore.json" in str(e), e
+        _count(f"manifest_error:{type(e).__name__}")
+        return
+    assert r.manifest.get("format") == "trajstore" and type(r.manifest["format_version"]) is int
+    assert 1 <= r.manifest["format_version"] <= _store.FORMAT_VERSION
+    assert_batch_equal(r[0], BATCHES[1])
+    _count("manifest_ok")

@@ -55,13 +55,13 @@ def test_any_bit_flip_is_detected(dump, pos, bit, step):
     f.write_bytes(bytes(data))
     try:
         with pytest.raises(ChecksumError, match=f"{f.name}.*step {step} is damaged"):
-            trajstore.Reader(dump)[step]
+            trajstore.Reader(dump, verify=True)[step]
         rep = integrity.verify(dump)
         assert set(rep.damaged) == {("train", step)} and not rep.ok
         assert "DAMAGED train/" in rep.summary()
     finally:
         f.write_bytes(orig)
-    assert_batch_equal(trajstore.Reader(dump)[step], _batch(step))
+    assert_batch_equal(trajstore.Reader(dump, verify=True)[step], _batch(step))
 
 
 @pytest.mark.parametrize("how", ["truncate", "append", "empty", "swap"])
@@ -73,7 +73,7 @@ def test_size_changes_are_detected(dump, how):
     f.write_bytes(new)
     try:
         with pytest.raises(ChecksumError, match=f.name):
-            trajstore.Reader(dump)[1]
+            trajstore.Reader(dump, verify=True)[1]
         assert set(integrity.verify(dump).damaged) == {("train", 1)}
     finally:
         f.write_bytes(orig)
@@ -84,7 +84,7 @@ def test_missing_checksum(tmp_path):
         w.append(0, _batch(0))
     (tmp_path / "train" / "step_00000000.sha256").unlink()
     with pytest.raises(ChecksumError, match="no recorded checksum.*verify=False"):
-        trajstore.Reader(tmp_path)[0]
+        trajstore.Reader(tmp_path, verify=True)[0]
     assert_batch_equal(trajstore.Reader(tmp_path, verify=False)[0], _batch(0))
     assert ("train", 0) in integrity.verify(tmp_path).damaged
 
@@ -141,6 +141,9 @@ def test_deep_verify_decodes(tmp_path):
     assert rep.ok and rep.checked == {"train": 2}
     with pytest.raises(DumpNotFoundError):
         integrity.verify(tmp_path / "nope")
+    with pytest.raises(DumpNotFoundError, match="no split 'val'"):
+        integrity.verify(tmp_path, "val")
+    assert integrity.verify(tmp_path, "train").checked == {"train": 2}
 
 
 def test_skipped_steps_are_recorded(tmp_path):

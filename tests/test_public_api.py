@@ -5,11 +5,14 @@ import trajstore
 
 def test_exports():
     expected = {
-        "__version__", "Writer", "Reader",
+        "__version__", "Writer", "Reader", "Recorder", "DumpReplayConfig", "deterministic",
+        "traces", "diff", "verify",
         "TrajstoreError", "StepNotFoundError", "StepExistsError", "DumpNotFoundError", "BatchError",
-        "UnsupportedTypeError", "FormatError", "FormatVersionError", "WriterError", "ConfigError",
+        "UnsupportedTypeError", "FormatError", "FormatVersionError", "ChecksumError", "WriterError",
+        "ConfigError", "EnvironmentMismatchError", "MissingDependencyError",
     }
-    assert expected <= set(trajstore.__all__)
+    assert set(trajstore.__all__) == expected
+    assert len(trajstore.__all__) == len(expected)
     for name in trajstore.__all__:
         assert hasattr(trajstore, name), name
 

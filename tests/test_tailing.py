@@ -87,3 +87,49 @@ def test_wait_for_sees_a_step_written_later(tmp_path):
     th.join()
     assert r.steps == [0, 1]
     assert_batch_equal(r[1], batch_for(1, 1))
+
+
+def test_wait_for_a_skipped_step_fails_at_once(tmp_path):
+    from trajstore import _store
+
+    with trajstore.Writer(tmp_path) as w:
+        w.append(0, batch_for(0, 1))
+    _store.record_skipped(tmp_path / "train", 1, "OSError: [Errno 28] No space left on device")
+    t0 = time.monotonic()
+    with pytest.raises(StepNotFoundError, match="step 1 will not appear.*skipped.*No space left"):
+        trajstore.Reader(tmp_path).wait_for(1, timeout=30)
+    assert time.monotonic() - t0 < 10
+
+
+def test_reading_while_a_step_is_overwritten(tmp_path):
+    """A reader polling a step that another thread keeps overwriting sees one whole version each time."""
+    with trajstore.Writer(tmp_path) as w:
+        w.append(0, batch_for(0, 1), meta={"version": 1})
+    stop = threading.Event()
+
+    def overwrite():
+        v = 2
+        with trajstore.Writer(tmp_path, overwrite=True) as w2:
+            while not stop.is_set() and v < 60:
+                w2.append(0, batch_for(0, v), meta={"version": v})
+                w2.flush()
+                v += 1
+
+    th = threading.Thread(target=overwrite)
+    th.start()
+    r = trajstore.Reader(tmp_path)
+    try:
+        for _ in range(60):
+            got = r.read(0)
+            assert any(_equal(got, batch_for(0, v)) for v in range(1, 61))
+    finally:
+        stop.set()
+        th.join()
+
+
+def _equal(a, b):
+    try:
+        assert_batch_equal(a, b)
+        return True
+    except AssertionError:
+        return False

@@ -168,3 +168,46 @@ def test_any_batch_traces_and_self_diff(batch):
         rep = trajstore.diff(d, d)
         assert rep.identical, rep.first_divergence
         assert len(r.to_pandas(0)) == len(ts)
+
+
+def test_verl_style_batch(tmp_path, tok_path):
+    """prompts left-padded [B, P], responses right-padded [B, R], response_mask 0 on tool tokens."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tok_path))
+    enc = [[(role, tok.encode(text).ids) for role, text in conv] for conv in CONVERSATIONS]
+    P = max(len(c[0][1]) for c in enc) + 1
+    R = max(sum(len(ids) for _, ids in c[1:]) for c in enc) + 3
+    B = len(enc)
+    prompts, responses = torch.zeros(B, P, dtype=torch.int64), torch.zeros(B, R, dtype=torch.int64)
+    am = torch.zeros(B, P + R, dtype=torch.int64)
+    rmask = torch.zeros(B, R, dtype=torch.int64)
+    scores = torch.zeros(B, R)
+    old_lp = torch.zeros(B, R)
+    for i, conv in enumerate(enc):
+        p = conv[0][1]
+        prompts[i, P - len(p):] = torch.tensor(p)
+        am[i, P - len(p):P] = 1
+        resp = [x for _, ids in conv[1:] for x in ids]
+        m = [int(role == "model") for role, ids in conv[1:] for _ in ids]
+        responses[i, :len(resp)] = torch.tensor(resp)
+        rmask[i, :len(resp)] = torch.tensor(m)
+        am[i, P:P + len(resp)] = 1
+        scores[i, len(resp) - 1] = REWARDS[i]
+        old_lp[i, :len(resp)] = -torch.arange(1, len(resp) + 1) / 100
+    batch = {"prompts": prompts, "responses": responses, "input_ids": torch.cat([prompts, responses], 1),
+             "attention_mask": am, "response_mask": rmask, "old_log_probs": old_lp,
+             "token_level_scores": scores}
+    with trajstore.Writer(tmp_path / "d") as w:
+        w.append(0, batch)
+    ts = trajstore.traces(trajstore.Reader(tmp_path / "d"), 0, tok_path, logprobs=True)
+    from trajstore._info import describe
+
+    assert describe(tmp_path / "d")["splits"]["train"]["tokens"] == int(am.sum())  # mask with holes
+    for t, conv, rw in zip(ts, CONVERSATIONS, REWARDS):
+        assert t["prompt"] == conv[0][1]
+        assert t["completion"] == "".join(text for _, text in conv[1:])
+        assert t["reward"] == pytest.approx(rw)
+        assert [(m["role"], m["text"]) for m in t["messages"]] == list(conv)
+        lps = [x for m in t["messages"][1:] for x in m["logprobs"]]
+        assert lps == pytest.approx([-(k + 1) / 100 for k in range(t["lengths"]["completion"])])

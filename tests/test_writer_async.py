@@ -322,3 +322,26 @@ def test_parquet_encodings_reach_the_list_columns(tmp_path):
     assert "BYTE_STREAM_SPLIT" in enc["input_ids.list.element"]  # per-token int64 values
     assert "BYTE_STREAM_SPLIT" in enc["rewards"]                 # per-trajectory float32
     assert md.column(0).compression == "ZSTD"
+
+
+@pytest.mark.parametrize("trail", [(), (2,), (0,)])
+def test_padded_fields_pad_check(tmp_path, trail):
+    B, T = 3, 6
+    m = torch.arange(T)[None, :] < torch.tensor([2, 6, 4])[:, None]
+    const = torch.full((B, T) + trail, -7, dtype=torch.int32)
+    if const.numel():
+        const[m] = torch.arange(int(m.sum()) * const[0, 0].numel(), dtype=torch.int32).reshape((-1,) + trail)
+    varied = const.clone()
+    if varied.numel():
+        varied[0, 5] = 9  # one padded position differs: the field must be stored whole
+    b = {"attention_mask": m, "const": const, "varied": varied}
+    with trajstore.Writer(tmp_path) as w:
+        w.append(0, b)
+    r = trajstore.Reader(tmp_path)
+    keys = dict(r.info(0)["batch"]["keys"])
+    if const.numel():
+        assert keys["const"]["kind"] == "token" and keys["const"]["pad"] == -7
+    else:  # zero-width tokens have no pad value: stored whole
+        assert keys["const"]["kind"] == "sample"
+    assert keys["varied"]["kind"] == "sample"
+    assert_batch_equal(b, r[0])

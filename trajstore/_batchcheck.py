@@ -32,6 +32,8 @@ def _tensor(x: Any, path: tuple) -> None:
             raise UnsupportedTypeError(
                 f"field {_where(path)!r}: torch dtype {x.dtype} is not supported; "
                 f"convert it to one of {sorted(dt.TORCH_NAMES.values())}")
+        if x.device.type == "meta":
+            raise UnsupportedTypeError(f"field {_where(path)!r}: a tensor on the meta device has no values to store")
         if x.layout != torch.strided:
             raise UnsupportedTypeError(
                 f"field {_where(path)!r}: {x.layout} tensors are not supported; call .to_dense() first")
@@ -121,12 +123,16 @@ def _elems(elems: list, path: tuple) -> None:
 
 
 def _has_tensor(v: Any) -> bool:
-    if isinstance(v, torch.Tensor | np.ndarray):
-        return True
-    if isinstance(v, Mapping):
-        return any(_has_tensor(x) for x in v.values())
-    if isinstance(v, list | tuple):
-        return any(_has_tensor(x) for x in v)
+    """Whether a tensor or array is anywhere inside ``v`` (iterative: values may nest deeply)."""
+    stack = [v]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, torch.Tensor | np.ndarray):
+            return True
+        if isinstance(x, Mapping):
+            stack.extend(x.values())
+        elif isinstance(x, list | tuple):
+            stack.extend(x)
     return False
 
 

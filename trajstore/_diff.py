@@ -199,8 +199,9 @@ class _Field:
         if x.dtype != y.dtype:
             e.note = e.note or f"dtype {x.dtype} vs {y.dtype}"
         width = int(np.prod(x.shape[1:])) if x.ndim > 1 else 1
-        xf = x.astype(np.float64).reshape(-1)
-        yf = y.astype(np.float64).reshape(-1)
+        with np.errstate(all="ignore"):
+            xf = x.astype(np.float64).reshape(-1)
+            yf = y.astype(np.float64).reshape(-1)
         if mask is not None:
             if np.ndim(mask) == 0:
                 self.fail("mismatch", traj, f"trajectory {traj}: the mask field is not per-token")

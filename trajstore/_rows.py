@@ -8,6 +8,9 @@ returns ``[dict | None]`` with one entry per trajectory:
 * per-token fields are cut to the trajectory's own tokens (padding removed, packed rows split),
   as numpy arrays whose first axis is the token axis; in a list batch, a field shaped like the
   row's ``attention_mask`` is cut by that mask (so ``[1, T]`` tensors become ``[n]``);
+* verl-style batches (``prompts`` [B, P], ``responses`` [B, R], ``attention_mask`` [B, P + R]):
+  every [B, P, ...] field is cut by the prompt part of the mask and every [B, R, ...] field
+  (``response_mask``, ``old_log_probs``, ``advantages``...) by the response part;
 * tensors become numpy arrays (bfloat16 becomes float32, which holds every bfloat16 exactly);
 * batch-wide values (``cu_seqlens``, ``max_seqlen``, 0-d tensors, plain scalars) are left out;
 * a rejected (``None``) trajectory is ``None``.
@@ -95,6 +98,18 @@ def _list_row(d: Mapping) -> dict:
     return out
 
 
+def _split_widths(flat: dict, mask: np.ndarray | None) -> tuple[int, int]:
+    """verl-style batches: ``prompts`` [B, P] and ``responses`` [B, R] with ``attention_mask`` [B, P + R].
+    Then [B, P, ...] fields are cut by the prompt part of the mask, [B, R, ...] by the response part."""
+    p, r = flat.get("prompts"), flat.get("responses")
+    if mask is None or not all(isinstance(x, torch.Tensor | np.ndarray) and np.ndim(x) == 2 for x in (p, r)):
+        return 0, 0
+    P, R = int(p.shape[1]), int(r.shape[1])
+    if P + R != mask.shape[1] or P == R:
+        return 0, 0
+    return P, R
+
+
 def rows(batch: Any, spec: dict) -> list[dict | None]:
     """The trajectories of one decoded step (``spec`` is ``reader.info(step)["batch"]``)."""
     if spec.get("t") == "seq":
@@ -112,13 +127,19 @@ def rows(batch: Any, spec: dict) -> list[dict | None]:
         mask = _mask2d(flat["attention_mask"]).numpy()
     if form == "packed":
         cu = np.asarray(to_numpy(flat["cu_seqlens"]), dtype=np.int64)
+    P, R = _split_widths(flat, mask)
     for name, v in flat.items():
         if name in skip or (form == "packed" and name in _LAYOUT):
             continue
         v = to_numpy(v)
-        if name in tokens and mask is not None:
-            for i in range(B):
+        if mask is not None and (name in tokens or (isinstance(v, np.ndarray) and v.ndim >= 2
+                                                    and v.shape[:2] == mask.shape)):
+            for i in range(B):  # per-token ([B, T, ...]), also when the mask has holes
                 out[i][name] = v[i][mask[i]]
+        elif R and isinstance(v, np.ndarray) and v.ndim >= 2 and v.shape[1] in (P, R):
+            part = mask[:, :P] if v.shape[1] == P else mask[:, P:]
+            for i in range(B):
+                out[i][name] = v[i][part[i]]
         elif name in tokens and cu is not None:
             for i in range(B):
                 out[i][name] = v[cu[i]:cu[i + 1]]

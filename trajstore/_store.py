@@ -161,7 +161,7 @@ def commit(tmp: Path, final: Path, overwrite: bool) -> None:
     except BaseException:
         side_tmp.unlink(missing_ok=True)
         raise
-    # the step is visible and durable: what follows cannot fail it
+    # the step is visible and its bytes are on disk: what follows cannot fail it
     try:
         os.replace(side_tmp, side)
     except OSError:

@@ -229,7 +229,8 @@ def trace_rows(row: dict, tokenizer: Any = None, *, fields: dict | None = None,
     if mask is not None and segs and any(s["role"] in ("model", "env") for s in segs):
         out["lengths"]["model"] = sum(s["tokens"] for s in segs if s["role"] == "model")
     if logprobs and lps is not None:
-        lp = np.asarray(lps, dtype=np.float64).reshape(-1)
+        with np.errstate(all="ignore"):
+            lp = np.asarray(lps, dtype=np.float64).reshape(-1)
         out["logprobs_field"] = lp_name
         _attach_logprobs(segs, lp)
     used = {n for n in (tname, pname, cname, rname, vname, mask_name, lp_name) if n}

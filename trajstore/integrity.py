@@ -7,11 +7,12 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import _store
-from .errors import ChecksumError, FormatError, TrajstoreError
+from .errors import ChecksumError, DumpNotFoundError, FormatError, TrajstoreError
 
 __all__ = ["verify", "VerifyReport", "read_verified"]
 
@@ -46,13 +47,28 @@ def read_verified(f: Path, step: int):
     not be owned by a Python object), after checking them against the recorded checksum."""
     import pyarrow as pa
 
+    for attempt in range(3):
+        try:
+            before = os.stat(f)
+            with pa.OSFile(str(f)) as src:
+                data = src.read_buffer()
+        except (OSError, pa.ArrowException) as e:
+            raise FormatError(f"{f}: step {step} cannot be read ({e})") from None
+        try:
+            check_digest(f, step, hashlib.sha256(memoryview(data)).hexdigest())
+            return data
+        except ChecksumError:
+            if attempt == 2 or _same_file(before, f):
+                raise
+            # the step was overwritten while it was read: read the new version
+
+
+def _same_file(st: os.stat_result, f: Path) -> bool:
     try:
-        with pa.OSFile(str(f)) as src:
-            data = src.read_buffer()
-    except (OSError, pa.ArrowException) as e:
-        raise FormatError(f"{f}: step {step} cannot be read ({e})") from None
-    check_digest(f, step, hashlib.sha256(memoryview(data)).hexdigest())
-    return data
+        now = os.stat(f)
+    except OSError:
+        return False
+    return (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns) == (now.st_ino, now.st_dev, now.st_size, now.st_mtime_ns)
 
 
 @dataclass
@@ -89,6 +105,9 @@ def verify(path: str | Path, split: str | None = None, *, deep: bool = False) ->
     root = Path(path)
     _store.read_manifest(root)
     splits = [_store.check_split(split)] if split is not None else _store.list_splits(root)
+    if split is not None and not (root / split).is_dir():
+        raise DumpNotFoundError(f"dump {root} has no split {split!r}; splits present: "
+                                f"{_store.list_splits(root) or 'none'}")
     rep = VerifyReport(root)
     for s in splits:
         d = root / s

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import _store, _validate, integrity, schema
-from .errors import DumpNotFoundError, FormatError, FormatVersionError, StepNotFoundError, TrajstoreError
+from .errors import (ConfigError, DumpNotFoundError, FormatError, FormatVersionError, StepNotFoundError,
+                     TrajstoreError)
 
 __all__ = ["Reader"]
 
@@ -34,7 +36,7 @@ class Reader:
     >>> r.read(12, columns=["rewards"])
     """
 
-    def __init__(self, path: str | Path, split: str = "train", *, verify: bool = True):
+    def __init__(self, path: str | Path, split: str = "train", *, verify: bool = False):
         self.path = Path(path)
         self.verify = verify  # check each step file against its recorded SHA-256 before decoding
         self.split = _store.check_split(split)
@@ -54,13 +56,18 @@ class Reader:
         return self._steps
 
     def wait_for(self, step: int, timeout: float | None = None, poll: float = 0.05) -> None:
-        """Block until ``step`` is committed (a writer may be running); StepNotFoundError after ``timeout`` s."""
+        """Block until ``step`` is committed (a writer may be running); StepNotFoundError after ``timeout`` s,
+        or at once if the writer recorded the step as skipped."""
         import time
 
         step = _store.check_step(step)
         end = None if timeout is None else time.monotonic() + timeout
         f = self.dir / _store.step_name(step)
         while not f.exists():
+            if (self.dir / _store.skipped_name(step)).exists():
+                why = _store.list_skipped(self.dir).get(step, "")
+                raise StepNotFoundError(f"step {step} will not appear in dump {self.path} split {self.split!r}: "
+                                        f"the writer recorded it as skipped: {why}", step=step)
             if end is not None and time.monotonic() >= end:
                 self.refresh()
                 raise StepNotFoundError(
@@ -113,13 +120,15 @@ class Reader:
             )
         return f
 
-    def _open(self, step: int) -> tuple[pq.ParquetFile, dict, Path]:
+    def _open(self, step: int, check: bool = True) -> tuple[pq.ParquetFile, dict, Path]:
+        """The step's Parquet file and its trajstore description; ``check=False`` skips the walk of
+        the whole spec (``_validate``), for callers that check the one node they decode."""
         f = self.file(step)
         try:
             src = pa.BufferReader(integrity.read_verified(f, step)) if self.verify else f
             pf = pq.ParquetFile(src, memory_map=False)
             pf.trajstore_source = src  # read() may decode row groups in parallel from it
-            kv = pf.schema_arrow.metadata or {}
+            kv = pf.metadata.metadata or {}  # the footer's key-value pairs (no Arrow schema build)
         except TrajstoreError:
             raise
         except Exception as e:  # noqa: BLE001 - a parser of untrusted bytes: any failure is a damaged file
@@ -143,7 +152,8 @@ class Reader:
             )
         if doc.get("step") != step:
             raise FormatError(f"{f}: the file says it holds step {doc.get('step')!r}, its name says {step}")
-        _validate.check(doc, pf.schema_arrow, pf.metadata.num_rows, str(f))
+        if check:
+            _validate.check(doc, pf.schema_arrow, pf.metadata.num_rows, str(f))
         return pf, doc, f
 
     def meta(self, step: int) -> dict:
@@ -166,8 +176,15 @@ class Reader:
 
             return torch_bridge.to_device(self.read(step, columns, layout), device)
         pf, doc, f = self._open(step)
+        return self._decode(pf, doc, f, step, columns, layout)
+
+    def _decode(self, pf: pq.ParquetFile, doc: dict, f: Path, step: int, columns: list[str] | None,
+                layout: str | None) -> Any:
         spec = doc["batch"]
-        cols = schema.columns_for(spec, columns)
+        try:
+            cols = schema.columns_for(spec, columns)
+        except ConfigError as e:
+            raise ConfigError(f"{f}: {e}") from None
         if layout and cols is not None and spec.get("t") == "batch":
             cols = cols + [c for c in _token_cols(spec) if c not in cols][:1]
         try:
@@ -177,6 +194,46 @@ class Reader:
         if table.num_rows != doc.get("num_rows", table.num_rows):
             raise FormatError(f"{f}: holds {table.num_rows} rows, its metadata says {doc.get('num_rows')}")
         return schema.decode(table, spec, where=str(f), columns=columns, layout=layout)
+
+    def column(self, name: str, steps: list[int] | None = None, *, workers: int | None = None) -> dict[int, Any]:
+        """One field of many steps: ``{step: value}`` for ``steps`` (default: all, in order), where
+        ``value`` is what ``read(step, columns=[name])[name]`` returns (for a list-of-trajectories
+        batch: the list of each trajectory's value, None where the trajectory is None or lacks
+        the field). Only that field's column chunks are read, the files on ``workers`` threads
+        (default: up to 16), and a per-trajectory tensor field (e.g. ``rewards``) is decoded
+        straight from its column. Stack the values with ``torch.stack(list(d.values()))``
+        when every step has the same batch size. With ``verify=True`` each file is still
+        checked whole."""
+        if type(name) is not str:
+            raise ConfigError(f"column name must be a str, got {type(name).__name__}")
+        steps = list(self._steps) if steps is None else [_store.check_step(s) for s in steps]
+        if workers is not None and (type(workers) is not int or workers < 1):
+            raise ConfigError(f"workers must be an int >= 1, got {workers!r}")
+        n = workers or min(16, os.cpu_count() or 1, max(1, len(steps)))
+        if n == 1 or len(steps) < 2:
+            return {s: self._column(s, name) for s in steps}
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=n, thread_name_prefix="trajstore-column") as ex:
+            return dict(zip(steps, ex.map(lambda s: self._column(s, name), steps)))
+
+    def _column(self, step: int, name: str) -> Any:
+        pf, doc, f = self._open(step, check=False)
+        spec = doc["batch"]
+        node = dict(spec.get("keys") or []).get(name) if spec.get("t") == "batch" else None
+        if _plain_sample(node) and "wrapper" not in spec:
+            try:
+                return _read_sample(pf, node, doc, f)
+            except TrajstoreError:
+                raise
+            except Exception as e:  # noqa: BLE001 - see _open
+                raise FormatError(f"{f}: reading field {name!r} of step {step} failed "
+                                  f"({type(e).__name__}: {e}); the step is damaged") from None
+        _validate.check(doc, pf.schema_arrow, pf.metadata.num_rows, str(f))
+        batch = self._decode(pf, doc, f, step, [name], None)
+        if isinstance(batch, list | tuple):
+            return [None if e is None else e.get(name) for e in batch]
+        return schema.adapters.unwrap(batch)[0][name] if "wrapper" in spec else batch[name]
 
     def iter(self, steps: list[int] | None = None, device: Any = None, prefetch: int = 2,
              columns: list[str] | None = None, layout: str | None = None) -> Iterator[tuple[int, Any]]:
@@ -221,13 +278,45 @@ def _read_columns(pf: pq.ParquetFile, cols: list[str] | None) -> pa.Table:
     leaves = [md.schema.column(j).path for j in range(md.num_columns)]
     want = [j for j, p in enumerate(leaves)  # an estimate: it only picks the faster path
             if cols is None or any(p == c or p.startswith(c + ".") for c in cols)]
-    size = sum(md.row_group(i).column(j).total_uncompressed_size for i in range(md.num_row_groups) for j in want)
+    # row-group totals, not md.row_group(i).column(j): pyarrow aborts the process (instead of
+    # raising) on some damaged column-chunk metadata when it is accessed from Python
+    size = sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups)) * len(want) // max(1, len(leaves))
     if size > PARALLEL_READ_BYTES:
         t = pq.read_table(pf.trajstore_source, columns=cols, use_threads=True)
         # one chunk per row group: join each column's chunks now, the columns in parallel
         parts = list(_combine_pool().map(lambda c: c.combine_chunks() if c.num_chunks > 1 else c, t.columns))
         return pa.Table.from_arrays(parts, schema=t.schema)
     return pf.read(columns=cols, use_threads=True)
+
+
+def _plain_sample(node: Any) -> bool:
+    """A per-trajectory tensor field with no trailing dims: one primitive value per row."""
+    return (isinstance(node, dict) and node.get("t") == "tensor" and node.get("kind") == "sample"
+            and node.get("trail") == [] and not node.get("tokenlike") and isinstance(node.get("col"), str))
+
+
+def _read_sample(pf: pq.ParquetFile, node: dict, doc: dict, f: Path) -> Any:
+    """Decode a plain per-trajectory tensor field from its column alone, checking the one node."""
+    from . import _dtypes as dt
+
+    name, col = node["col"], node["col"]
+    dtype, lib = node.get("dtype"), node.get("lib")
+    if type(dtype) is not str or not dt.known(dtype) or lib not in ("torch", "numpy", "np_scalar"):
+        raise FormatError(f"{f}: field {name!r} has dtype {dtype!r} / lib {lib!r}, which trajstore does not write")
+    idx = pf.schema_arrow.get_field_index(col)
+    if idx < 0:
+        raise FormatError(f"{f}: column {col!r} named in the spec is missing from the file")
+    want = pa.from_numpy_dtype(dt.storage_numpy(dtype))
+    if pf.schema_arrow.field(idx).type != want:
+        raise FormatError(f"{f}: column {col!r} has Arrow type {pf.schema_arrow.field(idx).type}, "
+                          f"the spec says {dtype} (stored as {want})")
+    arr = pf.reader.read_column(idx)
+    n = doc.get("num_rows")
+    if len(arr) != pf.metadata.num_rows or (n is not None and len(arr) != n) or arr.null_count:
+        raise FormatError(f"{f}: column {col!r} holds {len(arr)} values ({arr.null_count} null) for "
+                          f"{pf.metadata.num_rows} rows; the step is damaged")
+    a = arr.chunk(0) if arr.num_chunks == 1 else arr.combine_chunks()
+    return schema._out(a.to_numpy(zero_copy_only=False), node)
 
 
 _pool = None

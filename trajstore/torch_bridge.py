@@ -77,7 +77,7 @@ class PinnedPool:
         with self._lock:
             best = None
             for i, (b, _) in enumerate(self._free):
-                if nbytes <= b.numel() <= 2 * nbytes + (1 << 20) and (
+                if nbytes <= b.numel() <= 2 * nbytes + (2 << 20) and (
                         best is None or b.numel() < self._free[best][0].numel()):
                     best = i
             if best is not None:
@@ -89,7 +89,8 @@ class PinnedPool:
             ev.synchronize()
         if buf is None:
             pin = torch.cuda.is_available()
-            buf = torch.empty(_round(max(nbytes, 1), 1 << 20), dtype=torch.uint8, pin_memory=pin)
+            # 25% headroom: step sizes vary with the sampled lengths, so the next step can reuse it
+            buf = torch.empty(_round(max(nbytes + nbytes // 4, 1), 1 << 20), dtype=torch.uint8, pin_memory=pin)
             with self._lock:
                 self.allocated += 1
         return buf

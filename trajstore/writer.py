@@ -17,6 +17,10 @@ background thread(s). What is recorded is the batch as it was at ``append``:
 * dicts, lists and tuples are rebuilt at ``append`` (a shallow copy of the structure, one level
   per container); Python scalars and strings are immutable. Other objects are kept by reference.
 
+The structure is checked on the caller's thread (types, dtypes, keys, shapes, lengths: never
+values), so a malformed batch raises ``BatchError`` from ``append`` itself; the full checks run
+with the encoding, in the background.
+
 Memory is bounded: at ``max_pending_steps`` steps or ``max_pending_bytes`` bytes (tensor bytes)
 not yet on disk, ``append`` waits; the time waited is logged (logger ``trajstore.writer``) and
 counted in ``writer.stats``. A failure in the background is raised, as ``WriterError`` naming the
@@ -52,12 +56,13 @@ LOG_EVERY_S = 60.0  # at most one 'append waited' warning a minute per writer
 
 
 def parquet_options(table) -> dict:
-    """Per-column encodings, chosen by the encoding benchmark (benchmarks/RESULTS.md): on Zipf
-    token ids and float32 log-probs, BYTE_STREAM_SPLIT + zstd level 3 gave the smallest files
-    (vs plain, dictionary, DELTA_BINARY_PACKED) at full write speed; levels above 3 gained < 1%
-    for 2-4x the write time. So: BYTE_STREAM_SPLIT for 16/32/64-bit tensor values, dictionary for
-    everything else (masks, strings, JSON), and ``ROW_GROUPS`` row groups so a reader can decode
-    one step on several cores."""
+    """Per-column encodings, chosen by the encoding benchmark (benchmarks/RESULTS.md): on float32
+    log-probs BYTE_STREAM_SPLIT (BSS) is the smallest (-7% vs plain, -41% vs dictionary); on Zipf
+    token ids BSS is 7% smaller than plain and 5% larger than dictionary, but writes 2.4x faster
+    than dictionary; DELTA_BINARY_PACKED is larger. zstd levels above 3 gained < 1% for 3x the
+    write time. So: BSS for 16/32/64-bit tensor values, dictionary for everything else (masks,
+    strings, JSON), zstd 3, and ``ROW_GROUPS`` row groups so a reader decodes one step on several
+    cores."""
     bss, dic = [], []
     for f in table.schema:
         t = f.type.value_type if hasattr(f.type, "value_type") else f.type
@@ -187,7 +192,9 @@ class Writer:
 
     ``max_pending_steps`` / ``max_pending_bytes`` bound the steps not yet on disk (``append``
     waits at the limit; see ``stats``); ``workers`` background threads write steps concurrently
-    (with more than one, steps may be committed out of order).
+    (with more than one, steps may be committed out of order). ``close()`` (or the ``with`` block)
+    flushes and ends the threads; a writer never closed is flushed and closed at interpreter exit.
+    The first append of CUDA tensors allocates pinned host memory; later steps reuse it.
     """
 
     def __init__(self, path: str | Path, split: str = "train", *, overwrite: bool = False,
