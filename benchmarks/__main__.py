@@ -144,10 +144,12 @@ def writer_figures(rep: Report, tmp: Path, batches: list[dict], raw: int, n: int
 
 
 def reader_figures(rep: Report, d: Path, b: dict, repeat: int) -> dict:
+    """Main rows: the reader's default (verify=False); the verify=True rows (SHA-256 of the whole
+    step file before decoding) are extra lines."""
     out = {}
-    for verify in (True, False):
+    for verify in (False, True):
         r = trajstore.Reader(d, verify=verify)
-        tag = "" if verify else ", verify=False"
+        tag = ", verify=True" if verify else ""
         t = med(lambda: r.read(0, layout="packed"), repeat)
         rep.add(f"read(step, layout='packed') to CPU{tag}", t * 1e3, "ms", b["load_flat"] * 1e3, "flat torch.load",
                 "<= 1.5x", t / b["load_flat"] <= 1.5)
@@ -176,43 +178,69 @@ def read_profile(d: Path, repeat: int) -> None:
     t_ds = med(lambda: pq.read_table(f, use_threads=True), repeat)
     table = pq.read_table(f, use_threads=True)
     spec = r.info(0)["batch"]
+    # an alternative decode schedule, for comparison: one task per (row group, column), each on
+    # its own ParquetFile (they are not thread-safe), on a pool of min(16, cores) threads
+    from concurrent.futures import ThreadPoolExecutor
+
+    md = pf.metadata
+    cols = [c for c in pf.schema_arrow.names if c != "attention_mask"]
+    tasks = [(i, c) for i in range(md.num_row_groups) for c in cols]
+    with ThreadPoolExecutor(min(16, os.cpu_count() or 1)) as ex:
+        t_tasks = med(lambda: list(ex.map(
+            lambda t: pq.ParquetFile(f, metadata=md).read_row_group(t[0], columns=[t[1]], use_threads=False),
+            tasks)), repeat)
+    t_ds2 = med(lambda: pq.read_table(f, columns=cols, use_threads=True), repeat)
+    print(f"#   without attention_mask (what read(layout='packed') decodes): read_table {t_ds2 * 1e3:.1f}; "
+          f"{len(tasks)} (row group, column) tasks on a thread pool {t_tasks * 1e3:.1f}", flush=True)
     t_dec = med(lambda: schema.decode(table, spec, where="x", layout="packed"), repeat)
+    t_pad = med(lambda: schema.decode(table, spec, where="x"), repeat)
     t_sha = med(lambda: integrity.read_verified(f, 0), repeat)
-    print(f"#   all columns, 1 thread {t_all1 * 1e3:.1f}; ParquetFile.read(use_threads) {t_file * 1e3:.1f}; "
-          f"read_table (row groups in parallel) {t_ds * 1e3:.1f}; schema.decode of that table "
-          f"{t_dec * 1e3:.1f}; read + SHA-256 check (verify=True) {t_sha * 1e3:.1f}", flush=True)
+    print(f"#   {pf.metadata.num_row_groups} row group(s); all columns, 1 thread {t_all1 * 1e3:.1f}; "
+          f"ParquetFile.read(use_threads) {t_file * 1e3:.1f}; read_table (row groups in parallel) "
+          f"{t_ds * 1e3:.1f}; schema.decode of that table: packed {t_dec * 1e3:.1f}, padded {t_pad * 1e3:.1f}; "
+          f"read + SHA-256 check (verify=True) {t_sha * 1e3:.1f}", flush=True)
 
 
 def rewards_figures(rep: Report, tmp: Path, m: int, B: int, main: Path, n: int, repeat: int) -> None:
-    for verify in (True, False):  # on the main-size steps
-        r = trajstore.Reader(main, verify=verify)
-        tag = "" if verify else ", verify=False"
-        t = med(lambda: [r.read(s, columns=["rewards"]) for s in range(n)], repeat)
-        whole = med(lambda: [r.read(s) for s in range(n)], 1)
-        rep.add(f"rewards across the {n} main-size steps{tag}", t * 1e3, "ms", whole * 1e3,
-                f"loading those {n} steps whole", "<= 0.01x", t / whole <= 0.01)
+    """``Reader.column("rewards")`` (one column chunk per file, files on a thread pool) against
+    loading the same steps whole with ``read(step)`` one after another; the per-step
+    ``read(step, columns=["rewards"])`` loop and the verify=True scan are extra lines."""
+    def scan(r: trajstore.Reader, steps: list[int], label: str, whole: float, unit: str, k: float,
+             reps: int) -> None:
+        t = med(lambda: r.column("rewards", steps), reps)
+        base = f"loading those {len(steps)} steps whole"
+        rep.add(f"rewards across {label}, Reader.column", t * k, unit, whole * k, base, "<= 0.01x", t / whole <= 0.01)
+        w = min(8, os.cpu_count() or 1)
+        t1 = med(lambda: r.column("rewards", steps, workers=w), reps)
+        rep.add(f"  same, Reader.column(workers={w})", t1 * k, unit, whole * k, base)
+        t2 = med(lambda: [r.read(s, columns=["rewards"]) for s in steps], reps)
+        rep.add(f"  same, read(step, columns=['rewards']) per step", t2 * k, unit, whole * k, base)
+        rv = trajstore.Reader(r.path, verify=True)
+        t3 = med(lambda: rv.column("rewards", steps), reps)
+        rep.add(f"  same, Reader.column, verify=True", t3 * k, unit, whole * k, base)
+
+    r = trajstore.Reader(main)
+    steps = list(range(n))
+    whole = med(lambda: [r.read(s) for s in steps], 1)
+    scan(r, steps, f"the {n} main-size steps", whole, "ms", 1e3, repeat)
     d = tmp / "many"
     small = [W.padded_batch(B=B, max_len=512, seed=i, scale=1 / 32) for i in range(4)]
-    with trajstore.Writer(d, workers=min(4, os.cpu_count() or 1)) as w:
+    with trajstore.Writer(d, workers=min(4, os.cpu_count() or 1), max_pending_steps=64) as w:
         for s in range(m):
             w.append(s, small[s % 4])
-    for verify in (True, False):
-        r = trajstore.Reader(d, verify=verify)
-        tag = "" if verify else ", verify=False"
-        steps = r.steps
-        t = med(lambda: [r.read(s, columns=["rewards"]) for s in steps], max(1, repeat // 2))
-        whole = med(lambda: [r.read(s) for s in steps], 1)
-        rep.add(f"rewards across {m} small steps{tag}", t, "s", whole, f"loading those {m} steps whole",
-                "<= 0.01x", t / whole <= 0.01)
+    r = trajstore.Reader(d)
+    steps = r.steps
+    whole = med(lambda: [r.read(s) for s in steps], 1)
+    scan(r, steps, f"{m} small steps (B={B}, ~70 tokens)", whole, "s", 1.0, max(1, repeat // 2))
 
 
 def gpu_figures(rep: Report, d: Path, raw: int, n: int, b: dict, tmp: Path, cycles: int) -> None:
     dev = torch.device("cuda")
     f_flat = tmp / "flat.pt"
     steps = list(range(n)) * max(1, 24 // n)
-    for verify in (True, False):
+    for verify in (False, True):
         r = trajstore.Reader(d, verify=verify)
-        tag = "" if verify else ", verify=False"
+        tag = ", verify=True" if verify else ""
         for _ in r.iter(steps=steps[:2], device=dev, layout="packed"):
             pass
         torch.cuda.synchronize()

@@ -165,3 +165,28 @@ def test_skipped_steps_are_recorded(tmp_path):
 
 def test_checksum_error_is_a_format_error():
     assert issubclass(ChecksumError, FormatError) and issubclass(ChecksumError, trajstore.TrajstoreError)
+
+
+def test_cli_verify(tmp_path, capsys):
+    import json
+
+    from trajstore.cli import main
+
+    with trajstore.Writer(tmp_path) as w:
+        for s in range(3):
+            w.append(s, _batch(s))
+    assert main(["verify", str(tmp_path)]) == 0
+    assert "3 step(s) checked in 1 split(s), 0 damaged" in capsys.readouterr().out
+    f = tmp_path / "train" / _store.step_name(1)
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 4
+    f.write_bytes(bytes(data))
+    assert main(["verify", str(tmp_path), "--split", "train"]) == 1
+    out = capsys.readouterr().out
+    assert "1 damaged" in out and "DAMAGED train/1" in out and f.name in out
+    assert main(["verify", str(tmp_path), "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] is False and [d["step"] for d in doc["damaged"]] == [1] and doc["checked"] == {"train": 3}
+    assert main(["verify", str(tmp_path), "--deep"]) == 1
+    assert main(["verify", str(tmp_path / "missing")]) == 2
+    assert "no trajstore dump" in capsys.readouterr().err

@@ -6,9 +6,11 @@
     trajstore diff A --pair logprobs old_logprobs [--mask loss_mask]
     trajstore sql PATH "SELECT step, avg(rewards) FROM train GROUP BY step"
     trajstore export PATH --format jsonl [--tokenizer T] [--max-per-step K] [-o FILE]
+    trajstore verify PATH [--split S] [--deep] [--json]   checksums of every step (docs/RELIABILITY.md)
 
-Exit status: 0 success; 1 ``diff`` found a difference beyond tolerance; 2 an error (bad
-arguments, no such dump/step/field, a damaged file, a missing optional package).
+Exit status: 0 success; 1 ``diff`` found a difference beyond tolerance, or ``verify`` a damaged
+step; 2 an error (bad arguments, no such dump/step/field, a damaged file, a missing optional
+package).
 
 Adding a subcommand: write one function ``def cmd_x(args) -> int`` and register it with one
 ``@command("x", "help", arg(...), ...)`` line.
@@ -310,6 +312,23 @@ def cmd_export(args) -> int:
     print(f"exported {n} trajectories from {len(steps)} step(s); {rejected} rejected "
           f"{'included' if args.include_rejected else 'skipped'}", file=sys.stderr)
     return 0
+
+
+# ----------------------------------------------------------------------------- verify
+@command("verify", "check every step file against its recorded SHA-256 (exit 1 if one is damaged)", PATH,
+         arg("--split", default=None, help="only this split (default: all)"),
+         arg("--deep", action="store_true", help="also decode every step (slower)"), JSON)
+def cmd_verify(args) -> int:
+    from .integrity import verify
+
+    rep = verify(args.path, args.split, deep=args.deep)
+    if args.json:
+        print(json.dumps({"path": str(rep.path), "ok": rep.ok, "checked": rep.checked,
+                          **{key: [{"split": s, "step": k, "reason": why} for (s, k), why in sorted(d.items())]
+                             for key, d in (("damaged", rep.damaged), ("skipped", rep.skipped))}}, indent=2))
+    else:
+        print(rep.summary())
+    return 0 if rep.ok else 1
 
 
 # ----------------------------------------------------------------------------- entry point

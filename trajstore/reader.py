@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import bisect
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import _store, _validate, integrity, schema
+from . import _dtypes as dt
+from . import _store, _validate, adapters, integrity, schema
 from .errors import (ConfigError, DumpNotFoundError, FormatError, FormatVersionError, StepNotFoundError,
                      TrajstoreError)
 
@@ -187,6 +187,14 @@ class Reader:
             raise ConfigError(f"{f}: {e}") from None
         if layout and cols is not None and spec.get("t") == "batch":
             cols = cols + [c for c in _token_cols(spec) if c not in cols][:1]
+        if (cols is None and layout == "packed" and spec.get("t") == "batch" and spec.get("form") == "padded"
+                and spec.get("side")):
+            # the attention mask is dropped by the conversion: decode it only if it is the one
+            # per-token field (its lengths are then needed)
+            keep = [k for k, n in spec["keys"] if k != "attention_mask"]
+            cols = schema.columns_for(spec, keep)
+            if not any(c in cols for c in _token_cols(spec)):
+                cols = None
         try:
             table = _read_columns(pf, cols)
         except Exception as e:  # noqa: BLE001 - see _open
@@ -199,17 +207,19 @@ class Reader:
         """One field of many steps: ``{step: value}`` for ``steps`` (default: all, in order), where
         ``value`` is what ``read(step, columns=[name])[name]`` returns (for a list-of-trajectories
         batch: the list of each trajectory's value, None where the trajectory is None or lacks
-        the field). Only that field's column chunks are read, the files on ``workers`` threads
-        (default: up to 16), and a per-trajectory tensor field (e.g. ``rewards``) is decoded
-        straight from its column. Stack the values with ``torch.stack(list(d.values()))``
-        when every step has the same batch size. With ``verify=True`` each file is still
-        checked whole."""
+        the field), and a per-trajectory tensor field (e.g. ``rewards``) is decoded straight
+        from its column, checked against its spec node. ``workers`` > 1 reads that many files at
+        once on threads: worth it where file reads wait on storage (network file systems, a cold
+        cache); on a warm page cache the per-file work (~0.25 ms, mostly Python around pyarrow's
+        footer parse) contends for the GIL and measured slower than one thread.
+        Stack the values with ``torch.stack(list(d.values()))`` when every step has the same
+        batch size. With ``verify=True`` each file is still checked whole first."""
         if type(name) is not str:
             raise ConfigError(f"column name must be a str, got {type(name).__name__}")
         steps = list(self._steps) if steps is None else [_store.check_step(s) for s in steps]
         if workers is not None and (type(workers) is not int or workers < 1):
             raise ConfigError(f"workers must be an int >= 1, got {workers!r}")
-        n = workers or min(16, os.cpu_count() or 1, max(1, len(steps)))
+        n = workers or 1
         if n == 1 or len(steps) < 2:
             return {s: self._column(s, name) for s in steps}
         from concurrent.futures import ThreadPoolExecutor
@@ -221,7 +231,7 @@ class Reader:
         pf, doc, f = self._open(step, check=False)
         spec = doc["batch"]
         node = dict(spec.get("keys") or []).get(name) if spec.get("t") == "batch" else None
-        if _plain_sample(node) and "wrapper" not in spec:
+        if _plain_sample(node):
             try:
                 return _read_sample(pf, node, doc, f)
             except TrajstoreError:
@@ -233,7 +243,7 @@ class Reader:
         batch = self._decode(pf, doc, f, step, [name], None)
         if isinstance(batch, list | tuple):
             return [None if e is None else e.get(name) for e in batch]
-        return schema.adapters.unwrap(batch)[0][name] if "wrapper" in spec else batch[name]
+        return adapters.unwrap(batch)[0][name] if "wrapper" in spec else batch[name]
 
     def iter(self, steps: list[int] | None = None, device: Any = None, prefetch: int = 2,
              columns: list[str] | None = None, layout: str | None = None) -> Iterator[tuple[int, Any]]:
@@ -269,11 +279,42 @@ class Reader:
         return duckdb_connect(self)
 
 
+def _plain_sample(node: Any) -> bool:
+    """A per-trajectory tensor field with no trailing dims: one primitive value per row."""
+    if not (isinstance(node, dict) and node.get("t") == "tensor" and node.get("kind") == "sample"
+            and node.get("trail") == [] and not node.get("tokenlike") and isinstance(node.get("col"), str)):
+        return False
+    d, lib = node.get("dtype"), node.get("lib")  # anything unusual takes the fully checked path
+    return type(d) is str and dt.known(d) and (lib == "numpy" and d != "bfloat16" or
+                                               lib == "torch" and (d == "uint8" or not d.startswith("uint")))
+
+
+def _read_sample(pf: pq.ParquetFile, node: dict, doc: dict, f: Path) -> Any:
+    """Decode a plain per-trajectory tensor field from its column alone, checking that one node."""
+    col, dtype = node["col"], node["dtype"]
+    schema_ = pf.schema_arrow
+    idx = schema_.get_field_index(col)
+    if idx < 0:
+        raise FormatError(f"{f}: column {col!r} named in the spec is missing from the file")
+    want = dt.arrow_type(dtype)
+    if schema_.field(idx).type != want:
+        raise FormatError(f"{f}: column {col!r} has Arrow type {schema_.field(idx).type}, "
+                          f"the spec says {dtype} (stored as {want})")
+    arr = pf.reader.read_column(idx)
+    n = doc.get("num_rows")
+    if len(arr) != pf.metadata.num_rows or len(arr) != n or arr.null_count:
+        raise FormatError(f"{f}: column {col!r} holds {len(arr)} values ({arr.null_count} null) for "
+                          f"{n} rows; the step is damaged")
+    a = arr.chunk(0) if arr.num_chunks == 1 else arr.combine_chunks()
+    return schema._out(a.to_numpy(zero_copy_only=False), node)
+
+
 def _read_columns(pf: pq.ParquetFile, cols: list[str] | None) -> pa.Table:
     """Large reads go through the dataset reader (``pq.read_table``): its column decoding measured
     ~4x faster per core than ``ParquetFile.read`` on list columns, and it runs columns and row
-    groups in parallel (benchmarks/RESULTS.md). Small reads (a column of per-trajectory values)
-    skip its second footer parse."""
+    groups in parallel (benchmarks/RESULTS.md); ``schema.decode`` joins the row-group chunks of
+    each column in parallel. Small reads (a column of per-trajectory values) skip its second
+    footer parse."""
     md = pf.metadata
     leaves = [md.schema.column(j).path for j in range(md.num_columns)]
     want = [j for j, p in enumerate(leaves)  # an estimate: it only picks the faster path
@@ -282,54 +323,8 @@ def _read_columns(pf: pq.ParquetFile, cols: list[str] | None) -> pa.Table:
     # raising) on some damaged column-chunk metadata when it is accessed from Python
     size = sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups)) * len(want) // max(1, len(leaves))
     if size > PARALLEL_READ_BYTES:
-        t = pq.read_table(pf.trajstore_source, columns=cols, use_threads=True)
-        # one chunk per row group: join each column's chunks now, the columns in parallel
-        parts = list(_combine_pool().map(lambda c: c.combine_chunks() if c.num_chunks > 1 else c, t.columns))
-        return pa.Table.from_arrays(parts, schema=t.schema)
+        return pq.read_table(pf.trajstore_source, columns=cols, use_threads=True)
     return pf.read(columns=cols, use_threads=True)
-
-
-def _plain_sample(node: Any) -> bool:
-    """A per-trajectory tensor field with no trailing dims: one primitive value per row."""
-    return (isinstance(node, dict) and node.get("t") == "tensor" and node.get("kind") == "sample"
-            and node.get("trail") == [] and not node.get("tokenlike") and isinstance(node.get("col"), str))
-
-
-def _read_sample(pf: pq.ParquetFile, node: dict, doc: dict, f: Path) -> Any:
-    """Decode a plain per-trajectory tensor field from its column alone, checking the one node."""
-    from . import _dtypes as dt
-
-    name, col = node["col"], node["col"]
-    dtype, lib = node.get("dtype"), node.get("lib")
-    if type(dtype) is not str or not dt.known(dtype) or lib not in ("torch", "numpy", "np_scalar"):
-        raise FormatError(f"{f}: field {name!r} has dtype {dtype!r} / lib {lib!r}, which trajstore does not write")
-    idx = pf.schema_arrow.get_field_index(col)
-    if idx < 0:
-        raise FormatError(f"{f}: column {col!r} named in the spec is missing from the file")
-    want = pa.from_numpy_dtype(dt.storage_numpy(dtype))
-    if pf.schema_arrow.field(idx).type != want:
-        raise FormatError(f"{f}: column {col!r} has Arrow type {pf.schema_arrow.field(idx).type}, "
-                          f"the spec says {dtype} (stored as {want})")
-    arr = pf.reader.read_column(idx)
-    n = doc.get("num_rows")
-    if len(arr) != pf.metadata.num_rows or (n is not None and len(arr) != n) or arr.null_count:
-        raise FormatError(f"{f}: column {col!r} holds {len(arr)} values ({arr.null_count} null) for "
-                          f"{pf.metadata.num_rows} rows; the step is damaged")
-    a = arr.chunk(0) if arr.num_chunks == 1 else arr.combine_chunks()
-    return schema._out(a.to_numpy(zero_copy_only=False), node)
-
-
-_pool = None
-
-
-def _combine_pool():
-    global _pool
-    if _pool is None:
-        import os
-        from concurrent.futures import ThreadPoolExecutor
-
-        _pool = ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1), thread_name_prefix="trajstore-combine")
-    return _pool
 
 
 PARALLEL_READ_BYTES = 4 << 20

@@ -10,6 +10,8 @@ from __future__ import annotations
 import base64
 import json
 import math
+import os
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -482,27 +484,55 @@ def columns_for(spec: dict, columns: list[str] | None) -> list[str] | None:
 
 
 class _Cols:
-    """Zero-copy access to a decoded table's columns."""
+    """Access to a decoded table's columns: zero-copy where a column is one chunk."""
 
     def __init__(self, table: pa.Table, where: str):
         self.table, self.where = table, where
+        self._parts: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
-    def arr(self, name: str) -> pa.Array:
+    def col(self, name: str) -> pa.ChunkedArray:
         try:
-            col = self.table.column(name)
+            return self.table.column(name)
         except KeyError:
             raise FormatError(f"{self.where}: column {name!r} named in the spec is missing from the file") from None
+
+    def arr(self, name: str) -> pa.Array:
+        col = self.col(name)
         return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
 
+    def chunks(self, name: str, dtype: str) -> tuple[np.ndarray, list[tuple[int, np.ndarray]]]:
+        """(offsets of every row, counted from 0; [(first row, values)] per chunk) of a large_list
+        column, without joining the chunks."""
+        col = self.col(name)
+        if not pa.types.is_large_list(col.type):
+            raise FormatError(f"{self.where}: column {name!r} is {col.type}, expected large_list")
+        off = np.zeros(len(col) + 1, np.int64)
+        parts, r, p = [], 0, 0
+        for c in col.chunks:
+            o = c.offsets.to_numpy()
+            n = int(o[-1] - o[0])
+            off[r + 1:r + len(o)] = o[1:] - o[0] + p
+            vals = c.values.slice(int(o[0]), n)
+            if vals.null_count:
+                raise FormatError(f"{self.where}: column {name!r} holds null values inside a tensor")
+            v = _np(vals)
+            if v.dtype != dt.storage_numpy(dtype):
+                raise FormatError(f"{self.where}: column {name!r} stores {v.dtype}, spec says {dtype}")
+            parts.append((r, v))
+            r, p = r + len(o) - 1, p + n
+        return off, parts
+
     def list_parts(self, name: str, dtype: str) -> tuple[np.ndarray, np.ndarray]:
-        a = self.arr(name)
-        if not isinstance(a, pa.LargeListArray):
-            raise FormatError(f"{self.where}: column {name!r} is {a.type}, expected large_list")
-        off = a.offsets.to_numpy()
-        vals = a.values
-        if vals.null_count:
-            raise FormatError(f"{self.where}: column {name!r} holds null values inside a tensor")
-        v = vals.to_numpy(zero_copy_only=False)
+        """(offsets, values) of a large_list column. A column of several chunks (one per row
+        group) is joined into one numpy buffer, the chunks copied in parallel."""
+        hit = self._parts.get(name)
+        if hit is None:
+            col = self.col(name)
+            if not pa.types.is_large_list(col.type):
+                raise FormatError(f"{self.where}: column {name!r} is {col.type}, expected large_list")
+            hit = self._parts[name] = (_join_lists(col.chunks, name, self.where) if col.num_chunks > 1
+                                       else _list_chunk(self.arr(name), name, self.where))
+        off, v = hit
         if v.dtype != dt.storage_numpy(dtype):
             raise FormatError(f"{self.where}: column {name!r} stores {v.dtype}, spec says {dtype}")
         return off, v
@@ -511,10 +541,85 @@ class _Cols:
         a = self.arr(name)
         if a.null_count:
             raise FormatError(f"{self.where}: column {name!r} has nulls in a tensor column")
-        v = a.to_numpy(zero_copy_only=False)
+        v = _np(a)
         if v.dtype != dt.storage_numpy(dtype):
             raise FormatError(f"{self.where}: column {name!r} stores {v.dtype}, spec says {dtype}")
         return v
+
+
+def _np(a: pa.Array) -> np.ndarray:
+    """A null-free Arrow array as numpy: zero-copy for numbers; bools are unpacked from the bitmap
+    with ``np.unpackbits`` (~10x faster than Arrow's conversion)."""
+    if pa.types.is_boolean(a.type) and not a.null_count and len(a):
+        bits = np.frombuffer(a.buffers()[1], np.uint8)
+        return np.unpackbits(bits, count=a.offset + len(a), bitorder="little")[a.offset:].view(np.bool_)
+    return a.to_numpy(zero_copy_only=False)
+
+
+def _list_chunk(a: pa.Array, name: str, where: str) -> tuple[np.ndarray, np.ndarray]:
+    vals = a.values
+    if vals.null_count:
+        raise FormatError(f"{where}: column {name!r} holds null values inside a tensor")
+    return a.offsets.to_numpy(), _np(vals)
+
+
+def _join_lists(chunks: list, name: str, where: str) -> tuple[np.ndarray, np.ndarray]:
+    offs = [c.offsets.to_numpy() for c in chunks]
+    sizes = [int(o[-1] - o[0]) for o in offs]
+    total = sum(sizes)
+    rows = sum(len(o) - 1 for o in offs)
+    off = np.empty(rows + 1, np.int64)
+    off[0] = r = p = 0
+    for o, n in zip(offs, sizes):
+        off[r + 1:r + len(o)] = o[1:] - o[0] + p
+        r, p = r + len(o) - 1, p + n
+    dtype = chunks[0].type.value_type.to_pandas_dtype()
+    out = np.empty(total, dtype)  # numpy asks for huge pages on large buffers: cheap first touch
+    starts = np.cumsum([0] + sizes)
+
+    def copy(i: int) -> None:
+        vals = chunks[i].values.slice(int(offs[i][0]), sizes[i])
+        if vals.null_count:
+            raise FormatError(f"{where}: column {name!r} holds null values inside a tensor")
+        v = _np(vals)
+        if v.dtype != out.dtype:
+            raise FormatError(f"{where}: column {name!r} chunks store {v.dtype} and {out.dtype}")
+        out[starts[i]:starts[i + 1]] = v
+
+    run_parallel(copy, range(len(chunks)), total * out.itemsize)
+    return off, out
+
+
+PARALLEL_BYTES = 1 << 20  # below this, work runs on the caller's thread
+_pool = None
+_pool_lock = threading.Lock()
+
+
+def _forget_pool() -> None:  # a forked child (DataLoader worker) has none of the parent's threads
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
+def run_parallel(fn, items, nbytes: int) -> None:
+    """``fn(item)`` for every item: on a shared thread pool when ``nbytes`` of work is worth it
+    (numpy copies and torch kernels release the GIL). The first error is raised."""
+    items = list(items)
+    if nbytes < PARALLEL_BYTES or len(items) < 2 or threading.current_thread().name.startswith("trajstore-decode"):
+        for x in items:
+            fn(x)
+        return
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _pool = ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1), thread_name_prefix="trajstore-decode")
+    for f in [_pool.submit(fn, x) for x in items]:
+        f.result()
 
 
 def _out(a: np.ndarray, node: dict):
@@ -531,10 +636,14 @@ def _from_b64(node: dict):
     return _out(a, node)
 
 
+def _alloc(shape: list, node: dict) -> torch.Tensor:
+    # allocated by numpy, which asks the kernel for huge pages on large arrays: first-touching a
+    # padded [B, T] output measured ~4x faster than with torch.empty (benchmarks/RESULTS.md)
+    return dt.from_storage(np.empty(shape, dt.storage_numpy(node["dtype"])), node["dtype"])
+
+
 def _fill(shape: list, node: dict, pad: int | None) -> torch.Tensor:
-    lib_t = dt.torch_dtype(node["dtype"]) if node["lib"] == "torch" else torch.from_numpy(
-        np.empty(0, dt.numpy_dtype(node["dtype"]))).dtype
-    out = torch.empty(shape, dtype=lib_t)
+    out = _alloc(shape, node)
     dt.bits_view(out).fill_(pad or 0)
     return out
 
@@ -543,6 +652,8 @@ class _Decoder:
     def __init__(self, cols: _Cols, spec: dict, layout: str | None):
         self.c, self.spec, self.layout = cols, spec, layout
         self.n = spec.get("B", 0)
+        self._masks: dict = {}  # (T, side, lengths) -> [B, T] mask, shared by the padded fields
+        self._pads: list = []   # padded outputs still to fill: (out, mask, src, row offsets, pad)
 
     # -- dict batches
     def batch(self, keys: list[str] | None) -> Any:
@@ -577,11 +688,14 @@ class _Decoder:
             else:
                 T = int(max(lengths)) if len(lengths) else 0
                 out["attention_mask"] = torch.arange(T)[None, :] < torch.as_tensor(lengths)[:, None]
+        self._fill_padded()
         return out
 
     def _lengths(self, chosen) -> np.ndarray:
-        for _, node in chosen:
-            if node.get("kind") == "token":
+        # any per-token field that was read gives the lengths (the reader may leave out the
+        # attention_mask column when it converts a padded batch to packed)
+        for _, node in list(chosen) + list(self.spec["keys"]):
+            if node.get("kind") == "token" and node.get("col") in self.c.table.column_names:
                 off, _ = self.c.list_parts(node["col"], node["dtype"])
                 return np.diff(off) // max(1, math.prod(node["trail"]))
         cu = dict(self.spec["keys"]).get("cu_seqlens")
@@ -616,29 +730,61 @@ class _Decoder:
                 bits = _bits(x if isinstance(x, np.ndarray) else x.contiguous())[mask].contiguous()
                 return _as_lib(bits.view(_fill([0], node, 0).dtype), node)
             return x
-        off, v = self.c.list_parts(node["col"], node["dtype"])
         trail = node["trail"]
         w = max(1, math.prod(trail))
-        if len(off) != self.n + 1 or (len(v) and int(off[-1]) - int(off[0]) != len(v)):
-            raise FormatError(f"{self.c.where}: column {node['col']!r} has inconsistent offsets")
-        flat = _out(v, node).reshape([-1] + trail) if w else _out(v, node).reshape([0] + trail)
         if want == "packed":
-            return flat
+            off, v = self.c.list_parts(node["col"], node["dtype"])
+            if len(off) != self.n + 1 or (len(v) and int(off[-1]) - int(off[0]) != len(v)):
+                raise FormatError(f"{self.c.where}: column {node['col']!r} has inconsistent offsets")
+            return _out(v, node).reshape([-1] + trail) if w else _out(v, node).reshape([0] + trail)
+        # padded: scatter straight from each row group's values (no joined copy)
+        off, parts = self.c.chunks(node["col"], node["dtype"])
+        if len(off) != self.n + 1:
+            raise FormatError(f"{self.c.where}: column {node['col']!r} has inconsistent offsets")
         lengths = np.diff(off) // w if w else np.zeros(self.n, np.int64)
         if w and bool((np.diff(off) % w).any()):
             raise FormatError(f"{self.c.where}: column {node['col']!r} rows are not whole tokens of {trail}")
         T = spec["T"] if spec["form"] == "padded" else (int(lengths.max()) if len(lengths) else 0)
+        if len(lengths) and int(lengths.max()) > T:
+            raise FormatError(f"{self.c.where}: column {node['col']!r} has a row of {int(lengths.max())} "
+                              f"tokens, longer than the padded length {T}")
         side = spec.get("side") or "right"
-        mask = _mask(lengths, T, side)
-        out = _fill([self.n, T] + trail, node, node.get("pad"))
-        src = _bits(flat if isinstance(flat, np.ndarray) else flat.contiguous()).reshape(-1)
-        # masked_scatter_ fills in the same row-major order as out[mask] = ..., ~6x faster on CPU
-        dt.bits_view(out).masked_scatter_(mask.reshape(list(mask.shape) + [1] * len(trail)).expand(out.shape), src)
+        key = (T, side, lengths.tobytes())
+        mask = self._masks.get(key)
+        if mask is None:
+            mask = self._masks[key] = _mask(lengths, T, side)
+        out = _alloc([self.n, T] + trail, node)
+        for (r0, v), r1 in zip(parts, [r for r, _ in parts[1:]] + [self.n]):
+            x = _out(v, node)
+            src = _bits(x if isinstance(x, np.ndarray) else x.contiguous()).reshape(-1)
+            self._pads.append((out, mask, src, off - off[r0], node.get("pad") or 0, r0, r1))
         return _as_lib(out, node)
+
+    def _fill_padded(self) -> None:
+        """Fill every padded output: pad value, then the row values (``masked_scatter_`` fills in
+        the row-major order of ``out[mask] = ...``, ~6x faster than that on CPU). Each output is
+        split into row ranges, filled on the shared thread pool."""
+        jobs, total = [], 0
+        for out, mask, src, off, pad, r0, r1 in self._pads:
+            nbytes = out[r0:r1].numel() * out.element_size()
+            total += nbytes
+            k = max(1, min(r1 - r0, nbytes // (4 << 20)))
+            bounds = np.linspace(r0, r1, k + 1).astype(np.int64)
+            jobs += [(out, mask, src, off, pad, int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+        self._pads = []
+
+        def fill(job) -> None:
+            out, mask, src, off, pad, a, b = job
+            o = dt.bits_view(out[a:b])
+            o.numpy().fill(pad)  # numpy: one thread per job (a torch fill_ would start its own pool)
+            m = mask[a:b]
+            o.masked_scatter_(m.reshape(list(m.shape) + [1] * (o.ndim - 2)).expand(o.shape), src[off[a]:off[b]])
+
+        run_parallel(fill, jobs, total)
 
     def _mask_from_rows(self) -> torch.Tensor:
         for _, node in self.spec["keys"]:
-            if node.get("kind") == "token":
+            if node.get("kind") == "token" and node.get("col") in self.c.table.column_names:
                 off, _ = self.c.list_parts(node["col"], node["dtype"])
                 w = max(1, math.prod(node["trail"]))
                 return _mask(np.diff(off) // w, self.spec["T"], self.spec["side"] or "right")
@@ -704,9 +850,21 @@ def _as_lib(t: torch.Tensor, node: dict):
 
 
 def _mask(lengths: np.ndarray, T: int, side: str) -> torch.Tensor:
-    L = torch.as_tensor(np.asarray(lengths, dtype=np.int64))
-    ar = torch.arange(T)
-    return ar[None, :] < L[:, None] if side == "right" else ar[None, :] >= (T - L)[:, None]
+    """The [B, T] bool mask of ``lengths`` right- or left-aligned, built by row ranges in parallel."""
+    L = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    out = np.empty((len(L), T), np.bool_)
+    ar = np.arange(T)
+
+    def rows(ab: tuple[int, int]) -> None:
+        a, b = ab
+        if side == "right":
+            np.less(ar[None, :], L[a:b, None], out=out[a:b])
+        else:
+            np.greater_equal(ar[None, :], (T - L[a:b])[:, None], out=out[a:b])
+
+    bounds = np.linspace(0, len(L), max(1, min(len(L), out.nbytes // (1 << 20))) + 1).astype(np.int64)
+    run_parallel(rows, [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a], out.nbytes)
+    return torch.from_numpy(out)
 
 
 def decode(table: pa.Table, spec: dict, *, where: str, columns: list[str] | None = None,
