@@ -152,3 +152,36 @@ def test_record_skipped_under_a_full_disk(tmp_path):
     assert _leftovers(d) == [] and _store.list_skipped(d) == {}
     assert _store.record_skipped(d, 5, "No space left on device") is True
     assert _store.list_skipped(d) == {5: "No space left on device"}
+
+
+def test_on_error_warn_keeps_the_run_going(tmp_path, caplog):
+    w = trajstore.Writer(tmp_path, on_error="warn")
+    w.append(0, batch(0))
+    w.flush()
+    with inject(tmp_path, "data", errno.ENOSPC, nth=1, after_bytes=100) as fault:
+        w.append(1, batch(1))
+        w.flush()  # no raise: the policy is to warn
+    assert fault.fired
+    w.append(2, batch(2))
+    w.close()
+    assert "step 1 was not written" in caplog.text
+    r = trajstore.Reader(tmp_path)
+    assert r.steps == [0, 2]
+    assert 1 in r.skipped and "No space left" in r.skipped[1] or "ENOSPC" in r.skipped[1]
+    with pytest.raises(trajstore.StepNotFoundError):
+        r[1]
+
+
+def test_on_error_must_be_known(tmp_path):
+    with pytest.raises(trajstore.ConfigError, match="on_error"):
+        trajstore.Writer(tmp_path, on_error="ignore")
+
+
+def test_two_writers_in_one_process_keep_each_others_temporaries(tmp_path):
+    d = tmp_path / "train"
+    w1 = trajstore.Writer(tmp_path)
+    tmp = d / _store.temp_name(5)
+    tmp.write_bytes(b"in flight")
+    w2 = trajstore.Writer(tmp_path)
+    assert tmp.exists()
+    w1.close(), w2.close()

@@ -173,14 +173,16 @@ def commit(tmp: Path, final: Path, overwrite: bool) -> None:
     fsync_dir(final.parent)
 
 
-def clean_temp(split_dir: Path) -> list[str]:
+def clean_temp(split_dir: Path, keep_own: bool = False) -> list[str]:
     """Remove leftovers of interrupted writes (promoting a temporary checksum that
-    matches its committed step); returns the names removed."""
+    matches its committed step); returns the names removed.  Temporaries of other live
+    processes are kept, and this process's own too with ``keep_own`` (another Writer of
+    this process may be writing them)."""
     gone = []
     for n in sorted(os.listdir(split_dir)) if split_dir.exists() else []:
         if n.startswith(TMP_PREFIX) and ".tmp-" in n:
             pid = n.rsplit(".tmp-", 1)[1].split("-")[0]
-            if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
+            if pid.isdigit() and (int(pid) != os.getpid() or keep_own) and _alive(int(pid)):
                 continue  # another live writer's step in progress
             m = re.match(r"^\.(step_\d{8,})\.sha256\.tmp-", n)
             if m and _promote(split_dir, m.group(1), split_dir / n):

@@ -192,6 +192,9 @@ class Writer:
     >>> with trajstore.Writer("dumps/run1") as w:
     ...     w.append(0, batch, meta={"lr": 1e-6})     # returns at once; written in the background
 
+    ``on_error="raise"`` (default) raises a step that failed in the background into the next
+    ``append``/``flush``/``close``; ``on_error="warn"`` logs a warning and goes on. Either way the
+    failed step is recorded as ``step_N.skipped.json`` (``Reader.skipped``).
     ``max_pending_steps`` / ``max_pending_bytes`` bound the steps not yet on disk (``append``
     waits at the limit; see ``stats``); ``workers`` background threads write steps concurrently
     (with more than one, steps may be committed out of order). ``close()`` (or the ``with`` block)
@@ -200,7 +203,11 @@ class Writer:
     """
 
     def __init__(self, path: str | Path, split: str = "train", *, overwrite: bool = False,
-                 max_pending_steps: int = 8, max_pending_bytes: int = 4 << 30, workers: int = 1):
+                 max_pending_steps: int = 8, max_pending_bytes: int = 4 << 30, workers: int = 1,
+                 on_error: str = "raise"):
+        if on_error not in ("raise", "warn"):
+            raise ConfigError(f"Writer({str(path)!r}): on_error must be 'raise' or 'warn', got {on_error!r}")
+        self.on_error = on_error
         for name, v in (("max_pending_steps", max_pending_steps), ("max_pending_bytes", max_pending_bytes),
                         ("workers", workers)):
             if type(v) is not int or v < 1:
@@ -212,7 +219,9 @@ class Writer:
         self.manifest = _store.create_manifest(self.path)
         self.dir = self.path / self.split
         self.dir.mkdir(exist_ok=True)
-        _store.clean_temp(self.dir)
+        with _live_lock:  # another open Writer of this process on this split may be mid-write
+            busy = any(w.dir == self.dir and not w._closed for w in _live)
+        _store.clean_temp(self.dir, keep_own=busy)
         self._closed = False
         self._lock = threading.Lock()          # one append at a time
         self._cond = threading.Condition()     # guards everything below
@@ -383,8 +392,12 @@ class Writer:
                     s["bytes_written"] += nbytes
                 else:
                     s["failed"] += 1
-                    self._errors.append(_as_writer_error(err, job.step))
-                    log.error("trajstore: step %d was not written: %s", job.step, err)
+                    if self.on_error == "raise":
+                        self._errors.append(_as_writer_error(err, job.step))
+                        log.error("trajstore: step %d was not written: %s", job.step, err)
+                    else:
+                        log.warning("trajstore: step %d was not written (on_error='warn', the run goes on; "
+                                    "the step is recorded as skipped in %s): %s", job.step, self.dir, err)
             if err is not None:  # best effort: readers then say why the step is missing
                 _store.record_skipped(self.dir, job.step, f"{type(err).__name__}: {err}")
             with self._cond:
