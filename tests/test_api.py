@@ -171,3 +171,24 @@ def test_field_kinds_recorded(tmp_path):
     assert keys["input_ids"]["kind"] == "token" and keys["topk"]["kind"] == "token"
     assert keys["rewards"]["kind"] == "sample"
     assert trajstore.Reader(tmp_path).info(0)["batch"]["side"] == "right"
+
+
+def test_non_constant_padding_is_kept_and_field_stays_per_token(tmp_path):
+    # logprobs * mask leaves -0.0 and 0.0 in the padding; verl-style tensors hold garbage there
+    b = batch(B=4, T=9)
+    b["logprobs"] = torch.randn(4, 9) * b["attention_mask"]
+    b["garbage"] = torch.randn(4, 9, 2)
+    with trajstore.Writer(tmp_path) as w:
+        w.append(0, b)
+    r = trajstore.Reader(tmp_path)
+    keys = dict(r.info(0)["batch"]["keys"])
+    assert keys["logprobs"]["kind"] == "token" and keys["logprobs"]["pad_col"] == "__pad__.logprobs"
+    assert keys["garbage"]["kind"] == "token"
+    assert_batch_equal(r[0], b)
+    assert_batch_equal(r.read(0, columns=["garbage"]), {"garbage": b["garbage"]})
+    m = b["attention_mask"]
+    assert torch.equal(r.read(0, layout="packed")["garbage"], b["garbage"][m])
+    import pandas as pd
+
+    df = pd.read_parquet(r.file(0))
+    assert [len(x) for x in df["logprobs"]] == m.sum(1).tolist()

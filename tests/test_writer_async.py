@@ -333,7 +333,7 @@ def test_padded_fields_pad_check(tmp_path, trail):
         const[m] = torch.arange(int(m.sum()) * const[0, 0].numel(), dtype=torch.int32).reshape((-1,) + trail)
     varied = const.clone()
     if varied.numel():
-        varied[0, 5] = 9  # one padded position differs: the field must be stored whole
+        varied[0, 5] = 9  # one padded position differs: the padded values are kept beside the tokens
     b = {"attention_mask": m, "const": const, "varied": varied}
     with trajstore.Writer(tmp_path) as w:
         w.append(0, b)
@@ -343,5 +343,8 @@ def test_padded_fields_pad_check(tmp_path, trail):
         assert keys["const"]["kind"] == "token" and keys["const"]["pad"] == -7
     else:  # zero-width tokens have no pad value: stored whole
         assert keys["const"]["kind"] == "sample"
-    assert keys["varied"]["kind"] == "sample"
+    if varied.numel():
+        assert keys["varied"]["kind"] == "token" and keys["varied"]["pad_col"] == "__pad__.varied"
+    else:
+        assert keys["varied"]["kind"] == "sample"
     assert_batch_equal(b, r[0])

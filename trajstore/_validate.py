@@ -141,6 +141,8 @@ class _Checker:
         pad = node.get("pad")
         if pad is not None and type(pad) is not int:
             raise _Bad(f"pad {pad!r} is not an int")
+        if "pad_col" in node:
+            self.col(node, "pad_col", lambda t: pa.types.is_large_list(t) and t.value_type == dt.arrow_type(name))
         spec = self.spec
         if spec.get("form") == "padded":
             self.add(self.n * spec["T"] * w * size, f"field {node['col']!r} padded to [{self.n}, {spec['T']}]")

@@ -27,6 +27,7 @@ __all__ = ["encode", "decode", "columns_for", "RESERVED"]
 
 RESERVED = ("step",)
 SHAPE_PREFIX = "__shape__."
+PAD_PREFIX = "__pad__."
 _MISSING = object()  # a key absent from one element of a sequence of dicts
 
 
@@ -224,9 +225,14 @@ def _encode_tensor(enc: _Encoder, ctx: dict, path: tuple, v: Any) -> dict:
             # faster than extracting the padded region (which is most of a long-tail batch)
             bits, nm, w = _bits(x), ~mask, math.prod(x.shape[2:])
             p = bits.reshape(-1)[int(torch.argmax(nm.reshape(-1).to(torch.uint8))) * w] if w else None
-            if not w or bool(((bits != p) & nm.reshape(list(nm.shape) + [1] * (x.ndim - 2))).any()):
+            if not w:
                 return _encode_sample(enc, node, path, x, B, tokenlike=True)
-            pad = int(p)
+            if bool(((bits != p) & nm.reshape(list(nm.shape) + [1] * (x.ndim - 2))).any()):
+                # padded positions hold different values (e.g. -0.0 and 0.0, or garbage computed
+                # past the end): keep them, unpadded tokens stay a token column
+                _encode_padvals(enc, node, path, x, nm, B, ctx["T"] - ctx["lengths"], w)
+            else:
+                pad = int(p)
         vals = xt[mask]
         return _encode_token(enc, node, path, vals, ctx["lengths"], list(x.shape[2:]), pad, lib)
     if form == "packed" and x.ndim >= 1 and x.shape[0] == ctx["N"]:
@@ -243,6 +249,16 @@ def _encode_tensor(enc: _Encoder, ctx: dict, path: tuple, v: Any) -> dict:
             f"{expect}; every field must have one entry per trajectory"
         )
     return _encode_sample(enc, node, path, x, B)
+
+
+def _encode_padvals(enc, node, path, x, nm, B, npad, w) -> None:
+    """The values at padded positions, row by row in position order: column ``__pad__.<col>``."""
+    xt = torch.from_numpy(x) if isinstance(x, np.ndarray) else x
+    storage = _storage(xt[nm] if node["lib"] == "torch" else xt[nm].numpy()).reshape(-1)
+    offsets = np.zeros(B + 1, dtype=np.int64)
+    np.cumsum(np.asarray(npad, dtype=np.int64) * w, out=offsets[1:])
+    node["pad_col"] = PAD_PREFIX + node["col"]
+    enc.add(node["pad_col"], _list_array(offsets, storage), {"dtype": node["dtype"], "kind": "pad"}, path)
 
 
 def _encode_token(enc, node, path, vals, lengths, trail, pad, lib) -> dict:
@@ -464,6 +480,8 @@ def _walk_cols(node: dict, out: list) -> None:
         out.append(node["col"])
     if "shape_col" in node:
         out.append(node["shape_col"])
+    if "pad_col" in node:
+        out.append(node["pad_col"])
     for _, child in node.get("keys", []):
         _walk_cols(child, out)
     if "elem" in node:
@@ -754,31 +772,50 @@ class _Decoder:
         if mask is None:
             mask = self._masks[key] = _mask(lengths, T, side)
         out = _alloc([self.n, T] + trail, node)
-        for (r0, v), r1 in zip(parts, [r for r, _ in parts[1:]] + [self.n]):
+        pads = self._padvals(node, lengths, T, w, parts)
+        for i, ((r0, v), r1) in enumerate(zip(parts, [r for r, _ in parts[1:]] + [self.n])):
             x = _out(v, node)
             src = _bits(x if isinstance(x, np.ndarray) else x.contiguous()).reshape(-1)
-            self._pads.append((out, mask, src, off - off[r0], node.get("pad") or 0, r0, r1))
+            pv = None if pads is None else (pads[0] - pads[0][r0], pads[1][i])
+            self._pads.append((out, mask, src, off - off[r0], node.get("pad") or 0, r0, r1, pv))
         return _as_lib(out, node)
+
+    def _padvals(self, node: dict, lengths: np.ndarray, T: int, w: int, parts: list):
+        """Offsets and per-chunk bits of the ``pad_col`` values, checked against the lengths."""
+        if "pad_col" not in node:
+            return None
+        poff, pparts = self.c.chunks(node["pad_col"], node["dtype"])
+        if len(poff) != self.n + 1 or not np.array_equal(np.diff(poff), (T - lengths) * w) \
+                or [r for r, _ in pparts] != [r for r, _ in parts]:
+            raise FormatError(f"{self.c.where}: column {node['pad_col']!r} does not hold the padded "
+                              f"positions of {node['col']!r}")
+        return poff, [_bits(_out(v, node) if node["lib"] != "torch" else _out(v, node).contiguous()
+                            ).reshape(-1) for _, v in pparts]
 
     def _fill_padded(self) -> None:
         """Fill every padded output: pad value, then the row values (``masked_scatter_`` fills in
         the row-major order of ``out[mask] = ...``, ~6x faster than that on CPU). Each output is
         split into row ranges, filled on the shared thread pool."""
         jobs, total = [], 0
-        for out, mask, src, off, pad, r0, r1 in self._pads:
+        for out, mask, src, off, pad, r0, r1, pv in self._pads:
             nbytes = out[r0:r1].numel() * out.element_size()
             total += nbytes
             k = max(1, min(r1 - r0, nbytes // (4 << 20)))
             bounds = np.linspace(r0, r1, k + 1).astype(np.int64)
-            jobs += [(out, mask, src, off, pad, int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+            jobs += [(out, mask, src, off, pad, int(a), int(b), pv)
+                     for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
         self._pads = []
 
         def fill(job) -> None:
-            out, mask, src, off, pad, a, b = job
+            out, mask, src, off, pad, a, b, pv = job
             o = dt.bits_view(out[a:b])
-            o.numpy().fill(pad)  # numpy: one thread per job (a torch fill_ would start its own pool)
             m = mask[a:b]
-            o.masked_scatter_(m.reshape(list(m.shape) + [1] * (o.ndim - 2)).expand(o.shape), src[off[a]:off[b]])
+            mm = m.reshape(list(m.shape) + [1] * (o.ndim - 2)).expand(o.shape)
+            if pv is None:
+                o.numpy().fill(pad)  # numpy: one thread per job (a torch fill_ would start its own pool)
+            else:  # the recorded padded values
+                o.masked_scatter_(~mm, pv[1][pv[0][a]:pv[0][b]])
+            o.masked_scatter_(mm, src[off[a]:off[b]])
 
         run_parallel(fill, jobs, total)
 
