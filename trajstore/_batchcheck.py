@@ -15,28 +15,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import _dtypes as dt
 from . import schema
-from .errors import BatchError, UnsupportedTypeError
+from .errors import UnsupportedTypeError
 
 __all__ = ["check"]
 
 
-def _where(path: tuple) -> str:
-    return ".".join(str(p) for p in path) if path else "<batch>"
+_where = schema._where
 
 
 def _tensor(x: Any, path: tuple) -> None:
     if isinstance(x, torch.Tensor):
-        if x.dtype not in dt.TORCH_NAMES:
-            raise UnsupportedTypeError(
-                f"field {_where(path)!r}: torch dtype {x.dtype} is not supported; "
-                f"convert it to one of {sorted(dt.TORCH_NAMES.values())}")
-        if x.device.type == "meta":
-            raise UnsupportedTypeError(f"field {_where(path)!r}: a tensor on the meta device has no values to store")
-        if x.layout != torch.strided:
-            raise UnsupportedTypeError(
-                f"field {_where(path)!r}: {x.layout} tensors are not supported; call .to_dense() first")
+        schema.check_tensor(x, path)
 
 
 def _keys(d: Mapping, path: tuple) -> None:
@@ -71,14 +61,7 @@ def _field(v: Any, path: tuple, ctx: dict) -> None:
         if ctx["form"] == "packed" and (ctx["N"] is None or shape[0] == ctx["N"]):
             return
         if shape[0] != B:
-            expect = f"{B} (the batch size)"
-            if ctx["form"] == "padded":
-                expect += f", or [{B}, {ctx['T']}] per-token"
-            if ctx["form"] == "packed":
-                expect += f", or {ctx['N']} (cu_seqlens[-1]) per-token"
-            raise BatchError(
-                f"field {_where(path)!r}: leading dimension is {shape[0]} (shape {shape}), expected "
-                f"{expect}; every field must have one entry per trajectory")
+            raise schema.length_error(path, shape, ctx)
         return
     if isinstance(v, Mapping):
         _keys(v, path)
@@ -87,9 +70,7 @@ def _field(v: Any, path: tuple, ctx: dict) -> None:
         return
     if isinstance(v, list | tuple) or (isinstance(v, np.ndarray) and v.dtype.kind == "O" and v.ndim == 1):
         if B is not None and len(v) != B:
-            raise BatchError(
-                f"field {_where(path)!r}: has {len(v)} entries, the batch has {B} trajectories; "
-                "every per-trajectory list must have one entry per trajectory")
+            raise schema.entries_error(path, len(v), B)
         _elems(list(v), path)
 
 

@@ -44,22 +44,50 @@ def _is_tensorlike(x: Any) -> bool:
     return isinstance(x, np.generic) and np.dtype(type(x)).kind in "biuf"
 
 
+def check_tensor(x: torch.Tensor, path: tuple) -> str:
+    """The dtype name of a storable torch tensor; raise for dtype, layout or device it cannot be."""
+    name = dt.TORCH_NAMES.get(x.dtype)
+    if name is None:
+        raise UnsupportedTypeError(
+            f"field {_where(path)!r}: torch dtype {x.dtype} is not supported; "
+            f"convert it to one of {sorted(dt.TORCH_NAMES.values())}"
+        )
+    if x.layout != torch.strided:
+        raise UnsupportedTypeError(
+            f"field {_where(path)!r}: {x.layout} tensors are not supported; call .to_dense() first"
+        )
+    if x.device.type == "meta":
+        raise UnsupportedTypeError(f"field {_where(path)!r}: a tensor on the meta device has no values to store")
+    return name
+
+
+def length_error(path: tuple, shape: list, ctx: dict) -> BatchError:
+    """A tensor whose leading dimension fits neither the batch size nor the token layout."""
+    B, form = ctx["B"], ctx["form"]
+    expect = f"{B} (the batch size)"
+    if form == "padded":
+        expect += f", or [{B}, {ctx['T']}] per-token"
+    if form == "packed":
+        expect += f", or {ctx['N']} (cu_seqlens[-1]) per-token"
+    return BatchError(
+        f"field {_where(path)!r}: leading dimension is {shape[0]} (shape {shape}), expected "
+        f"{expect}; every field must have one entry per trajectory"
+    )
+
+
+def entries_error(path: tuple, n: int, B: int) -> BatchError:
+    """A per-trajectory list whose length is not the batch size."""
+    return BatchError(
+        f"field {_where(path)!r}: has {n} entries, the batch has {B} trajectories; "
+        "every per-trajectory list must have one entry per trajectory"
+    )
+
+
 def _as_cpu(x: Any, path: tuple) -> tuple[str, str, torch.Tensor | np.ndarray]:
     """(lib, dtype name, contiguous CPU tensor or ndarray) for a tensor-like value."""
     if isinstance(x, torch.Tensor):
-        name = dt.TORCH_NAMES.get(x.dtype)
-        if name is None:
-            raise UnsupportedTypeError(
-                f"field {_where(path)!r}: torch dtype {x.dtype} is not supported; "
-                f"convert it to one of {sorted(dt.TORCH_NAMES.values())}"
-            )
-        if x.layout != torch.strided:
-            raise UnsupportedTypeError(
-                f"field {_where(path)!r}: {x.layout} tensors are not supported; call .to_dense() first"
-            )
+        name = check_tensor(x, path)
         t = x.detach()
-        if t.device.type == "meta":
-            raise UnsupportedTypeError(f"field {_where(path)!r}: a tensor on the meta device has no values to store")
         if t.device.type != "cpu":
             t = t.cpu()
         t = t.resolve_conj().resolve_neg().contiguous()
@@ -239,15 +267,7 @@ def _encode_tensor(enc: _Encoder, ctx: dict, path: tuple, v: Any) -> dict:
         xt = torch.from_numpy(x) if isinstance(x, np.ndarray) else x
         return _encode_token(enc, node, path, xt, ctx["lengths"], list(x.shape[1:]), None, lib)
     if x.shape[0] != B:
-        expect = f"{B} (the batch size)"
-        if form == "padded":
-            expect += f", or [{B}, {ctx['T']}] per-token"
-        if form == "packed":
-            expect += f", or {ctx['N']} (cu_seqlens[-1]) per-token"
-        raise BatchError(
-            f"field {_where(path)!r}: leading dimension is {x.shape[0]} (shape {list(x.shape)}), expected "
-            f"{expect}; every field must have one entry per trajectory"
-        )
+        raise length_error(path, list(x.shape), ctx)
     return _encode_sample(enc, node, path, x, B)
 
 
@@ -412,10 +432,7 @@ def _encode_field(enc: _Encoder, ctx: dict, path: tuple, v: Any) -> dict:
             "list of per-trajectory values, dict, or a plain scalar"
         )
     if len(elems) != B:
-        raise BatchError(
-            f"field {_where(path)!r}: has {len(elems)} entries, the batch has {B} trajectories; "
-            "every per-trajectory list must have one entry per trajectory"
-        )
+        raise entries_error(path, len(elems), B)
     node = {"t": "seq", "container": container, "elem": _encode_elems(enc, path, elems)}
     if container == "ndarray":
         node["np_dtype"] = v.dtype.str
@@ -425,7 +442,13 @@ def _encode_field(enc: _Encoder, ctx: dict, path: tuple, v: Any) -> dict:
 def encode(batch: Any, *, step: int, split: str, meta: dict | None = None,
            extra: dict | None = None) -> pa.Table:
     """Encode ``batch`` into an Arrow table whose schema metadata holds the spec."""
-    batch, container = adapters.unwrap(batch)
+    plain, container = adapters.unwrap(batch)
+    return encode_plain(plain, container, step=step, split=split, meta=meta, extra=extra)
+
+
+def encode_plain(batch: Any, container: dict | None, *, step: int, split: str, meta: dict | None = None,
+                 extra: dict | None = None) -> pa.Table:
+    """``encode`` of a batch already unwrapped by ``adapters.unwrap`` (``container`` is its tag)."""
     if isinstance(batch, Mapping):
         for k in batch:
             if type(k) is not str:

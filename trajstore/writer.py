@@ -113,13 +113,13 @@ class _Snapshot:
         if isinstance(v, torch.Tensor):
             self.nbytes += v.numel() * v.element_size()
             if v.device.type == "cuda":
-                self.cuda.append((_name(path), v))
+                self.cuda.append((schema._where(path), v))
                 return _CudaSlot(len(self.cuda) - 1)
             if v.device.type != "cpu":
                 return v.detach().cpu()
             if self.copy:
                 return v.detach().clone()
-            self.versions.append((_name(path), v, v._version))
+            self.versions.append((schema._where(path), v, v._version))
             return v
         if isinstance(v, np.ndarray):
             self.nbytes += v.nbytes
@@ -145,10 +145,6 @@ class _Snapshot:
 class _CudaSlot:
     def __init__(self, i: int):
         self.i = i
-
-
-def _name(path: tuple) -> str:
-    return ".".join(str(p) for p in path) if path else "<batch>"
 
 
 def _fill_cuda(v: Any, hosts: list) -> Any:
@@ -413,8 +409,7 @@ class Writer:
             c.wait()
         batch = _fill_cuda(job.batch, job.hosts) if job.hosts else job.batch
         snap.check(step)
-        table = schema.encode(adapters.wrap(batch, job.tag) if job.tag is not None else batch,
-                              step=step, split=self.split, meta=job.meta)
+        table = schema.encode_plain(batch, job.tag, step=step, split=self.split, meta=job.meta)
         final = self.dir / _store.step_name(step)
         tmp = self.dir / _store.temp_name(step)
         try:
