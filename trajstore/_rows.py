@@ -52,26 +52,24 @@ def _flat(prefix: str, node: Any, out: dict) -> None:
             out[name] = v
 
 
-def _token_names(spec_keys: list, prefix: str = "") -> set[str]:
+def _names(spec_keys: list, pick, prefix: str = "") -> set[str]:
+    """Dotted names of the fields (nested groups included) whose spec node ``pick`` accepts."""
     out: set[str] = set()
     for k, node in spec_keys:
         name = f"{prefix}{k}"
         if node.get("t") == "group":
-            out |= _token_names(node["keys"], name + ".")
-        elif node.get("t") == "tensor" and (node.get("kind") == "token" or node.get("tokenlike")):
+            out |= _names(node["keys"], pick, name + ".")
+        elif pick(node):
             out.add(name)
     return out
 
 
-def _global_names(spec_keys: list, prefix: str = "") -> set[str]:
-    out: set[str] = set()
-    for k, node in spec_keys:
-        name = f"{prefix}{k}"
-        if node.get("t") == "group":
-            out |= _global_names(node["keys"], name + ".")
-        elif node.get("t") in ("json", "gtensor"):
-            out.add(name)
-    return out
+def _is_token(node: dict) -> bool:
+    return node.get("t") == "tensor" and (node.get("kind") == "token" or bool(node.get("tokenlike")))
+
+
+def _is_global(node: dict) -> bool:
+    return node.get("t") in ("json", "gtensor")
 
 
 def _mask2d(m: Any) -> torch.Tensor:
@@ -118,8 +116,8 @@ def rows(batch: Any, spec: dict) -> list[dict | None]:
     B = int(spec.get("B", 0))
     flat: dict = {}
     _flat("", batch, flat)
-    tokens = _token_names(spec.get("keys", []))
-    skip = _global_names(spec.get("keys", []))
+    tokens = _names(spec.get("keys", []), _is_token)
+    skip = _names(spec.get("keys", []), _is_global)
     form = spec.get("form")
     out: list[dict] = [{} for _ in range(B)]
     mask = cu = None
