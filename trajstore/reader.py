@@ -158,7 +158,7 @@ class Reader:
 
     def meta(self, step: int) -> dict:
         """The ``meta`` dict given to ``append`` for ``step``."""
-        return self._open(step)[1].get("meta", {})
+        return self._open(step, check=False)[1].get("meta", {})  # nothing is decoded: no spec walk
 
     def info(self, step: int) -> dict:
         """The step's stored description: spec, meta, row count."""
