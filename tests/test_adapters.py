@@ -168,3 +168,45 @@ def test_recorder_replays_containers_on_the_mapped_device(tmp_path):
     assert_td_equal(dp.batch, back.batch)
     assert_batch_equal(dp.non_tensor_batch, back.non_tensor_batch)
     rec.close()
+
+
+def _containers():
+    td = TensorDict({"x": torch.arange(6).view(3, 2), "attention_mask": torch.ones(3, 2, dtype=torch.bool),
+                     "nested": TensorDict({"y": torch.randn(3, 4)}, batch_size=[3])}, batch_size=[3])
+    dp = DataProto(batch=td.clone(), non_tensor_batch={"u": np.array([1, "a", None], dtype=object)},
+                   meta_info={"t": 0.5})
+    return td, dp
+
+
+def test_map_tensors_reaches_into_containers():
+    from trajstore import torch_bridge
+
+    td, dp = _containers()
+    out = torch_bridge.map_tensors(td, lambda t: t + 1)
+    assert isinstance(out, TensorDict) and out.batch_size == td.batch_size
+    assert torch.equal(out["x"], td["x"] + 1) and torch.equal(out["nested", "y"], td["nested", "y"] + 1)
+    back = torch_bridge.map_tensors(dp, lambda t: t * 0)
+    assert type(back) is DataProto and back.meta_info == dp.meta_info
+    assert not back.batch["x"].any() and back.non_tensor_batch["u"] is not None
+    assert_batch_equal(dp.non_tensor_batch, back.non_tensor_batch)
+    assert len(torch_bridge._leaves(dp)) == 3
+
+
+@pytest.mark.cuda
+def test_read_to_cuda_moves_container_batches(tmp_path):
+    td, dp = _containers()
+    with trajstore.Writer(tmp_path / "d") as w:
+        w.append(0, td)
+        w.append(1, dp)
+    r = trajstore.Reader(tmp_path / "d")
+    g = r.read(0, device="cuda")
+    assert isinstance(g, TensorDict) and g.device.type == "cuda" and g["x"].is_cuda and g["nested", "y"].is_cuda
+    assert_td_equal(td, g.cpu())
+    g = r.read(1, device="cuda")
+    assert type(g) is DataProto and g.batch["x"].is_cuda
+    assert_td_equal(dp.batch, g.batch.cpu())
+    got = [(s, type(b), (b if isinstance(b, TensorDict) else b.batch)["x"].is_cuda) for s, b in r.iter(device="cuda")]
+    assert got == [(0, TensorDict, True), (1, DataProto, True)]
+    rec = trajstore.Recorder(replay=True, path=str(tmp_path / "d"), device="cuda")
+    assert rec.batch(1, lambda: None).batch["x"].is_cuda
+    rec.close()

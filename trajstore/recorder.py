@@ -94,24 +94,6 @@ def _tokens(plain: Any):
     return None
 
 
-def _to_device(x: Any, device) -> Any:
-    import torch
-
-    if isinstance(x, torch.Tensor):
-        return x.to(device)
-    if isinstance(x, dict):
-        return {k: _to_device(v, device) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_to_device(v, device) for v in x]
-    if isinstance(x, tuple):
-        return tuple(_to_device(v, device) for v in x)
-    if hasattr(x, "batch_size") and hasattr(x, "to"):  # TensorDict
-        return x.to(device)
-    if hasattr(x, "non_tensor_batch") and getattr(x, "batch", None) is not None:  # DataProto-like
-        x.batch = x.batch.to(device)
-    return x
-
-
 _TRUE = {"1", "true", "yes", "on", "y", "t"}
 _FALSE = {"0", "false", "no", "off", "n", "f", ""}
 
@@ -365,7 +347,9 @@ class Recorder:
 
         self._log("replay", step, f, *self._file_stats(f, _tokens(adapters.unwrap(b)[0])))
         if self.cfg.device is not None:
-            b = _to_device(b, self.cfg.device)
+            from . import torch_bridge
+
+            b = torch_bridge.to_device(b, self.cfg.device)
         return b
 
     def _read_ahead(self, step: int) -> None:

@@ -21,8 +21,10 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import torch
 
+from . import adapters
 from .errors import ConfigError
 
 __all__ = ["PinnedPool", "snapshot_cuda", "to_device", "iterate", "map_tensors"]
@@ -35,21 +37,29 @@ def _round(n: int, a: int = ALIGN) -> int:
 
 
 def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
-    """Rebuild dict/list/tuple structure with ``fn`` applied to every torch tensor."""
+    """Rebuild dict/list/tuple structure with ``fn`` applied to every torch tensor; a TensorDict or
+    DataProto-like batch comes back as the same kind of container (``adapters``)."""
     if isinstance(obj, torch.Tensor):
         return fn(obj)
-    if isinstance(obj, Mapping):
+    if isinstance(obj, dict):
         return {k: map_tensors(v, fn) for k, v in obj.items()}
     if isinstance(obj, list):
         return [map_tensors(v, fn) for v in obj]
     if isinstance(obj, tuple):
         return tuple(map_tensors(v, fn) for v in obj)
+    if obj is None or isinstance(obj, str | int | float | bool | np.ndarray | np.generic):
+        return obj
+    plain, tag = adapters.unwrap(obj)
+    if tag is not None:
+        return adapters.wrap(map_tensors(plain, fn), tag)
+    if isinstance(obj, Mapping):
+        return {k: map_tensors(v, fn) for k, v in obj.items()}
     return obj
 
 
 def _leaves(obj: Any) -> list[torch.Tensor]:
     out: list[torch.Tensor] = []
-    map_tensors(obj, out.append)
+    map_tensors(obj, lambda t: out.append(t) or t)
     return out
 
 
@@ -260,12 +270,22 @@ def to_device(obj: Any, device: Any) -> Any:
     if d is None or d.type == "cpu":
         return obj
     if d.type != "cuda":
-        return map_tensors(obj, lambda t: t.to(d))
+        return _on_device(map_tensors(obj, lambda t: t.to(d)), d)
     cur = torch.cuda.current_stream(d)
     out, ev = launch(stage(obj), d, cur)
     if ev is not None:
         cur.wait_event(ev)
-    return out
+    return _on_device(out, d)
+
+
+def _on_device(obj: Any, d: torch.device) -> Any:
+    """A TensorDict (or a DataProto-like batch's) rebuilt from tensors moved to ``d`` reports
+    ``d`` as its device, as ``TensorDict.to(d)`` would (its tensors are already there: no copy)."""
+    if adapters._is_td(obj):
+        return obj.to(d)
+    if adapters._is_dataproto(obj) and obj.batch is not None:
+        obj.batch = obj.batch.to(d)
+    return obj
 
 
 def iterate(read: Callable[[int], Any], steps: list[int], device: Any = None, prefetch: int = 2,
@@ -305,7 +325,7 @@ def iterate(read: Callable[[int], Any], steps: list[int], device: Any = None, pr
                 s, fut = pending.popleft()
                 obj = fut.result()
                 fill()
-                yield s, (map_tensors(obj, lambda t: t.to(d)) if other else obj)
+                yield s, (_on_device(map_tensors(obj, lambda t: t.to(d)), d) if other else obj)
                 continue
             if not issued:
                 s, fut = pending.popleft()
@@ -318,7 +338,7 @@ def iterate(read: Callable[[int], Any], steps: list[int], device: Any = None, pr
             if ev is not None:
                 consumer.wait_event(ev)
             fill()
-            yield s, obj
+            yield s, _on_device(obj, d)
     finally:
         for _, _, ev in issued:  # never let the caching allocator reuse memory a copy still writes
             if ev is not None:
