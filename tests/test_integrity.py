@@ -129,7 +129,7 @@ def test_stale_temporaries_and_orphans_are_cleaned(tmp_path):
     assert r.steps == [0]
     assert_batch_equal(r[0], _batch(0))
     trajstore.Writer(tmp_path).close()
-    assert sorted(os.listdir(d)) == ["step_00000000.parquet", "step_00000000.sha256"]
+    assert sorted(os.listdir(d)) == ["_index", "step_00000000.parquet", "step_00000000.sha256"]
     assert not (tmp_path / f".trajstore.json.tmp-{dead}").exists()
 
 

@@ -52,7 +52,10 @@ class Reader:
     # -- listing
     def refresh(self) -> list[int]:
         """Re-scan the split for steps committed since the reader was opened."""
+        from ._index import Index
+
         self._steps = _store.list_steps(self.dir)
+        self._index = Index(self.dir, self.split)  # index segments are read again on demand
         return self._steps
 
     def wait_for(self, step: int, timeout: float | None = None, poll: float = 0.05) -> None:
@@ -213,19 +216,26 @@ class Reader:
         cache); on a warm page cache the per-file work (~0.25 ms, mostly Python around pyarrow's
         footer parse) contends for the GIL and measured slower than one thread.
         Stack the values with ``torch.stack(list(d.values()))`` when every step has the same
-        batch size. With ``verify=True`` each file is still checked whole first."""
+        batch size. A plain per-trajectory field of a step is taken from the split's index
+        (``<split>/_index/``, docs/FORMAT.md section 6) when a segment holds it and the step file
+        is still the one indexed, without opening the file; every other step is read from its
+        file. With ``verify=True`` the index is not used: each file is checked whole first."""
         if type(name) is not str:
             raise ConfigError(f"column name must be a str, got {type(name).__name__}")
         steps = list(self._steps) if steps is None else [_store.check_step(s) for s in steps]
         if workers is not None and (type(workers) is not int or workers < 1):
             raise ConfigError(f"workers must be an int >= 1, got {workers!r}")
+        got = {} if self.verify or not steps else self._index.values(name, steps)
+        rest = [s for s in steps if s not in got] if got else steps
         n = workers or 1
-        if n == 1 or len(steps) < 2:
-            return {s: self._column(s, name) for s in steps}
-        from concurrent.futures import ThreadPoolExecutor
+        if n == 1 or len(rest) < 2:
+            files = {s: self._column(s, name) for s in rest}
+        else:
+            from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(max_workers=n, thread_name_prefix="trajstore-column") as ex:
-            return dict(zip(steps, ex.map(lambda s: self._column(s, name), steps)))
+            with ThreadPoolExecutor(max_workers=n, thread_name_prefix="trajstore-column") as ex:
+                files = dict(zip(rest, ex.map(lambda s: self._column(s, name), rest)))
+        return {s: got[s] if s in got else files[s] for s in steps} if got else files
 
     def _column(self, step: int, name: str) -> Any:
         pf, doc, f = self._open(step, check=False)

@@ -43,7 +43,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from . import _store, fingerprint
+from . import _index, _store, fingerprint
 from .errors import ConfigError, EnvironmentMismatchError
 
 __all__ = ["Recorder", "DumpReplayConfig"]
@@ -458,7 +458,8 @@ class Recorder:
         if c.max_keep is None:
             return
         rot = [s for s in self._kept if s not in c.pin_steps]
-        for s in rot[: max(0, len(rot) - c.max_keep)]:
+        gone = rot[: max(0, len(rot) - c.max_keep)]
+        for s in gone:
             f = self._writer.dir / _store.step_name(s)
             if not f.exists():
                 self._writer.flush()  # still in the background queue: let it land, then delete it
@@ -466,6 +467,8 @@ class Recorder:
             f.unlink(missing_ok=True)
             self._kept.remove(s)
             log.info("trajstore dump step=%d removed (max_keep=%d) path=%s", s, c.max_keep, f)
+        if gone:
+            _index.prune(self._writer.dir)  # index segments none of whose steps is left
 
     def _drain(self, final: bool = False) -> None:
         while self._pending:

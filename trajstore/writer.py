@@ -43,7 +43,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
-from . import _batchcheck, _store, adapters, schema, torch_bridge
+from . import _batchcheck, _index, _store, adapters, schema, torch_bridge
 from .errors import ConfigError, StepExistsError, TrajstoreError, WriterError
 
 __all__ = ["Writer"]
@@ -196,6 +196,9 @@ class Writer:
     (with more than one, steps may be committed out of order). ``close()`` (or the ``with`` block)
     flushes and ends the threads; a writer never closed is flushed and closed at interpreter exit.
     The first append of CUDA tensors allocates pinned host memory; later steps reuse it.
+    Plain per-trajectory fields (``rewards``...) of the steps written are also kept in the split's
+    index for ``Reader.column`` (``<split>/_index/``, docs/FORMAT.md section 6): a segment every
+    ``_index.INDEX_EVERY`` steps and on ``flush``/``close``; an index error is only logged.
     """
 
     def __init__(self, path: str | Path, split: str = "train", *, overwrite: bool = False,
@@ -218,6 +221,8 @@ class Writer:
         with _live_lock:  # another open Writer of this process on this split may be mid-write
             busy = any(w.dir == self.dir and not w._closed for w in _live)
         _store.clean_temp(self.dir, keep_own=busy)
+        _index.clean_temp(self.dir, keep_own=busy)
+        self._index = _index.Collector(self.dir, self.split)  # Reader.column's index (trajstore/_index.py)
         self._closed = False
         self._lock = threading.Lock()          # one append at a time
         self._cond = threading.Condition()     # guards everything below
@@ -330,6 +335,7 @@ class Writer:
                     raise WriterError(f"the background writer of {self.dir} is gone with "
                                       f"{len(self._pending)} step(s) pending: {sorted(self._pending)}")
                 self._cond.wait(1.0)
+        self._index.flush()  # best effort, never raises
         self._raise_errors()
 
     def close(self) -> None:
@@ -346,6 +352,7 @@ class Writer:
                         self._queue.put(None)
                     for t in self._threads:
                         t.join()
+                    self._index.flush()  # rows of steps appended while close() flushed
                     with _live_lock:
                         _live.discard(self)
 
@@ -414,10 +421,13 @@ class Writer:
         tmp = self.dir / _store.temp_name(step)
         try:
             pq.write_table(table, tmp, **parquet_options(table))
+            index_rows = self._index.take(step, table)  # a copy, checked by snap.check below
             del table
             snap.check(step)  # the values may have changed while they were being encoded
-            size = tmp.stat().st_size
+            st = tmp.stat()
+            size = st.st_size
             _store.commit(tmp, final, job.overwrite)
+            self._index.add(step, index_rows, st, final)  # never raises
             return size
         except FileExistsError:
             raise StepExistsError(

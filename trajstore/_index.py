@@ -1,0 +1,348 @@
+"""The per-split index of per-trajectory columns (docs/FORMAT.md section 6).
+
+``Reader.column("rewards", steps)`` would open every step file (a footer parse each); the index
+keeps the plain per-trajectory fields of many steps (one primitive value per trajectory:
+``rewards``, ``seq_len``...) in a few immutable *segments*, ``<split>/_index/steps_<first>-<last>.<hex>.parquet``.
+
+* :class:`Collector` (writer side): after a step is committed its indexable columns are kept in
+  memory with the step file's identity ``(st_ino, st_size, st_mtime_ns)``, and written as a
+  segment every ``INDEX_EVERY`` steps, on ``flush()`` and on ``close()``. Best effort: a failure
+  is logged and its rows dropped, never raised into ``append``.
+* :class:`Index` (reader side): a step's value comes from a segment only when the step file's
+  current identity is the recorded one; every other step is read from its file. A damaged or
+  inconsistent segment is ignored with a warning.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+import os
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from . import _dtypes as dt
+from . import _store, _validate, schema
+
+DIR = "_index"
+VERSION = 1
+KEY = b"trajstore.index"
+INDEX_EVERY = 256  # steps per segment (fewer on flush/close, or when the indexed fields change)
+INDEX_MAX_ROWS = 1 << 22  # ...or fewer when they hold this many trajectories (bounds the memory kept)
+SEGMENT_RE = re.compile(r"^steps_(\d{8,})-(\d{8,})\.[0-9a-f]{8}\.parquet$")
+RESERVED = ("step", "row")  # the segment's own columns: a field stored under either name is not indexed
+
+wlog = logging.getLogger("trajstore.writer")
+rlog = logging.getLogger("trajstore.reader")
+
+
+def fields(spec: Any) -> list[list]:
+    """``[[name, node], ...]``: the top-level plain per-trajectory tensor fields of a step spec."""
+    from .reader import _plain_sample
+
+    if not isinstance(spec, dict) or spec.get("t") != "batch" or not isinstance(spec.get("keys"), list):
+        return []
+    return [[k, n] for k, n in spec["keys"] if _plain_sample(n) and n["col"] not in RESERVED]
+
+
+def _ident(st: os.stat_result) -> tuple[int, int, int]:
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+# ----------------------------------------------------------------------------- writer side
+class Collector:
+    """Index rows of the steps a Writer committed, written out as segments (thread-safe)."""
+
+    def __init__(self, split_dir: Path, split: str):
+        self.dir, self.split = split_dir, split
+        self._lock = threading.Lock()
+        self._sig: str | None = None  # the indexed fields (JSON) of the rows kept
+        self._fields: list = []
+        self._rows: dict[int, tuple] = {}  # step -> (rows, identity, {col: pa.Array})
+
+    def take(self, step: int, table: pa.Table) -> tuple | None:
+        """The indexable columns of the step's encoded table, copied (the table may view the
+        caller's tensors, which may change once the step is written); None if there are none."""
+        try:
+            doc = json.loads(table.schema.metadata[b"trajstore"])
+            fs = fields(doc.get("batch"))
+            cols = {}
+            for _, node in fs:
+                a = table.column(node["col"]).combine_chunks()
+                if a.type != dt.arrow_type(node["dtype"]) or a.null_count or len(a) != table.num_rows:
+                    return None
+                cols[node["col"]] = pa.array(a.to_numpy(zero_copy_only=False).copy(), type=a.type)
+            return (json.dumps(fs, sort_keys=True), fs, table.num_rows, cols) if fs else None
+        except Exception as e:  # noqa: BLE001 - the index is advisory: never fail the step
+            wlog.warning("trajstore: step %d of %s left out of the index (%s: %s); Reader.column reads "
+                         "it from its file", step, self.dir, type(e).__name__, e)
+            return None
+
+    def add(self, step: int, taken: tuple | None, before: os.stat_result, final: Path) -> None:
+        """Keep ``taken`` (from :meth:`take`) for ``step``, just committed as ``final`` from a
+        temporary whose stat was ``before``; writes a segment when ``INDEX_EVERY`` steps are kept."""
+        try:
+            ident = _ident(os.stat(final))
+            out = []
+            with self._lock:
+                self._rows.pop(step, None)  # an earlier write of this step: its file is gone
+                if taken is None or ident != _ident(before):
+                    return  # nothing to index, or the file was replaced already by someone else
+                sig, fs, n, cols = taken
+                if sig != self._sig and self._rows:
+                    out.append(self._swap())  # one segment holds one set of fields
+                self._sig, self._fields = sig, fs
+                self._rows[step] = (n, ident, cols)
+                if len(self._rows) >= INDEX_EVERY or sum(r[0] for r in self._rows.values()) >= INDEX_MAX_ROWS:
+                    out.append(self._swap())
+            for fs, rows in out:
+                self._write(fs, rows)
+        except Exception as e:  # noqa: BLE001 - see take
+            wlog.warning("trajstore: step %d of %s left out of the index (%s: %s)", step, self.dir,
+                         type(e).__name__, e)
+
+    def flush(self) -> None:
+        """Write the kept rows as a segment (if any)."""
+        try:
+            with self._lock:
+                out = self._swap() if self._rows else None
+            if out:
+                self._write(*out)
+        except Exception as e:  # noqa: BLE001 - see take
+            wlog.warning("trajstore: index rows of %s dropped (%s: %s)", self.dir, type(e).__name__, e)
+
+    def _swap(self) -> tuple[list, dict]:
+        out, self._rows, self._sig = (self._fields, self._rows), {}, None
+        return out
+
+    def _write(self, fs: list, rows: dict) -> None:
+        steps = sorted(rows)
+        try:
+            counts = np.array([rows[s][0] for s in steps], dtype=np.int64)
+            starts = np.cumsum(counts) - counts
+            arrays = {"step": pa.array(np.repeat(np.array(steps, dtype=np.int64), counts)),
+                      "row": pa.array((np.arange(counts.sum()) - np.repeat(starts, counts)).astype(np.int32))}
+            for _, node in fs:
+                arrays[node["col"]] = pa.concat_arrays([rows[s][2][node["col"]] for s in steps])
+            meta = {"version": VERSION, "split": self.split, "fields": fs,
+                    "steps": [[s, rows[s][0], *rows[s][1]] for s in steps]}
+            table = pa.table(arrays).replace_schema_metadata({KEY: json.dumps(meta)})
+            d = self.dir / DIR
+            d.mkdir(exist_ok=True)  # not made durable: losing the folder only loses the speed-up
+            name = f"steps_{steps[0]:08d}-{steps[-1]:08d}.{os.urandom(4).hex()}.parquet"
+            tmp = d / f".{name}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
+            try:
+                pq.write_table(table, tmp, compression="zstd", compression_level=3)
+                _store._fsync(tmp)
+                os.link(tmp, d / name)  # never replaces a segment: names are unique and never reused
+            finally:
+                tmp.unlink(missing_ok=True)
+            _store.fsync_dir(d)
+        except Exception as e:  # noqa: BLE001 - see take
+            wlog.warning("trajstore: index segment of %s steps %d..%d not written (%s: %s); Reader.column "
+                         "reads those steps from their files", self.dir, steps[0], steps[-1], type(e).__name__, e)
+
+
+def clean_temp(split_dir: Path, keep_own: bool = False) -> None:
+    """Remove temporaries of segment writes that were interrupted (their process is gone)."""
+    d = split_dir / DIR
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return
+    for n in names:
+        if n.startswith(".steps_") and ".tmp-" in n:
+            pid = n.rsplit(".tmp-", 1)[1].split("-")[0]
+            if pid.isdigit() and (int(pid) != os.getpid() or keep_own) and _store._alive(int(pid)):
+                continue
+            try:
+                (d / n).unlink(missing_ok=True)
+            except OSError:
+                pass
+
+
+def prune(split_dir: Path) -> list[str]:
+    """Delete the segments whose step range ``first..last`` holds no step file any more (after
+    ``max_keep`` rotation deleted steps); returns their names. Other segments are left alone."""
+    d = split_dir / DIR
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return []
+    steps, gone = _store.list_steps(split_dir), []
+    for n in names:
+        m = SEGMENT_RE.match(n)
+        if not m:
+            continue
+        i = bisect.bisect_left(steps, int(m.group(1)))
+        if i < len(steps) and steps[i] <= int(m.group(2)):
+            continue
+        try:
+            (d / n).unlink()
+            gone.append(n)
+        except OSError:
+            pass
+    return gone
+
+
+# ----------------------------------------------------------------------------- reader side
+class _Bad(Exception):
+    pass
+
+
+class _Segment:
+    """One segment's description and step/row layout, checked against its columns; field columns
+    are read (and checked) on first use."""
+
+    def __init__(self, path: Path, split: str, lo: int, hi: int):
+        self.path = path
+        with open(path, "rb") as fh:
+            pf = pq.ParquetFile(fh)
+            raw = (pf.metadata.metadata or {}).get(KEY)
+            if raw is None:
+                raise _Bad("no trajstore.index metadata")
+            doc = json.loads(raw)
+            if not isinstance(doc, dict) or type(doc.get("version")) is not int:
+                raise _Bad("the metadata has no version")
+            if doc["version"] != VERSION:
+                raise _Bad(f"index version {doc['version']}; this trajstore reads version {VERSION}")
+            if doc.get("split") != split:
+                raise _Bad(f"it says it indexes split {doc.get('split')!r}")
+            fs, steps = doc.get("fields"), doc.get("steps")
+            if not isinstance(fs, list) or not isinstance(steps, list) or not steps:
+                raise _Bad("fields or steps missing")
+            if not all(isinstance(f, list) and len(f) == 2 and type(f[0]) is str for f in fs) or fields(
+                    {"t": "batch", "keys": fs}) != fs:
+                raise _Bad("a field is not a plain per-trajectory tensor")
+            self.nodes = {k: n for k, n in fs}
+            if len(self.nodes) != len(fs) or len({n["col"] for _, n in fs}) != len(fs):
+                raise _Bad("a field or column is listed twice")
+            if not all(isinstance(e, list) and len(e) == 5 and all(type(x) is int and x >= 0 for x in e)
+                       for e in steps):
+                raise _Bad("a step entry is not [step, rows, st_ino, st_size, st_mtime_ns]")
+            nums = [e[0] for e in steps]
+            if any(a >= b for a, b in zip(nums, nums[1:])) or (nums[0], nums[-1]) != (lo, hi):
+                raise _Bad(f"steps {nums[0]}..{nums[-1]} are not increasing or not the range its name says")
+            counts = np.array([e[1] for e in steps], dtype=np.int64)
+            n = pf.metadata.num_rows
+            if int(counts.sum()) != n or n * 8 * (2 + len(fs)) > _validate.MAX_DECODED_BYTES:
+                raise _Bad(f"it holds {n} rows, its steps add up to {int(counts.sum())}")
+            self.schema = pf.schema_arrow
+            starts = np.cumsum(counts) - counts
+            step = self._read(pf, "step", pa.int64(), n)
+            row = self._read(pf, "row", pa.int32(), n)
+            if not (np.array_equal(step.to_numpy(), np.repeat(np.array(nums, dtype=np.int64), counts)) and
+                    np.array_equal(row.to_numpy(), np.arange(n) - np.repeat(starts, counts))):
+                raise _Bad("its step/row columns do not match its steps")
+        self.pos = {s: i for i, s in enumerate(nums)}
+        self.idents = [tuple(e[2:]) for e in steps]
+        self.starts, self.counts = starts.tolist(), counts.tolist()
+        self._cols: dict[str, pa.Array] = {}
+
+    def _read(self, pf: pq.ParquetFile, col: str, typ: pa.DataType, n: int) -> pa.Array:
+        idx = self.schema.get_field_index(col)
+        if idx < 0 or self.schema.field(idx).type != typ:
+            raise _Bad(f"column {col!r} is missing or not {typ}")
+        arr = pf.reader.read_column(idx)
+        if len(arr) != n or arr.null_count:
+            raise _Bad(f"column {col!r} holds {len(arr)} values ({arr.null_count} null) for {n} rows")
+        return arr.combine_chunks()
+
+    def value(self, name: str, step: int) -> Any:
+        """``step``'s value of field ``name``, as ``reader._read_sample`` decodes it (a copy)."""
+        node = self.nodes[name]
+        a = self._cols.get(name)
+        if a is None:
+            with open(self.path, "rb") as fh:
+                pf = pq.ParquetFile(fh)
+                a = self._cols[name] = self._read(pf, node["col"], dt.arrow_type(node["dtype"]),
+                                                  sum(self.counts))
+        i = self.pos[step]
+        v = a.slice(self.starts[i], self.counts[i]).to_numpy(zero_copy_only=False)
+        c = v.copy()  # owned by the result: an in-place change must not reach the cache
+        c.flags.writeable = v.flags.writeable  # as from the step file (Arrow views are read-only)
+        return schema._out(c, node)
+
+
+class Index:
+    """The segments of one split, read on demand and cached by file name."""
+
+    def __init__(self, split_dir: Path, split: str):
+        self.split_dir, self.dir, self.split = str(split_dir), split_dir / DIR, split
+        self._segs: dict[str, _Segment | None] = {}
+        self._lock = threading.Lock()
+
+    def values(self, name: str, steps: list[int]) -> dict[int, Any]:
+        """``{step: value}`` of field ``name`` for the steps of ``steps`` that a segment covers and
+        whose step file is the one indexed; the others are left out (read them from their files)."""
+        try:
+            return self._values(name, steps)
+        except Exception as e:  # noqa: BLE001 - the index is advisory: fall back to the files
+            rlog.warning("trajstore: the index of %s is not used (%s: %s); reading the step files",
+                         self.dir, type(e).__name__, e)
+            return {}
+
+    def _values(self, name: str, steps: list[int]) -> dict[int, Any]:
+        try:
+            names = os.listdir(self.dir)
+        except OSError:
+            return {}
+        want = sorted(set(steps))
+        cand: dict[int, list[tuple[str, _Segment]]] = {}
+        for n in sorted(names):
+            m = SEGMENT_RE.match(n)
+            if not m:
+                continue
+            lo, hi = int(m.group(1)), int(m.group(2))
+            i = bisect.bisect_left(want, lo)
+            if i == len(want) or want[i] > hi:
+                continue  # covers none of the steps asked for
+            seg = self._segment(n, lo, hi)
+            if seg is not None and name in seg.nodes:
+                for s in seg.pos.keys() & want[i:bisect.bisect_right(want, hi)]:
+                    cand.setdefault(s, []).append((n, seg))
+        out: dict[int, Any] = {}
+        for s in want:
+            if s not in cand:
+                continue
+            try:
+                ident = _ident(os.stat(os.path.join(self.split_dir, _store.step_name(s))))
+            except OSError:
+                continue  # gone: the step file path says so
+            for n, seg in cand[s]:
+                if seg.idents[seg.pos[s]] != ident or self._segs.get(n) is not seg:
+                    continue  # rewritten since it was indexed, or the segment turned out damaged
+                try:
+                    out[s] = seg.value(name, s)
+                    break
+                except FileNotFoundError:
+                    self._segs[n] = None  # deleted since it was listed (rotation)
+                except Exception as e:  # noqa: BLE001 - a damaged column: forget the segment
+                    self._bad(n, e)
+        return out
+
+    def _segment(self, n: str, lo: int, hi: int) -> _Segment | None:
+        with self._lock:
+            if n in self._segs:
+                return self._segs[n]
+            try:
+                seg = _Segment(self.dir / n, self.split, lo, hi)
+            except FileNotFoundError:
+                return None  # deleted since it was listed (rotation)
+            except Exception as e:  # noqa: BLE001 - a parser of untrusted bytes: any failure is damage
+                self._bad(n, e)
+                return None
+            self._segs[n] = seg
+            return seg
+
+    def _bad(self, n: str, e: BaseException) -> None:
+        self._segs[n] = None
+        rlog.warning("trajstore: index segment %s is ignored (%s: %s); the steps it covers are read from "
+                     "their files", self.dir / n, type(e).__name__, e)
