@@ -177,12 +177,16 @@ class Reader:
         if device is not None:
             from . import torch_bridge
 
-            return torch_bridge.to_device(self.read(step, columns, layout), device)
+            arena = torch_bridge.host_arena(device)
+            return torch_bridge.to_device(self._read(step, columns, layout, arena), device, arena)
+        return self._read(step, columns, layout)
+
+    def _read(self, step: int, columns: list[str] | None, layout: str | None, arena: Any = None) -> Any:
         pf, doc, f = self._open(step)
-        return self._decode(pf, doc, f, step, columns, layout)
+        return self._decode(pf, doc, f, step, columns, layout, arena)
 
     def _decode(self, pf: pq.ParquetFile, doc: dict, f: Path, step: int, columns: list[str] | None,
-                layout: str | None) -> Any:
+                layout: str | None, arena: Any = None) -> Any:
         spec = doc["batch"]
         try:
             cols = schema.columns_for(spec, columns)
@@ -204,7 +208,10 @@ class Reader:
             raise FormatError(f"{f}: reading step {step} failed ({e}); the step is damaged") from None
         if table.num_rows != doc.get("num_rows", table.num_rows):
             raise FormatError(f"{f}: holds {table.num_rows} rows, its metadata says {doc.get('num_rows')}")
-        return schema.decode(table, spec, where=str(f), columns=columns, layout=layout)
+        if arena is not None and (layout == "packed" or layout is None and spec.get("form") != "padded"):
+            arena.reserve(_flat_nbytes(table))  # the flat fields are joined straight into pinned memory
+        return schema.decode(table, spec, where=str(f), columns=columns, layout=layout,
+                             alloc=None if arena is None else arena.alloc)
 
     def column(self, name: str, steps: list[int] | None = None, *, workers: int | None = None) -> dict[int, Any]:
         """One field of many steps: ``{step: value}`` for ``steps`` (default: all, in order), where
@@ -259,12 +266,13 @@ class Reader:
              columns: list[str] | None = None, layout: str | None = None) -> Iterator[tuple[int, Any]]:
         """Yield ``(step, batch)`` for ``steps`` (default: all), decoding ``prefetch`` steps ahead
         on a thread pool; with ``device="cuda"`` the copy of the next batch overlaps the caller's
-        work and the stream current at this call waits on each batch's copy. ``break`` frees the
-        threads and staging memory."""
+        work and the stream current at this call waits on each batch's copy. From ``prefetch=4``
+        on, each step decodes on one thread (the steps in flight give the parallelism; nested
+        thread pools measured slower). ``break`` frees the threads and staging memory."""
         from . import torch_bridge
 
         steps = list(self._steps) if steps is None else [_store.check_step(s) for s in steps]
-        return torch_bridge.iterate(lambda s: self.read(s, columns, layout), steps, device, prefetch)
+        return torch_bridge.iterate(lambda s, arena: self._read(s, columns, layout, arena), steps, device, prefetch)
 
     def __enter__(self) -> "Reader":
         return self
@@ -332,12 +340,32 @@ def _read_columns(pf: pq.ParquetFile, cols: list[str] | None) -> pa.Table:
     # row-group totals, not md.row_group(i).column(j): pyarrow aborts the process (instead of
     # raising) on some damaged column-chunk metadata when it is accessed from Python
     size = sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups)) * len(want) // max(1, len(leaves))
+    threads = not schema.is_serial()
     if size > PARALLEL_READ_BYTES:
-        return pq.read_table(pf.trajstore_source, columns=cols, use_threads=True)
-    return pf.read(columns=cols, use_threads=True)
+        # pre_buffer=False: the column chunks are read as they are decoded, not gathered first
+        # (one step, 16 cores: 8.3 vs 10.5 ms; benchmarks/RESULTS.md)
+        return pq.read_table(pf.trajstore_source, columns=cols, use_threads=threads, pre_buffer=False)
+    return pf.read(columns=cols, use_threads=threads)
 
 
 PARALLEL_READ_BYTES = 4 << 20
+
+
+def _flat_nbytes(table: pa.Table) -> int:
+    """Bytes of the tensors decoded from ``table`` in a flat layout (bools one byte each), with
+    room for each tensor's alignment: the size of pinned staging to decode it into."""
+    total = 1 << 20
+    for col in table.columns:
+        t = col.type.value_type if pa.types.is_large_list(col.type) else col.type
+        if pa.types.is_boolean(t):
+            w = 1
+        elif pa.types.is_integer(t) or pa.types.is_floating(t):
+            w = t.bit_width // 8
+        else:
+            continue
+        n = sum(len(c.values) for c in col.chunks) if pa.types.is_large_list(col.type) else len(col)
+        total += n * w + 512
+    return total
 
 
 def _token_cols(spec: dict) -> list[str]:

@@ -525,10 +525,13 @@ def columns_for(spec: dict, columns: list[str] | None) -> list[str] | None:
 
 
 class _Cols:
-    """Access to a decoded table's columns: zero-copy where a column is one chunk."""
+    """Access to a decoded table's columns: zero-copy where a column is one chunk. ``alloc(n,
+    dtype)`` gives the numpy buffer a multi-chunk column is joined into (default ``np.empty``;
+    the GPU path passes pinned staging memory, so the join is the only host copy)."""
 
-    def __init__(self, table: pa.Table, where: str):
+    def __init__(self, table: pa.Table, where: str, alloc=None):
         self.table, self.where = table, where
+        self.alloc = alloc or (lambda n, dtype: np.empty(n, dtype))
         self._parts: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
     def col(self, name: str) -> pa.ChunkedArray:
@@ -541,39 +544,52 @@ class _Cols:
         col = self.col(name)
         return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
 
-    def chunks(self, name: str, dtype: str) -> tuple[np.ndarray, list[tuple[int, np.ndarray]]]:
-        """(offsets of every row, counted from 0; [(first row, values)] per chunk) of a large_list
-        column, without joining the chunks."""
+    def _list_col(self, name: str) -> pa.ChunkedArray:
         col = self.col(name)
         if not pa.types.is_large_list(col.type):
             raise FormatError(f"{self.where}: column {name!r} is {col.type}, expected large_list")
-        off = np.zeros(len(col) + 1, np.int64)
-        parts, r, p = [], 0, 0
+        return col
+
+    def chunks(self, name: str, dtype: str) -> tuple[np.ndarray, list[tuple[int, np.ndarray]]]:
+        """(offsets of every row, counted from 0; [(first row, values)] per chunk) of a large_list
+        column, without joining the chunks."""
+        col = self._list_col(name)
+        off, parts, r = _offsets(col.chunks), [], 0
         for c in col.chunks:
-            o = c.offsets.to_numpy()
-            n = int(o[-1] - o[0])
-            off[r + 1:r + len(o)] = o[1:] - o[0] + p
-            vals = c.values.slice(int(o[0]), n)
-            if vals.null_count:
-                raise FormatError(f"{self.where}: column {name!r} holds null values inside a tensor")
-            v = _np(vals)
-            if v.dtype != dt.storage_numpy(dtype):
-                raise FormatError(f"{self.where}: column {name!r} stores {v.dtype}, spec says {dtype}")
-            parts.append((r, v))
-            r, p = r + len(o) - 1, p + n
+            parts.append((r, _values(c, dtype, name, self.where)))
+            r += len(c)
         return off, parts
 
+    def join(self, names: list[tuple[str, str]]) -> None:
+        """Join the chunks of the large_list columns ``[(name, dtype)]`` into one buffer each,
+        every chunk of every column copied in one round on the thread pool."""
+        copies: list = []
+        for name, dtype in names:
+            if name in self._parts or name not in self.table.column_names:
+                continue
+            col = self._list_col(name)
+            if col.num_chunks == 1:
+                self._parts[name] = _list_chunk(col.chunk(0), name, self.where, dtype)
+                continue
+            off = _offsets(col.chunks)
+            out = self.alloc(int(off[-1]), dt.storage_numpy(dtype))
+            self._parts[name] = (off, out)
+            r = 0
+            for c in col.chunks:
+                copies.append((c, dtype, name, out[off[r]:off[r + len(c)]]))
+                r += len(c)
+
+        def copy(group: list) -> None:
+            for c, dtype, name, dst in group:
+                dst[...] = _values(c, dtype, name, self.where)
+
+        run_parallel(copy, _balance(copies, lambda x: x[3].nbytes), sum(x[3].nbytes for x in copies))
+
     def list_parts(self, name: str, dtype: str) -> tuple[np.ndarray, np.ndarray]:
-        """(offsets, values) of a large_list column. A column of several chunks (one per row
-        group) is joined into one numpy buffer, the chunks copied in parallel."""
-        hit = self._parts.get(name)
-        if hit is None:
-            col = self.col(name)
-            if not pa.types.is_large_list(col.type):
-                raise FormatError(f"{self.where}: column {name!r} is {col.type}, expected large_list")
-            hit = self._parts[name] = (_join_lists(col.chunks, name, self.where) if col.num_chunks > 1
-                                       else _list_chunk(self.arr(name), name, self.where))
-        off, v = hit
+        """(offsets, values) of a large_list column, its chunks joined (``join``)."""
+        if name not in self._parts:
+            self.join([(name, dtype)])
+        off, v = self._parts[name]
         if v.dtype != dt.storage_numpy(dtype):
             raise FormatError(f"{self.where}: column {name!r} stores {v.dtype}, spec says {dtype}")
         return off, v
@@ -597,38 +613,51 @@ def _np(a: pa.Array) -> np.ndarray:
     return a.to_numpy(zero_copy_only=False)
 
 
-def _list_chunk(a: pa.Array, name: str, where: str) -> tuple[np.ndarray, np.ndarray]:
-    vals = a.values
-    if vals.null_count:
-        raise FormatError(f"{where}: column {name!r} holds null values inside a tensor")
-    return a.offsets.to_numpy(), _np(vals)
-
-
-def _join_lists(chunks: list, name: str, where: str) -> tuple[np.ndarray, np.ndarray]:
-    offs = [c.offsets.to_numpy() for c in chunks]
-    sizes = [int(o[-1] - o[0]) for o in offs]
-    total = sum(sizes)
-    rows = sum(len(o) - 1 for o in offs)
+def _offsets(chunks: list) -> np.ndarray:
+    """The row offsets of a chunked large_list column, counted from 0 across its chunks."""
+    rows = sum(len(c) for c in chunks)
     off = np.empty(rows + 1, np.int64)
     off[0] = r = p = 0
-    for o, n in zip(offs, sizes):
+    for c in chunks:
+        o = c.offsets.to_numpy()
         off[r + 1:r + len(o)] = o[1:] - o[0] + p
-        r, p = r + len(o) - 1, p + n
-    dtype = chunks[0].type.value_type.to_pandas_dtype()
-    out = np.empty(total, dtype)  # numpy asks for huge pages on large buffers: cheap first touch
-    starts = np.cumsum([0] + sizes)
+        r, p = r + len(o) - 1, p + int(o[-1] - o[0])
+    return off
 
-    def copy(i: int) -> None:
-        vals = chunks[i].values.slice(int(offs[i][0]), sizes[i])
-        if vals.null_count:
-            raise FormatError(f"{where}: column {name!r} holds null values inside a tensor")
-        v = _np(vals)
-        if v.dtype != out.dtype:
-            raise FormatError(f"{where}: column {name!r} chunks store {v.dtype} and {out.dtype}")
-        out[starts[i]:starts[i + 1]] = v
 
-    run_parallel(copy, range(len(chunks)), total * out.itemsize)
-    return off, out
+def _values(c: pa.Array, dtype: str, name: str, where: str) -> np.ndarray:
+    """The values of one large_list chunk, as numpy (zero-copy but for bools), checked."""
+    o = c.offsets.to_numpy()
+    a, b = (int(o[0]), int(o[-1])) if len(o) else (0, 0)
+    vals = c.values.slice(a, b - a)
+    if vals.null_count:
+        raise FormatError(f"{where}: column {name!r} holds null values inside a tensor")
+    v = _np(vals)
+    if v.dtype != dt.storage_numpy(dtype):
+        raise FormatError(f"{where}: column {name!r} stores {v.dtype}, spec says {dtype}")
+    return v
+
+
+def _list_chunk(a: pa.Array, name: str, where: str, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    o = a.offsets.to_numpy()
+    return o - o[0], _values(a, dtype, name, where)
+
+
+def _balance(items: list, size, target: int = 4 << 20) -> list[list]:
+    """``items`` cut into consecutive groups of about ``target`` bytes (at most one per pool thread
+    times two), so a round on the thread pool is a few tasks, not one per chunk."""
+    total = sum(size(x) for x in items)
+    n = max(1, min(len(items), 2 * _threads(), total // target))
+    groups: list[list] = [[] for _ in range(n)]
+    acc, per = 0, total / n if total else 1
+    for x in items:
+        groups[min(n - 1, int(acc // per))].append(x)
+        acc += size(x)
+    return [g for g in groups if g]
+
+
+def _threads() -> int:
+    return min(16, os.cpu_count() or 1)
 
 
 PARALLEL_BYTES = 1 << 20  # below this, work runs on the caller's thread
@@ -645,11 +674,25 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_pool)
 
 
+_serial = threading.local()
+
+
+def serial(on: bool = True) -> None:
+    """Decode on the calling thread only (no thread pool), for this thread: set by callers that
+    decode several steps at once, one per thread (``Reader.iter`` with a deep prefetch)."""
+    _serial.on = on
+
+
+def is_serial() -> bool:
+    return getattr(_serial, "on", False)
+
+
 def run_parallel(fn, items, nbytes: int) -> None:
     """``fn(item)`` for every item: on a shared thread pool when ``nbytes`` of work is worth it
     (numpy copies and torch kernels release the GIL). The first error is raised."""
     items = list(items)
-    if nbytes < PARALLEL_BYTES or len(items) < 2 or threading.current_thread().name.startswith("trajstore-decode"):
+    if nbytes < PARALLEL_BYTES or len(items) < 2 or is_serial() or \
+            threading.current_thread().name.startswith("trajstore-decode"):
         for x in items:
             fn(x)
         return
@@ -658,7 +701,7 @@ def run_parallel(fn, items, nbytes: int) -> None:
         if _pool is None:
             from concurrent.futures import ThreadPoolExecutor
 
-            _pool = ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1), thread_name_prefix="trajstore-decode")
+            _pool = ThreadPoolExecutor(max_workers=_threads(), thread_name_prefix="trajstore-decode")
     for f in [_pool.submit(fn, x) for x in items]:
         f.result()
 
@@ -714,6 +757,9 @@ class _Decoder:
         if self.layout == "padded" and spec["form"] == "padded" and spec["side"] is None:
             want = "padded"
         self.lengths = None
+        if want == "packed":  # every flat field joined in one parallel round
+            self.c.join([(n["col"], n["dtype"]) for _, n in chosen if n.get("t") == "tensor"
+                         and (n.get("kind") == "token" or n.get("trail")) and isinstance(n.get("col"), str)])
         out = {}
         for k, node in chosen:
             if want != spec["form"] and k in ("cu_seqlens", "max_seqlen", "attention_mask"):
@@ -816,9 +862,9 @@ class _Decoder:
                             ).reshape(-1) for _, v in pparts]
 
     def _fill_padded(self) -> None:
-        """Fill every padded output: pad value, then the row values (``masked_scatter_`` fills in
-        the row-major order of ``out[mask] = ...``, ~6x faster than that on CPU). Each output is
-        split into row ranges, filled on the shared thread pool."""
+        """Fill every padded output: pad value, then the row values (numpy boolean assignment,
+        row-major; ~2x faster than torch ``masked_scatter_``). Each output is split into row
+        ranges, filled on the shared thread pool."""
         jobs, total = [], 0
         for out, mask, src, off, pad, r0, r1, pv in self._pads:
             nbytes = out[r0:r1].numel() * out.element_size()
@@ -831,14 +877,14 @@ class _Decoder:
 
         def fill(job) -> None:
             out, mask, src, off, pad, a, b, pv = job
-            o = dt.bits_view(out[a:b])
-            m = mask[a:b]
-            mm = m.reshape(list(m.shape) + [1] * (o.ndim - 2)).expand(o.shape)
+            o = dt.bits_view(out[a:b]).numpy()  # numpy: one thread per job, no torch pool
+            m = mask[a:b].numpy()
+            mm = np.broadcast_to(m.reshape(m.shape + (1,) * (o.ndim - 2)), o.shape)
             if pv is None:
-                o.numpy().fill(pad)  # numpy: one thread per job (a torch fill_ would start its own pool)
+                o.fill(pad)
             else:  # the recorded padded values
-                o.masked_scatter_(~mm, pv[1][pv[0][a]:pv[0][b]])
-            o.masked_scatter_(mm, src[off[a]:off[b]])
+                o[~mm] = pv[1][pv[0][a]:pv[0][b]].numpy()
+            o[mm] = src[off[a]:off[b]].numpy()  # row-major order, as masked_scatter_
 
         run_parallel(fill, jobs, total)
 
@@ -928,12 +974,13 @@ def _mask(lengths: np.ndarray, T: int, side: str) -> torch.Tensor:
 
 
 def decode(table: pa.Table, spec: dict, *, where: str, columns: list[str] | None = None,
-           layout: str | None = None) -> Any:
-    """Rebuild the batch from ``table`` (already restricted to the needed columns)."""
+           layout: str | None = None, alloc=None) -> Any:
+    """Rebuild the batch from ``table`` (already restricted to the needed columns); ``alloc(n,
+    numpy dtype)`` provides the buffers multi-chunk columns are joined into (see ``_Cols``)."""
     if layout not in (None, "padded", "packed"):
         raise ConfigError(f"layout must be 'padded', 'packed' or None, got {layout!r}")
     try:
-        out = _Decoder(_Cols(table, where), spec, layout).batch(columns)
+        out = _Decoder(_Cols(table, where, alloc), spec, layout).batch(columns)
         return adapters.wrap(out, spec.get("wrapper"))
     except (KeyError, IndexError, TypeError, ValueError, RuntimeError, AttributeError, ArithmeticError,
             pa.ArrowException) as e:

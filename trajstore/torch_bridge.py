@@ -27,7 +27,7 @@ import torch
 from . import adapters
 from .errors import ConfigError
 
-__all__ = ["PinnedPool", "snapshot_cuda", "to_device", "iterate", "map_tensors"]
+__all__ = ["PinnedPool", "Arena", "snapshot_cuda", "to_device", "iterate", "map_tensors"]
 
 ALIGN = 256  # byte alignment of each tensor carved out of a staging buffer
 
@@ -200,26 +200,83 @@ class Staged:
             self.buf = None
 
 
-def stage(obj: Any, pool: PinnedPool = _read_pool) -> Staged:
-    """Copy every torch tensor of ``obj`` into one pinned buffer (CPU memcpy, off the GPU)."""
+class Arena:
+    """Pinned staging memory a step is decoded into: ``reserve(n)`` takes a buffer from the pool,
+    ``alloc(n, dtype)`` carves numpy arrays out of it (``np.empty`` once it is full), so joining
+    a column's row-group chunks is the only host copy on the way to the GPU (``stage`` finds the
+    tensors already in place)."""
+
+    def __init__(self, pool: PinnedPool = _read_pool):
+        self.pool, self.buf, self.used = pool, None, 0
+
+    def reserve(self, nbytes: int) -> None:
+        if self.buf is None and nbytes > 0:
+            self.buf = self.pool.take(nbytes)
+            self._np = self.buf.numpy()
+
+    def alloc(self, n: int, dtype: Any) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        nbytes = n * dtype.itemsize
+        if self.buf is None or self.used + nbytes > self.buf.numel():
+            return np.empty(n, dtype)
+        out = self._np[self.used:self.used + nbytes].view(dtype)
+        self.used = _round(self.used + nbytes)
+        return out
+
+    def holds(self, t: torch.Tensor) -> bool:
+        if self.buf is None or t.device.type != "cpu" or not t.is_contiguous():
+            return False
+        base, p = self.buf.data_ptr(), t.data_ptr()
+        return base <= p and p + t.numel() * t.element_size() <= base + self.used
+
+    def release(self) -> None:
+        if self.buf is not None:
+            self.pool.give(self.buf, None)
+            self.buf = None
+
+
+def host_arena(device: Any) -> Arena | None:
+    """An :class:`Arena` to decode into when ``device`` is a CUDA device, else None."""
+    d = _device(device)
+    return Arena() if d is not None and d.type == "cuda" else None
+
+
+def stage(obj: Any, pool: PinnedPool = _read_pool, arena: Arena | None = None) -> Staged:
+    """Gather every torch tensor of ``obj`` into one pinned buffer: tensors decoded into ``arena``
+    stay where they are, the others are copied after them (CPU memcpy, off the GPU)."""
     leaves = _leaves(obj)
-    total = sum(_round(t.numel() * t.element_size()) for t in leaves)
+    size = [t.numel() * t.element_size() for t in leaves]
     if not leaves:
+        if arena is not None:
+            arena.release()
         return Staged(obj, None, 0, pool)
-    buf = pool.take(total)
+    held = [arena is not None and arena.holds(t) for t in leaves]
+    if arena is not None and arena.buf is not None and \
+            arena.used + sum(_round(n) for n, h in zip(size, held) if not h) <= arena.buf.numel():
+        buf, end = arena.buf, arena.used
+        arena.buf = None  # the Staged batch owns it now
+    else:
+        if arena is not None:
+            arena.release()
+        held = [False] * len(leaves)
+        buf, end = pool.take(sum(_round(n) for n in size)), 0
     offsets: list[int] = []
+    it = iter(zip(size, held))
 
     def put(t: torch.Tensor) -> torch.Tensor:
-        off = next_off[0]
-        n = t.numel() * t.element_size()
-        dst = buf[off:off + n].view(t.dtype).view(t.shape)
+        nonlocal end
+        n, h = next(it)
+        if h:
+            offsets.append(t.data_ptr() - buf.data_ptr())
+            return t
+        dst = buf[end:end + n].view(t.dtype).view(t.shape)
         dst.copy_(t)
-        offsets.append(off)
-        next_off[0] = off + _round(n)
+        offsets.append(end)
+        end = _round(end + n)
         return dst
 
-    next_off = [0]
-    return Staged(map_tensors(obj, put), buf, total, pool, offsets)
+    out = map_tensors(obj, put)
+    return Staged(out, buf, max([o + n for o, n in zip(offsets, size)]), pool, offsets)
 
 
 def launch(staged: Staged, device: torch.device, consumer: torch.cuda.Stream) -> tuple[Any, Any]:
@@ -263,16 +320,17 @@ def _device(device: Any) -> torch.device | None:
     return d
 
 
-def to_device(obj: Any, device: Any) -> Any:
+def to_device(obj: Any, device: Any, arena: Arena | None = None) -> Any:
     """Move every torch tensor of a decoded batch to ``device`` (numpy arrays and Python values
-    stay on the host). On CUDA the result is ordered on the caller's current stream."""
+    stay on the host). On CUDA the result is ordered on the caller's current stream; ``arena``
+    is the pinned memory ``obj`` was decoded into, if any."""
     d = _device(device)
-    if d is None or d.type == "cpu":
-        return obj
-    if d.type != "cuda":
-        return _on_device(map_tensors(obj, lambda t: t.to(d)), d)
+    if d is None or d.type == "cpu" or d.type != "cuda":
+        if arena is not None:
+            arena.release()
+        return obj if d is None or d.type == "cpu" else _on_device(map_tensors(obj, lambda t: t.to(d)), d)
     cur = torch.cuda.current_stream(d)
-    out, ev = launch(stage(obj), d, cur)
+    out, ev = launch(stage(obj, arena=arena), d, cur)
     if ev is not None:
         cur.wait_event(ev)
     return _on_device(out, d)
@@ -288,10 +346,14 @@ def _on_device(obj: Any, d: torch.device) -> Any:
     return obj
 
 
-def iterate(read: Callable[[int], Any], steps: list[int], device: Any = None, prefetch: int = 2,
+SERIAL_PREFETCH = 4  # from this prefetch depth on, each step decodes on its one thread (benchmarks/RESULTS.md)
+
+
+def iterate(read: Callable[[int, Arena | None], Any], steps: list[int], device: Any = None, prefetch: int = 2,
             workers: int | None = None) -> Iterator[tuple[int, Any]]:
     """Yield ``(step, batch)`` for ``steps`` in order, decoding up to ``prefetch`` steps ahead on a
-    thread pool. On CUDA, decoded batches are staged in pinned memory and the copy of the next
+    thread pool (``read(step, arena)`` decodes one step, into ``arena`` when it is not None).
+    On CUDA, decoded batches are staged in pinned memory and the copy of the next
     batch is started (on a side stream) before the current one is handed out; the consumer's
     stream waits on each batch's event. Closing the iterator (``break``) cancels pending work,
     waits for running decodes and returns their staging buffers."""
@@ -303,8 +365,18 @@ def iterate(read: Callable[[int], Any], steps: list[int], device: Any = None, pr
     consumer = torch.cuda.current_stream(d) if cuda else None
 
     def load(step: int) -> Any:
-        obj = read(step)
-        return stage(obj) if cuda else obj
+        if prefetch >= SERIAL_PREFETCH:  # several steps decode at once: one thread each
+            from . import schema
+
+            schema.serial()
+        if not cuda:
+            return read(step, None)
+        arena = Arena()
+        try:
+            return stage(read(step, arena), arena=arena)
+        except BaseException:
+            arena.release()
+            raise
 
     pool = ThreadPoolExecutor(max_workers=workers or max(1, prefetch), thread_name_prefix="trajstore-read")
     pending: deque[tuple[int, Future]] = deque()

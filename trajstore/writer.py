@@ -50,7 +50,7 @@ __all__ = ["Writer"]
 
 log = logging.getLogger("trajstore.writer")
 MAX_META_BYTES = 1 << 20
-ROW_GROUPS = 8  # at most this many row groups per step file: a reader decodes them on several cores
+ROW_GROUPS = 16  # at most this many row groups per step file: a reader decodes them on several cores
 ROW_GROUP_BYTES = 4 << 20  # ...of at least this much Arrow data each (a small step is one row group)
 ZSTD_LEVEL = 3
 LOG_EVERY_S = 60.0  # at most one 'append waited' warning a minute per writer
