@@ -293,7 +293,7 @@ def gpu_figures(rep: Report, d: Path, raw: int, n: int, b: dict, tmp: Path, cycl
             for s in steps[:8]:
                 r.read(s, layout="packed")
             t = (time.perf_counter() - t0) / 8
-            rep.add("  of which: read(step, packed) to CPU, one at a time", t * 1e3, "ms")
+            rep.add("  read(step, packed) to CPU, one step at a time", t * 1e3, "ms")
 
     # exposed data wait: a loop that computes 200 ms per step on the GPU and syncs each step
     r = trajstore.Reader(d)
