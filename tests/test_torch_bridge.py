@@ -193,6 +193,21 @@ def test_big_packed_step_is_joined_into_the_arena(tmp_path, monkeypatch):
     arena.release()
 
 
+def test_failed_decode_into_the_arena_returns_its_buffer(tmp_path, monkeypatch):
+    """A step that fails to decode on the way to the GPU gives its pinned staging back."""
+    write_steps(tmp_path, n=1)
+    pool = torch_bridge.PinnedPool()
+    monkeypatch.setattr(torch_bridge, "host_arena", lambda device: torch_bridge.Arena(pool))
+
+    def broken(*a, **k):
+        raise trajstore.errors.FormatError("step.parquet: damaged")
+
+    monkeypatch.setattr(trajstore.schema, "decode", broken)
+    with pytest.raises(trajstore.errors.FormatError, match="damaged"):
+        trajstore.Reader(tmp_path).read(0, layout="packed", device="cuda")
+    assert pool.in_use == 0 and pool.allocated == 1
+
+
 # ----------------------------------------------------------------------------- CUDA
 def _cuda_equal(cpu, gpu):
     leaves = torch_bridge._leaves(gpu)

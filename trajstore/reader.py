@@ -178,7 +178,13 @@ class Reader:
             from . import torch_bridge
 
             arena = torch_bridge.host_arena(device)
-            return torch_bridge.to_device(self._read(step, columns, layout, arena), device, arena)
+            try:
+                batch = self._read(step, columns, layout, arena)
+            except BaseException:
+                if arena is not None:
+                    arena.release()  # the pinned buffer goes back to the pool
+                raise
+            return torch_bridge.to_device(batch, device, arena)
         return self._read(step, columns, layout)
 
     def _read(self, step: int, columns: list[str] | None, layout: str | None, arena: Any = None) -> Any:
