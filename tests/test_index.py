@@ -388,10 +388,16 @@ def test_other_readers_ignore_the_index(tmp_path):
     assert r.steps == [0, 1, 2] and integrity.verify(tmp_path).ok and integrity.verify(tmp_path, deep=True).ok
     d = _info.describe(tmp_path)
     assert d["splits"]["train"]["steps"]["count"] == 3 and list(d["splits"]) == ["train"]
-    assert r.duckdb().execute("SELECT count(*) FROM train").fetchone()[0] == 12
     assert len(r.to_pandas()) == 12
     trajstore.Writer(tmp_path).close()  # reopening cleans the dead writer's temporary
     assert os.listdir(tmp_path / "train" / _index.DIR) == _segments(tmp_path)
+
+
+def test_sql_view_ignores_the_index(tmp_path):
+    pytest.importorskip("duckdb")
+    _write(tmp_path, range(3))
+    assert _segments(tmp_path)
+    assert trajstore.Reader(tmp_path).duckdb().execute("SELECT count(*) FROM train").fetchone()[0] == 12
 
 
 def test_rotation_deletes_segments_whose_steps_are_gone(tmp_path, monkeypatch):
