@@ -325,7 +325,7 @@ def to_device(obj: Any, device: Any, arena: Arena | None = None) -> Any:
     stay on the host). On CUDA the result is ordered on the caller's current stream; ``arena``
     is the pinned memory ``obj`` was decoded into, if any."""
     d = _device(device)
-    if d is None or d.type == "cpu" or d.type != "cuda":
+    if d is None or d.type != "cuda":
         if arena is not None:
             arena.release()
         return obj if d is None or d.type == "cpu" else _on_device(map_tensors(obj, lambda t: t.to(d)), d)
