@@ -526,8 +526,8 @@ def columns_for(spec: dict, columns: list[str] | None) -> list[str] | None:
 
 class _Cols:
     """Access to a decoded table's columns: zero-copy where a column is one chunk. ``alloc(n,
-    dtype)`` gives the numpy buffer a multi-chunk column is joined into (default ``np.empty``;
-    the GPU path passes pinned staging memory, so the join is the only host copy)."""
+    dtype)`` gives the numpy buffer a multi-chunk column is joined into (default ``_empty``, Arrow's
+    allocator; the GPU path passes pinned staging memory, so the join is the only host copy)."""
 
     def __init__(self, table: pa.Table, where: str, alloc=None):
         self.table, self.where = table, where
@@ -602,13 +602,7 @@ class _Cols:
         return off, v
 
     def prim(self, name: str, dtype: str) -> np.ndarray:
-        a = self.arr(name)
-        if a.null_count:
-            raise FormatError(f"{self.where}: column {name!r} has nulls in a tensor column")
-        v = _np(a)
-        if v.dtype != dt.storage_numpy(dtype):
-            raise FormatError(f"{self.where}: column {name!r} stores {v.dtype}, spec says {dtype}")
-        return v
+        return _checked(self.arr(name), dtype, name, self.where)
 
 
 def _empty(n: int, dtype: Any) -> np.ndarray:
@@ -644,7 +638,11 @@ def _values(c: pa.Array, dtype: str, name: str, where: str) -> np.ndarray:
     """The values of one large_list chunk, as numpy (zero-copy but for bools), checked."""
     o = c.offsets.to_numpy()
     a, b = (int(o[0]), int(o[-1])) if len(o) else (0, 0)
-    vals = c.values.slice(a, b - a)
+    return _checked(c.values.slice(a, b - a), dtype, name, where)
+
+
+def _checked(vals: pa.Array, dtype: str, name: str, where: str) -> np.ndarray:
+    """A tensor's values as numpy (``_np``), checked: no nulls, the storage dtype the spec names."""
     if vals.null_count:
         raise FormatError(f"{where}: column {name!r} holds null values inside a tensor")
     v = _np(vals)
@@ -658,7 +656,7 @@ def _list_chunk(a: pa.Array, name: str, where: str, dtype: str) -> tuple[np.ndar
     return o - o[0], _values(a, dtype, name, where)
 
 
-def _balance(items: list, size, target: int = 4 << 20) -> list[list]:
+def _balance(items: list, size, target: int) -> list[list]:
     """``items`` cut into consecutive groups of about ``target`` bytes (at most one per pool thread
     times two), so a round on the thread pool is a few tasks, not one per chunk."""
     total = sum(size(x) for x in items)
