@@ -35,6 +35,24 @@ def read_threads():
     return [t for t in threading.enumerate() if t.name.startswith("trajstore-read")]
 
 
+def in_threads(fn, n):
+    """Run ``fn`` on ``n`` threads at once; fail with every error any of them raised."""
+    errors = []
+
+    def run():
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    ts = [threading.Thread(target=run) for _ in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors, errors
+
+
 @pytest.mark.parametrize("prefetch", [0, 1, 2, 5])
 def test_iter_yields_steps_in_order_with_prefetch(tmp_path, prefetch):
     want = write_steps(tmp_path)
@@ -86,22 +104,13 @@ def test_read_on_cpu_device_is_the_plain_read(tmp_path):
 def test_concurrent_iteration_from_several_threads(tmp_path):
     want = write_steps(tmp_path)
     r = trajstore.Reader(tmp_path)
-    errors = []
 
     def run():
-        try:
-            for _ in range(2):
-                for s, b in r.iter(prefetch=2):
-                    assert_batch_equal(want[s], b)
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
+        for _ in range(2):
+            for s, b in r.iter(prefetch=2):
+                assert_batch_equal(want[s], b)
 
-    ts = [threading.Thread(target=run) for _ in range(4)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    assert not errors, errors
+    in_threads(run, 4)
 
 
 def test_pinned_pool_reuses_and_bounds_cache():
@@ -259,22 +268,13 @@ def test_cuda_early_break_returns_staging_memory(tmp_path):
 def test_cuda_concurrent_readers(tmp_path):
     write_steps(tmp_path)
     r = trajstore.Reader(tmp_path)
-    errors = []
 
     def run():
-        try:
-            with torch.cuda.stream(torch.cuda.Stream()):
-                for k, b in r.iter(device="cuda", prefetch=2):
-                    _cuda_equal(r.read(k), b)
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
+        with torch.cuda.stream(torch.cuda.Stream()):
+            for k, b in r.iter(device="cuda", prefetch=2):
+                _cuda_equal(r.read(k), b)
 
-    ts = [threading.Thread(target=run) for _ in range(3)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    assert not errors, errors
+    in_threads(run, 3)
 
 
 @pytest.mark.cuda
