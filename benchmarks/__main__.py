@@ -41,6 +41,17 @@ def med(fn, repeat: int) -> float:
     return statistics.median(ts)
 
 
+def med_cpu(fn, repeat: int) -> tuple[float, float]:
+    """(median wall time, median CPU time of the whole process, every thread counted)."""
+    ws, cs = [], []
+    for _ in range(repeat):
+        c0, t0 = time.process_time(), time.perf_counter()
+        fn()
+        ws.append(time.perf_counter() - t0)
+        cs.append(time.process_time() - c0)
+    return statistics.median(ws), statistics.median(cs)
+
+
 class Report:
     def __init__(self):
         self.rows: list[dict] = []
@@ -162,9 +173,19 @@ def reader_figures(rep: Report, d: Path, b: dict, repeat: int) -> dict:
 
     f = trajstore.Reader(d).file(0)
     cols = [c for c in pq.ParquetFile(f).schema_arrow.names if c != "attention_mask"]
-    t = med(lambda: pq.read_table(f, columns=cols, pre_buffer=False), repeat)
+    t, cpu = med_cpu(lambda: pq.read_table(f, columns=cols, pre_buffer=False), repeat)
     rep.add("  pyarrow read_table of those columns alone (no trajstore)", t * 1e3, "ms", b["load_flat"] * 1e3,
             "flat torch.load")
+    # CPU time, every thread counted: the decode is bound by cores, so this is what caps a
+    # pipeline that decodes several steps at once (replay)
+    r = trajstore.Reader(d)
+    _, cpu_read = med_cpu(lambda: r.read(0, layout="packed"), repeat)
+    cores = os.cpu_count() or 1
+    raw = sum(v.nbytes for v in r.read(0, layout="packed").values() if isinstance(v, torch.Tensor))
+    rep.add("  CPU time per step (all threads): read(step, packed)", cpu_read * 1e3, "ms")
+    rep.add("  CPU time per step (all threads): pyarrow read_table alone", cpu * 1e3, "ms")
+    rep.add(f"  most read_table alone can give on {cores} cores (cores x bytes / its CPU time)",
+            cores * raw / cpu / 1e9, "GB/s")
     return out
 
 
@@ -175,12 +196,13 @@ def read_profile(d: Path, repeat: int) -> None:
     r = trajstore.Reader(d, verify=False)
     f = r.file(0)
     pf = pq.ParquetFile(f)
-    print("# read profile, main step (single-threaded Parquet decode per column, ms: "
-          "ParquetFile.read / read_table):", flush=True)
+    print("# read profile, main step, per column (ms): ParquetFile.read on one thread / read_table "
+          "wall / read_table CPU, all threads (read_table decodes row groups on Arrow's thread pool "
+          "even with use_threads=False)", flush=True)
     for c in pf.schema_arrow.names:
         t = med(lambda: pq.ParquetFile(f).read(columns=[c], use_threads=False), repeat)
-        t2 = med(lambda: pq.read_table(f, columns=[c], use_threads=False), repeat)
-        print(f"#   {c:16s} {t * 1e3:8.2f} {t2 * 1e3:8.2f}", flush=True)
+        t2, c2 = med_cpu(lambda: pq.read_table(f, columns=[c], use_threads=False), repeat)
+        print(f"#   {c:16s} {t * 1e3:8.2f} {t2 * 1e3:8.2f} {c2 * 1e3:8.2f}", flush=True)
     t_all1 = med(lambda: pq.ParquetFile(f).read(use_threads=False), repeat)
     t_file = med(lambda: pq.ParquetFile(f).read(use_threads=True), repeat)
     t_ds = med(lambda: pq.read_table(f, use_threads=True), repeat)
