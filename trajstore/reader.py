@@ -334,11 +334,10 @@ def _read_sample(pf: pq.ParquetFile, node: dict, doc: dict, f: Path) -> Any:
 
 
 def _read_columns(pf: pq.ParquetFile, cols: list[str] | None) -> pa.Table:
-    """Large reads go through the dataset reader (``pq.read_table``): its column decoding measured
-    ~4x faster per core than ``ParquetFile.read`` on list columns, and it runs columns and row
-    groups in parallel (benchmarks/RESULTS.md); ``schema.decode`` joins the row-group chunks of
-    each column in parallel. Small reads (a column of per-trajectory values) skip its second
-    footer parse."""
+    """Large reads go through the dataset reader (``pq.read_table``), which decodes row groups and
+    columns in parallel on Arrow's thread pool (even with ``use_threads=False``); ``schema.decode``
+    joins the row-group chunks of each column in parallel. Small reads (a column of
+    per-trajectory values) skip its second footer parse."""
     md = pf.metadata
     leaves = [md.schema.column(j).path for j in range(md.num_columns)]
     want = [j for j, p in enumerate(leaves)  # an estimate: it only picks the faster path

@@ -346,7 +346,8 @@ def _on_device(obj: Any, d: torch.device) -> Any:
     return obj
 
 
-SERIAL_PREFETCH = 4  # from this prefetch depth on, each step decodes on its one thread (benchmarks/RESULTS.md)
+SERIAL_PREFETCH = 4  # from this prefetch depth on, each step's joins and conversions run on its worker
+# thread, not the shared pool; Arrow still decodes its row groups on Arrow's pool (benchmarks/RESULTS.md)
 
 
 def iterate(read: Callable[[int, Arena | None], Any], steps: list[int], device: Any = None, prefetch: int = 2,
@@ -365,7 +366,7 @@ def iterate(read: Callable[[int, Arena | None], Any], steps: list[int], device: 
     consumer = torch.cuda.current_stream(d) if cuda else None
 
     def load(step: int) -> Any:
-        if prefetch >= SERIAL_PREFETCH:  # several steps decode at once: one thread each
+        if prefetch >= SERIAL_PREFETCH:  # several steps decode at once: no nested pool
             from . import schema
 
             schema.serial()
