@@ -1,5 +1,5 @@
 """Small real dumps and a real tokenizer (trained here from text, nothing downloaded) for the
-inspection tests (CLI, traces, diff, SQL)."""
+inspection tests (CLI, traces, diff, SQL), and the small padded batch of the API tests."""
 
 from __future__ import annotations
 
@@ -12,6 +12,18 @@ from pathlib import Path
 import torch
 
 import trajstore
+
+def small_batch(B=3, T=5, seed=0, logprobs=True):
+    """A right-padded dict batch: input_ids, attention_mask, (logprobs,) rewards."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    m = torch.arange(T)[None, :] < lengths[:, None]
+    out = {"input_ids": torch.randint(0, 1000, (B, T), generator=g).masked_fill(~m, 0), "attention_mask": m}
+    if logprobs:
+        out["logprobs"] = torch.randn(B, T, generator=g).masked_fill(~m, 0.0)
+    out["rewards"] = torch.randn(B, generator=g)
+    return out
+
 
 CORPUS = [
     "What is 2 + 3? Think step by step.",

@@ -14,19 +14,12 @@ from trajstore import (
     StepNotFoundError,
     UnsupportedTypeError,
 )
+from _dumps import small_batch
 from trajstore.testing import assert_batch_equal
 
 
 def batch(B=3, T=5, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(1, T + 1, (B,), generator=g)
-    m = torch.arange(T)[None, :] < lengths[:, None]
-    return {
-        "input_ids": torch.randint(0, 1000, (B, T), generator=g).masked_fill(~m, 0),
-        "attention_mask": m,
-        "logprobs": torch.randn(B, T, generator=g).masked_fill(~m, 0.0),
-        "rewards": torch.randn(B, generator=g),
-    }
+    return small_batch(B, T, seed, logprobs=True)
 
 
 def test_steps_len_contains_iter_meta(tmp_path):

@@ -14,18 +14,12 @@ import trajstore
 from trajstore import StepExistsError, WriterError
 from trajstore import writer as writer_mod
 from trajstore._dtypes import bits_view
+from _dumps import small_batch
 from trajstore.testing import assert_batch_equal, batches, padded_batches
 
 
 def batch(B=3, T=5, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(1, T + 1, (B,), generator=g)
-    m = torch.arange(T)[None, :] < lengths[:, None]
-    return {
-        "input_ids": torch.randint(0, 1000, (B, T), generator=g).masked_fill(~m, 0),
-        "attention_mask": m,
-        "rewards": torch.randn(B, generator=g),
-    }
+    return small_batch(B, T, seed, logprobs=False)
 
 
 def clone(x):
