@@ -33,12 +33,7 @@ from . import workload as W
 
 
 def med(fn, repeat: int) -> float:
-    ts = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+    return med_cpu(fn, repeat)[0]
 
 
 def med_cpu(fn, repeat: int) -> tuple[float, float]:

@@ -13,6 +13,7 @@ import torch
 
 import trajstore
 
+
 def small_batch(B=3, T=5, seed=0, logprobs=True):
     """A right-padded dict batch: input_ids, attention_mask, (logprobs,) rewards."""
     g = torch.Generator().manual_seed(seed)

@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from _dumps import small_batch
 
 import trajstore
 from trajstore import (
@@ -14,7 +15,6 @@ from trajstore import (
     StepNotFoundError,
     UnsupportedTypeError,
 )
-from _dumps import small_batch
 from trajstore.testing import assert_batch_equal
 
 

@@ -7,6 +7,7 @@ import threading
 import numpy as np
 import pytest
 import torch
+from _dumps import small_batch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,7 +15,6 @@ import trajstore
 from trajstore import StepExistsError, WriterError
 from trajstore import writer as writer_mod
 from trajstore._dtypes import bits_view
-from _dumps import small_batch
 from trajstore.testing import assert_batch_equal, batches, padded_batches
 
 
