@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 import trajstore
-from trajstore import integrity, schema
+from trajstore import schema
+from trajstore.store import checksums
 
 from . import encodings
 from . import workload as W
@@ -219,7 +220,7 @@ def read_profile(d: Path, repeat: int) -> None:
           f"{len(tasks)} (row group, column) tasks on a thread pool {t_tasks * 1e3:.1f}", flush=True)
     t_dec = med(lambda: schema.decode(table, spec, where="x", layout="packed"), repeat)
     t_pad = med(lambda: schema.decode(table, spec, where="x"), repeat)
-    t_sha = med(lambda: integrity.read_verified(f, 0), repeat)
+    t_sha = med(lambda: checksums.read_verified(f, 0), repeat)
     print(f"#   {pf.metadata.num_row_groups} row group(s); all columns, 1 thread {t_all1 * 1e3:.1f}; "
           f"ParquetFile.read(use_threads) {t_file * 1e3:.1f}; read_table (row groups in parallel) "
           f"{t_ds * 1e3:.1f}; schema.decode of that table: packed {t_dec * 1e3:.1f}, padded {t_pad * 1e3:.1f}; "

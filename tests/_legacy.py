@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import torch
 
-from trajstore.adapters import DataProtoLike
+from trajstore.format.containers import DataProtoLike
 
 
 def _padded(side: str) -> dict:

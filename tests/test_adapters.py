@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import trajstore
-from trajstore import adapters
-from trajstore.adapters import DataProtoLike
+from trajstore.format import containers as adapters
+from trajstore.format.containers import DataProtoLike
 from trajstore.errors import BatchError, MissingDependencyError, UnsupportedTypeError
 from trajstore.testing import assert_batch_equal, non_tensor_values, padded_batches
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import trajstore
-from trajstore import schema, writer
+from trajstore import _threads, schema, writer
 from trajstore.errors import ConfigError, FormatError, StepNotFoundError
 from trajstore.testing import assert_batch_equal, batches, padded_batches
 
@@ -115,7 +115,7 @@ def test_many_row_groups_and_parallel_fill_round_trip(batch):
     output is filled by row ranges on the thread pool."""
     mp = pytest.MonkeyPatch()
     mp.setattr(writer, "ROW_GROUP_BYTES", 1)
-    mp.setattr(schema, "PARALLEL_BYTES", 0)
+    mp.setattr(_threads, "PARALLEL_BYTES", 0)
     try:
         with tempfile.TemporaryDirectory() as d:
             with trajstore.Writer(d) as w:
@@ -155,7 +155,7 @@ def test_parallel_decode_in_a_forked_child(tmp_path, monkeypatch):
     """A DataLoader-style forked worker decodes on its own pool (the parent's threads are gone)."""
     import multiprocessing as mp
 
-    monkeypatch.setattr(schema, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(_threads, "PARALLEL_BYTES", 0)
     m = torch.arange(64)[None] < torch.arange(1, 9)[:, None]
     with trajstore.Writer(tmp_path) as w:
         w.append(0, {"input_ids": torch.where(m, 5, 0), "attention_mask": m})

@@ -19,7 +19,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import trajstore
-from trajstore import _store, _validate
+from trajstore.store import checksums, paths
+from trajstore.format import validate as _validate
 from trajstore.errors import ChecksumError, FormatError, FormatVersionError, TrajstoreError
 from trajstore.testing import assert_batch_equal, multimodal_batches, non_tensor_batches
 
@@ -140,7 +141,7 @@ def mutate(data: bytes, m) -> bytes:
 @settings(max_examples=300 * SCALE)
 @given(step=st.integers(0, len(BATCHES) - 1), m=mutations)
 def test_mutated_bytes_are_caught_by_the_checksum(dump, step, m):
-    f = dump / "train" / _store.step_name(step)
+    f = dump / "train" / paths.step_name(step)
     with _Restore(f) as r:
         new = mutate(r.orig, m)
         assume(new != r.orig)
@@ -155,7 +156,7 @@ def test_mutated_bytes_are_caught_by_the_checksum(dump, step, m):
 def test_mutated_bytes_never_crash_the_decoder(dump, step, m, columns, monkeypatch):
     """verify=False: the decoder alone raises a TrajstoreError naming the file, or returns a batch."""
     monkeypatch.setattr(_validate, "MAX_DECODED_BYTES", 256 << 20)
-    f = dump / "train" / _store.step_name(step)
+    f = dump / "train" / paths.step_name(step)
     with _Restore(f) as r:
         new = mutate(r.orig, m)
         assume(new != r.orig)
@@ -232,7 +233,7 @@ def _resign(f, doc):
     meta = dict(table.schema.metadata)
     meta[b"trajstore"] = json.dumps(doc, allow_nan=True).encode()
     pq.write_table(table.replace_schema_metadata(meta), f)
-    f.with_suffix(".sha256").write_text(_store.sum_line(_store.file_sha256(f), f.name))
+    f.with_suffix(".sha256").write_text(checksums.sum_line(checksums.file_sha256(f), f.name))
 
 
 @settings(max_examples=400 * SCALE)
@@ -240,7 +241,7 @@ def _resign(f, doc):
 def test_lying_specs_raise_a_trajstore_error(dump, step, data, monkeypatch):
     """A re-signed file whose description lies: a TrajstoreError naming the file, or a batch."""
     monkeypatch.setattr(_validate, "MAX_DECODED_BYTES", 256 << 20)
-    f = dump / "train" / _store.step_name(step)
+    f = dump / "train" / paths.step_name(step)
     with _Restore(f) as r:
         doc = DOCS.setdefault(step, json.loads(pq.ParquetFile(f).schema_arrow.metadata[b"trajstore"]))
         lie = data.draw(spec_lies(doc))
@@ -320,7 +321,7 @@ def _deep(n):
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_named_lie(dump, name):
     step, fn, exc, msg = CASES[name]
-    f = dump / "train" / _store.step_name(step)
+    f = dump / "train" / paths.step_name(step)
     with _Restore(f):
         _edit(f, fn)
         with pytest.raises(exc, match=msg) as e:
@@ -333,13 +334,13 @@ def _table_edit(f, fn):
     t = pq.read_table(f)
     t = fn(t)
     pq.write_table(t, f)
-    f.with_suffix(".sha256").write_text(_store.sum_line(_store.file_sha256(f), f.name))
+    f.with_suffix(".sha256").write_text(checksums.sum_line(checksums.file_sha256(f), f.name))
 
 
 def test_cell_shapes_that_do_not_match_values(dump):
     import pyarrow as pa
 
-    f = dump / "train" / _store.step_name(3)
+    f = dump / "train" / paths.step_name(3)
     with _Restore(f):
         def lie(t):
             i = t.schema.get_field_index("__shape__.pixel_values")
@@ -355,7 +356,7 @@ def test_cell_shapes_that_do_not_match_values(dump):
 def test_not_parquet(tmp_path, content):
     with trajstore.Writer(tmp_path) as w:
         w.append(0, BATCHES[1])
-    f = tmp_path / "train" / _store.step_name(0)
+    f = tmp_path / "train" / paths.step_name(0)
     f.write_bytes(content)
     for verify in (True, False):
         with pytest.raises(FormatError, match=f.name):
@@ -365,7 +366,7 @@ def test_not_parquet(tmp_path, content):
 def test_step_file_is_a_directory(tmp_path):
     with trajstore.Writer(tmp_path) as w:
         w.append(0, BATCHES[1])
-    (tmp_path / "train" / _store.step_name(1)).mkdir()
+    (tmp_path / "train" / paths.step_name(1)).mkdir()
     for verify in (True, False):
         with pytest.raises(FormatError, match="step_00000001.parquet"):
             trajstore.Reader(tmp_path, verify=verify)[1]
@@ -376,9 +377,9 @@ def test_foreign_parquet_file(tmp_path):
 
     with trajstore.Writer(tmp_path) as w:
         w.append(0, BATCHES[1])
-    f = tmp_path / "train" / _store.step_name(0)
+    f = tmp_path / "train" / paths.step_name(0)
     pq.write_table(pa.table({"a": [1, 2]}), f)
-    f.with_suffix(".sha256").write_text(_store.sum_line(_store.file_sha256(f), f.name))
+    f.with_suffix(".sha256").write_text(checksums.sum_line(checksums.file_sha256(f), f.name))
     with pytest.raises(FormatError, match="not written by trajstore"):
         trajstore.Reader(tmp_path)[0]
 
@@ -450,6 +451,6 @@ def test_fuzzed_manifest(tmp_path_factory, content):
         _count(f"manifest_error:{type(e).__name__}")
         return
     assert r.manifest.get("format") == "trajstore" and type(r.manifest["format_version"]) is int
-    assert 1 <= r.manifest["format_version"] <= _store.FORMAT_VERSION
+    assert 1 <= r.manifest["format_version"] <= paths.FORMAT_VERSION
     assert_batch_equal(r[0], BATCHES[1])
     _count("manifest_ok")

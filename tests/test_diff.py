@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import trajstore
 from trajstore import ConfigError
-from trajstore._diff import parse_steps
+from trajstore.inspection.diff import parse_steps
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import torch
 from stress.faults import inject
 
 import trajstore
-from trajstore import _store, integrity
+from trajstore.store import checksums, commit, paths
 from trajstore.errors import TrajstoreError
 from trajstore.testing import assert_batch_equal
 
@@ -29,7 +29,7 @@ def _intact(path, steps, v=0):
     assert r.steps == steps
     for s in steps:
         assert_batch_equal(r[s], batch(s, v))
-    assert integrity.verify(path).ok
+    assert trajstore.verify(path).ok
 
 
 POINTS = [("data", errno.ENOSPC), ("data", errno.EIO), ("open", errno.ENOSPC), ("write", errno.ENOSPC),
@@ -102,23 +102,23 @@ def test_disk_full_persists(tmp_path):
 @pytest.mark.parametrize("overwrite", [False, True])
 @pytest.mark.parametrize("point", ["open", "write", "fsync", "link", "replace"])
 def test_commit_fault_at_every_call(tmp_path, point, overwrite):
-    """_store.commit failing at its k-th call of ``point``, for every k: the old state or the new
+    """commit.commit failing at its k-th call of ``point``, for every k: the old state or the new
     one, each with a matching checksum, and no temporary file left."""
     d = tmp_path / "train"
     trajstore.Writer(tmp_path).close()
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    final = d / _store.step_name(0)
+    final = d / paths.step_name(0)
     if overwrite:
         pq.write_table(pa.table({"v": [0]}), d / "old.tmp")
-        _store.commit(d / "old.tmp", final, False)
+        commit.commit(d / "old.tmp", final, False)
     for k in range(1, 20):
-        tmp = d / _store.temp_name(0)
+        tmp = d / paths.temp_name(0)
         pq.write_table(pa.table({"v": [k]}), tmp)
         with inject(tmp_path, point, errno.EIO, nth=k) as fault:
             try:
-                _store.commit(tmp, final, overwrite)
+                commit.commit(tmp, final, overwrite)
                 failed = False
             except FileExistsError:
                 assert not overwrite
@@ -128,30 +128,30 @@ def test_commit_fault_at_every_call(tmp_path, point, overwrite):
                 failed = True
         tmp.unlink(missing_ok=True)  # the writer's own cleanup
         if final.exists():
-            integrity.check_digest(final, 0, _store.file_sha256(final))  # pending or recorded: consistent
+            checksums.check_digest(final, 0, checksums.file_sha256(final))  # pending or recorded: consistent
         if not fault.fired and not failed:
             break
-        _store.clean_temp(d)
+        commit.clean_temp(d)
         assert _leftovers(d) == [], (k, _leftovers(d))
         if final.exists():
-            assert _store.read_sum(final.with_suffix(".sha256")) == _store.file_sha256(final), k
+            assert checksums.read_sum(final.with_suffix(".sha256")) == checksums.file_sha256(final), k
         if not overwrite:
             final.unlink(missing_ok=True)
             final.with_suffix(".sha256").unlink(missing_ok=True)
     else:
         raise AssertionError("commit never completed")
     assert pq.read_table(final)["v"][0].as_py() == k
-    assert _store.read_sum(final.with_suffix(".sha256")) == _store.file_sha256(final)
+    assert checksums.read_sum(final.with_suffix(".sha256")) == checksums.file_sha256(final)
 
 
 def test_record_skipped_under_a_full_disk(tmp_path):
     trajstore.Writer(tmp_path).close()
     d = tmp_path / "train"
     with inject(tmp_path, "write", errno.ENOSPC, nth=1, persist=True):
-        assert _store.record_skipped(d, 5, "No space left on device") is False
-    assert _leftovers(d) == [] and _store.list_skipped(d) == {}
-    assert _store.record_skipped(d, 5, "No space left on device") is True
-    assert _store.list_skipped(d) == {5: "No space left on device"}
+        assert commit.record_skipped(d, 5, "No space left on device") is False
+    assert _leftovers(d) == [] and paths.list_skipped(d) == {}
+    assert commit.record_skipped(d, 5, "No space left on device") is True
+    assert paths.list_skipped(d) == {5: "No space left on device"}
 
 
 def test_on_error_warn_keeps_the_run_going(tmp_path, caplog):
@@ -180,7 +180,7 @@ def test_on_error_must_be_known(tmp_path):
 def test_two_writers_in_one_process_keep_each_others_temporaries(tmp_path):
     d = tmp_path / "train"
     w1 = trajstore.Writer(tmp_path)
-    tmp = d / _store.temp_name(5)
+    tmp = d / paths.temp_name(5)
     tmp.write_bytes(b"in flight")
     w2 = trajstore.Writer(tmp_path)
     assert tmp.exists()

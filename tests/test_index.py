@@ -1,4 +1,4 @@
-"""The per-split index of per-trajectory columns (trajstore/_index.py, docs/FORMAT.md section 6):
+"""The per-split index of per-trajectory columns (trajstore/index.py, docs/FORMAT.md section 6):
 ``Reader.column`` gives the same values, of the same types, with and without it, and falls back to
 the step files wherever the index is missing, stale or damaged."""
 
@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from stress.faults import inject
 
 import trajstore
-from trajstore import _index, _info, _store, integrity
+from trajstore.store import index, paths
+from trajstore.inspection import describe as _info
 from trajstore.reader import Reader
 from trajstore.recorder import DumpReplayConfig, Recorder
 from trajstore.testing import TORCH_DTYPES, assert_batch_equal, tensors
@@ -37,8 +38,8 @@ def _batch(step, B=4, v=0, dtype=torch.float32):
 
 
 def _segments(path, split="train"):
-    d = Path(path) / split / _index.DIR
-    return sorted(n for n in os.listdir(d) if _index.SEGMENT_RE.match(n)) if d.exists() else []
+    d = Path(path) / split / index.DIR
+    return sorted(n for n in os.listdir(d) if index.SEGMENT_RE.match(n)) if d.exists() else []
 
 
 def _write(path, steps, **kw):
@@ -106,16 +107,16 @@ def _steps(draw):
 @given(_steps(), st.integers(1, 4), st.sampled_from([1, 2]), st.data())
 def test_column_same_with_and_without_index(batches, every, workers, data):
     nums = list(batches)
-    with tempfile.TemporaryDirectory() as d, mock.patch.object(_index, "INDEX_EVERY", every), \
+    with tempfile.TemporaryDirectory() as d, mock.patch.object(index, "INDEX_EVERY", every), \
             mock.patch.object(logging.getLogger("trajstore.reader"), "disabled", True):
         with trajstore.Writer(d, workers=workers) as w:
             for s in nums:
                 w.append(s, batches[s])
-        assert _segments(d) or not any(_index.fields(trajstore.Reader(d).info(s)["batch"]) for s in nums)
+        assert _segments(d) or not any(index.fields(trajstore.Reader(d).info(s)["batch"]) for s in nums)
         stale = set()
         redo = data.draw(st.lists(st.sampled_from(nums), unique=True, max_size=2), "overwritten")
         if redo:  # rewritten by a writer killed before it wrote its segment
-            with mock.patch.object(_index.Collector, "flush"):
+            with mock.patch.object(index.Collector, "flush"):
                 with trajstore.Writer(d, overwrite=True) as w:
                     for s in redo:
                         w.append(s, {"rewards": torch.arange(3, dtype=torch.float64)})
@@ -124,10 +125,10 @@ def test_column_same_with_and_without_index(batches, every, workers, data):
         # (segment names, sizes and counts vary from run to run: draw positions and fractions)
         hit = data.draw(st.lists(st.integers(0, 7), unique=True, max_size=2), "damaged segments")
         for n in [segs[i] for i in hit if i < len(segs)]:
-            f = Path(d) / "train" / _index.DIR / n
+            f = Path(d) / "train" / index.DIR / n
             raw = f.read_bytes()
             f.write_bytes(raw[: int(len(raw) * data.draw(st.floats(0, 0.99), "cut at"))])
-            stale |= {s for s in nums if _index.SEGMENT_RE.match(n) and
+            stale |= {s for s in nums if index.SEGMENT_RE.match(n) and
                       int(n[6:14]) <= s <= int(n.split("-")[1].split(".")[0])}
         r = trajstore.Reader(d)
         ask = data.draw(st.lists(st.sampled_from(nums), min_size=1), "asked")
@@ -141,9 +142,9 @@ def test_column_same_with_and_without_index(batches, every, workers, data):
             _same(got[s], ref[s], f"step {s}")
             _same(got[s], rv[s], f"step {s} verify=True")
         for s in set(have) - set(spy.steps):
-            assert "rewards" in dict(_index.fields(r.info(s)["batch"])), s  # only indexable fields skip the file
+            assert "rewards" in dict(index.fields(r.info(s)["batch"])), s  # only indexable fields skip the file
         # every indexable step whose segment is intact and whose file was not rewritten skips its file
-        assert not [s for s in spy.steps if s not in stale and "rewards" in dict(_index.fields(r.info(s)["batch"]))]
+        assert not [s for s in spy.steps if s not in stale and "rewards" in dict(index.fields(r.info(s)["batch"]))]
 
 
 def _names(r, s):
@@ -155,13 +156,13 @@ def _names(r, s):
 def test_index_written_on_close_and_used(tmp_path):
     _write(tmp_path, range(5))
     assert len(_segments(tmp_path)) == 1 and _segments(tmp_path)[0].startswith("steps_00000000-00000004.")
-    t = pq.read_table(tmp_path / "train" / _index.DIR / _segments(tmp_path)[0])
+    t = pq.read_table(tmp_path / "train" / index.DIR / _segments(tmp_path)[0])
     assert t.column_names == ["step", "row", "rewards", "seq_len"]
     assert (t.schema.field("step").type, t.schema.field("row").type) == (pa.int64(), pa.int32())
-    meta = json.loads(t.schema.metadata[_index.KEY])
+    meta = json.loads(t.schema.metadata[index.KEY])
     assert meta["version"] == 1 and meta["split"] == "train"
     assert [k for k, _ in meta["fields"]] == ["rewards", "seq_len"] and len(meta["steps"]) == 5
-    st_ = os.stat(tmp_path / "train" / _store.step_name(3))
+    st_ = os.stat(tmp_path / "train" / paths.step_name(3))
     assert meta["steps"][3] == [3, 4, st_.st_ino, st_.st_size, st_.st_mtime_ns]
     r = trajstore.Reader(tmp_path)
     with _Spy() as spy:
@@ -177,7 +178,7 @@ def test_index_written_on_close_and_used(tmp_path):
 
 
 def test_segments_every_n_steps_and_on_flush(tmp_path, monkeypatch):
-    monkeypatch.setattr(_index, "INDEX_EVERY", 3)
+    monkeypatch.setattr(index, "INDEX_EVERY", 3)
     w = trajstore.Writer(tmp_path)
     for s in range(7):
         w.append(s, _batch(s))
@@ -196,7 +197,7 @@ def test_segments_every_n_steps_and_on_flush(tmp_path, monkeypatch):
 
 def test_overwritten_step_is_read_from_its_file(tmp_path):
     _write(tmp_path, range(4))
-    with mock.patch.object(_index.Collector, "flush"):  # no segment for the new version
+    with mock.patch.object(index.Collector, "flush"):  # no segment for the new version
         with trajstore.Writer(tmp_path, overwrite=True) as w:
             w.append(2, _batch(2, B=6, v=1, dtype=torch.bfloat16))
     r = trajstore.Reader(tmp_path)
@@ -227,10 +228,10 @@ def test_overwrite_in_one_writer_keeps_the_last_version(tmp_path):
                                     "wrong-steps", "newer-version", "other-split", "wrong-type", "bad-node"])
 def test_damaged_segment_is_ignored(tmp_path, caplog, damage):
     _write(tmp_path, range(3))
-    f = tmp_path / "train" / _index.DIR / _segments(tmp_path)[0]
+    f = tmp_path / "train" / index.DIR / _segments(tmp_path)[0]
     raw = f.read_bytes()
     t = pq.read_table(f)
-    meta = json.loads(t.schema.metadata[_index.KEY])
+    meta = json.loads(t.schema.metadata[index.KEY])
     if damage == "truncated":
         f.write_bytes(raw[: len(raw) // 2])
     elif damage == "garbage":
@@ -253,7 +254,7 @@ def test_damaged_segment_is_ignored(tmp_path, caplog, damage):
         elif damage == "bad-node":
             meta["fields"][0][1]["trail"] = [2]
         if damage != "no-metadata":
-            t = t.replace_schema_metadata({_index.KEY: json.dumps(meta)})
+            t = t.replace_schema_metadata({index.KEY: json.dumps(meta)})
         f.unlink()
         pq.write_table(t, f)
     r = trajstore.Reader(tmp_path)
@@ -269,7 +270,7 @@ def test_damaged_segment_is_ignored(tmp_path, caplog, damage):
 
 def test_forged_values_show_the_index_is_used_and_verify_ignores_it(tmp_path):
     _write(tmp_path, range(3))
-    f = tmp_path / "train" / _index.DIR / _segments(tmp_path)[0]
+    f = tmp_path / "train" / index.DIR / _segments(tmp_path)[0]
     t = pq.read_table(f)
     t = t.set_column(2, "rewards", pa.array(np.full(t.num_rows, 42.0, np.float32)))
     f.unlink()
@@ -311,7 +312,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 def test_missing_and_deleted_steps_still_raise(tmp_path):
     _write(tmp_path, range(3))
-    (tmp_path / "train" / _store.step_name(1)).unlink()
+    (tmp_path / "train" / paths.step_name(1)).unlink()
     r = trajstore.Reader(tmp_path)
     with pytest.raises(trajstore.StepNotFoundError, match="step 1"):
         r.column("rewards", [0, 1])
@@ -322,8 +323,8 @@ def test_missing_and_deleted_steps_still_raise(tmp_path):
 
 @pytest.mark.parametrize("point", ["data", "open", "fsync", "link"])
 def test_index_errors_never_fail_append(tmp_path, caplog, point, monkeypatch):
-    monkeypatch.setattr(_index, "INDEX_EVERY", 2)
-    idx = tmp_path / "train" / _index.DIR
+    monkeypatch.setattr(index, "INDEX_EVERY", 2)
+    idx = tmp_path / "train" / index.DIR
     with caplog.at_level(logging.WARNING, "trajstore.writer"):
         with inject(idx, point, errno.ENOSPC, persist=True) as fault:
             with trajstore.Writer(tmp_path) as w:
@@ -342,12 +343,12 @@ def test_failing_index_code_never_fails_append(tmp_path, caplog, monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("index bug")
 
-    monkeypatch.setattr(_index, "fields", boom)
+    monkeypatch.setattr(index, "fields", boom)
     with caplog.at_level(logging.WARNING, "trajstore.writer"):
         _write(tmp_path, range(3))
     assert "left out of the index" in caplog.text and _segments(tmp_path) == []
     monkeypatch.undo()
-    monkeypatch.setattr(_index.Collector, "_write", boom)  # raising where it must not: still contained
+    monkeypatch.setattr(index.Collector, "_write", boom)  # raising where it must not: still contained
     with caplog.at_level(logging.WARNING, "trajstore.writer"):
         _write(tmp_path, range(3, 5))
     assert trajstore.Reader(tmp_path).steps == list(range(5))
@@ -375,7 +376,7 @@ def test_index_values_are_copies(tmp_path):
 def test_field_named_row_is_read_from_files(tmp_path):
     with trajstore.Writer(tmp_path) as w:
         w.append(0, {"row": torch.arange(3), "rewards": torch.ones(3)})
-    meta = json.loads(pq.read_schema(tmp_path / "train" / _index.DIR / _segments(tmp_path)[0]).metadata[_index.KEY])
+    meta = json.loads(pq.read_schema(tmp_path / "train" / index.DIR / _segments(tmp_path)[0]).metadata[index.KEY])
     assert [k for k, _ in meta["fields"]] == ["rewards"]
     assert torch.equal(trajstore.Reader(tmp_path).column("row")[0], torch.arange(3))
 
@@ -383,14 +384,14 @@ def test_field_named_row_is_read_from_files(tmp_path):
 def test_other_readers_ignore_the_index(tmp_path):
     _write(tmp_path, range(3))
     dead = 2**22 + 12345
-    (tmp_path / "train" / _index.DIR / f".steps_00000000-00000001.0badc0de.parquet.tmp-{dead}-ab").write_text("x")
+    (tmp_path / "train" / index.DIR / f".steps_00000000-00000001.0badc0de.parquet.tmp-{dead}-ab").write_text("x")
     r = trajstore.Reader(tmp_path)
-    assert r.steps == [0, 1, 2] and integrity.verify(tmp_path).ok and integrity.verify(tmp_path, deep=True).ok
+    assert r.steps == [0, 1, 2] and trajstore.verify(tmp_path).ok and trajstore.verify(tmp_path, deep=True).ok
     d = _info.describe(tmp_path)
     assert d["splits"]["train"]["steps"]["count"] == 3 and list(d["splits"]) == ["train"]
     assert len(r.to_pandas()) == 12
     trajstore.Writer(tmp_path).close()  # reopening cleans the dead writer's temporary
-    assert os.listdir(tmp_path / "train" / _index.DIR) == _segments(tmp_path)
+    assert os.listdir(tmp_path / "train" / index.DIR) == _segments(tmp_path)
 
 
 def test_sql_view_ignores_the_index(tmp_path):
@@ -401,7 +402,7 @@ def test_sql_view_ignores_the_index(tmp_path):
 
 
 def test_rotation_deletes_segments_whose_steps_are_gone(tmp_path, monkeypatch):
-    monkeypatch.setattr(_index, "INDEX_EVERY", 2)
+    monkeypatch.setattr(index, "INDEX_EVERY", 2)
     with Recorder(DumpReplayConfig(dump=True, path=str(tmp_path), max_keep=2, pin_steps=(1,))) as rec:
         for s in range(9):
             rec.record(s, _batch(s))

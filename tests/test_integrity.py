@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import trajstore
-from trajstore import _store, integrity
+from trajstore.store import checksums, commit, paths
 from trajstore.errors import ChecksumError, DumpNotFoundError, FormatError, StepNotFoundError
 from trajstore.testing import assert_batch_equal
 
@@ -36,19 +36,19 @@ def dump(tmp_path_factory):
 def test_sidecar_in_sha256sum_format(dump):
     d = dump / "train"
     for s in range(3):
-        f = d / _store.step_name(s)
+        f = d / paths.step_name(s)
         line = (d / f"step_{s:08d}.sha256").read_text()
         assert line == f"{hashlib.sha256(f.read_bytes()).hexdigest()}  {f.name}\n"
     if shutil.which("sha256sum"):
         r = subprocess.run("sha256sum -c step_*.sha256", shell=True, cwd=d, capture_output=True, text=True)
         assert r.returncode == 0, r.stdout + r.stderr
-    assert integrity.verify(dump).ok and integrity.verify(dump).checked == {"train": 3}
+    assert trajstore.verify(dump).ok and trajstore.verify(dump).checked == {"train": 3}
 
 
 @settings(max_examples=300)
 @given(pos=st.integers(0, 10**9), bit=st.integers(0, 7), step=st.integers(0, 2))
 def test_any_bit_flip_is_detected(dump, pos, bit, step):
-    f = dump / "train" / _store.step_name(step)
+    f = dump / "train" / paths.step_name(step)
     orig = f.read_bytes()
     data = bytearray(orig)
     data[pos % len(data)] ^= 1 << bit
@@ -56,7 +56,7 @@ def test_any_bit_flip_is_detected(dump, pos, bit, step):
     try:
         with pytest.raises(ChecksumError, match=f"{f.name}.*step {step} is damaged"):
             trajstore.Reader(dump, verify=True)[step]
-        rep = integrity.verify(dump)
+        rep = trajstore.verify(dump)
         assert set(rep.damaged) == {("train", step)} and not rep.ok
         assert "DAMAGED train/" in rep.summary()
     finally:
@@ -66,15 +66,15 @@ def test_any_bit_flip_is_detected(dump, pos, bit, step):
 
 @pytest.mark.parametrize("how", ["truncate", "append", "empty", "swap"])
 def test_size_changes_are_detected(dump, how):
-    f = dump / "train" / _store.step_name(1)
+    f = dump / "train" / paths.step_name(1)
     orig = f.read_bytes()
     new = {"truncate": orig[:-100], "append": orig + b"\0", "empty": b"",
-           "swap": (dump / "train" / _store.step_name(2)).read_bytes()}[how]
+           "swap": (dump / "train" / paths.step_name(2)).read_bytes()}[how]
     f.write_bytes(new)
     try:
         with pytest.raises(ChecksumError, match=f.name):
             trajstore.Reader(dump, verify=True)[1]
-        assert set(integrity.verify(dump).damaged) == {("train", 1)}
+        assert set(trajstore.verify(dump).damaged) == {("train", 1)}
     finally:
         f.write_bytes(orig)
 
@@ -86,7 +86,7 @@ def test_missing_checksum(tmp_path):
     with pytest.raises(ChecksumError, match="no recorded checksum.*verify=False"):
         trajstore.Reader(tmp_path, verify=True)[0]
     assert_batch_equal(trajstore.Reader(tmp_path, verify=False)[0], _batch(0))
-    assert ("train", 0) in integrity.verify(tmp_path).damaged
+    assert ("train", 0) in trajstore.verify(tmp_path).damaged
 
 
 def test_overwrite_updates_checksum(tmp_path):
@@ -95,7 +95,7 @@ def test_overwrite_updates_checksum(tmp_path):
     with trajstore.Writer(tmp_path, overwrite=True) as w:
         w.append(0, _batch(7))
     assert_batch_equal(trajstore.Reader(tmp_path)[0], _batch(7))
-    assert integrity.verify(tmp_path).ok
+    assert trajstore.verify(tmp_path).ok
 
 
 def test_interrupted_commit_checksum_is_promoted(tmp_path):
@@ -106,11 +106,11 @@ def test_interrupted_commit_checksum_is_promoted(tmp_path):
         w.append(0, _batch(1))
     d = tmp_path / "train"
     good = (d / "step_00000000.sha256").read_text()
-    (d / "step_00000000.sha256").write_text(_store.sum_line("0" * 64, "step_00000000.parquet"))
+    (d / "step_00000000.sha256").write_text(checksums.sum_line("0" * 64, "step_00000000.parquet"))
     dead = 2**22 + 12345  # above the default pid_max: never a live process
     (d / f".step_00000000.sha256.tmp-{dead}-abcd").write_text(good)
     assert_batch_equal(trajstore.Reader(tmp_path)[0], _batch(1))
-    assert integrity.verify(tmp_path).ok
+    assert trajstore.verify(tmp_path).ok
     trajstore.Writer(tmp_path).close()  # reopening for writing promotes it
     assert (d / "step_00000000.sha256").read_text() == good
     assert not [n for n in os.listdir(d) if n.startswith(".")]
@@ -137,30 +137,30 @@ def test_deep_verify_decodes(tmp_path):
     with trajstore.Writer(tmp_path) as w:
         w.append(0, _batch(0))
         w.append(1, _batch(1))
-    rep = integrity.verify(tmp_path, deep=True)
+    rep = trajstore.verify(tmp_path, deep=True)
     assert rep.ok and rep.checked == {"train": 2}
     with pytest.raises(DumpNotFoundError):
-        integrity.verify(tmp_path / "nope")
+        trajstore.verify(tmp_path / "nope")
     with pytest.raises(DumpNotFoundError, match="no split 'val'"):
-        integrity.verify(tmp_path, "val")
-    assert integrity.verify(tmp_path, "train").checked == {"train": 2}
+        trajstore.verify(tmp_path, "val")
+    assert trajstore.verify(tmp_path, "train").checked == {"train": 2}
 
 
 def test_skipped_steps_are_recorded(tmp_path):
     with trajstore.Writer(tmp_path) as w:
         w.append(0, _batch(0))
     d = tmp_path / "train"
-    assert _store.record_skipped(d, 1, "No space left on device")
+    assert commit.record_skipped(d, 1, "No space left on device")
     r = trajstore.Reader(tmp_path)
     assert r.skipped == {1: "No space left on device"} and r.steps == [0]
     with pytest.raises(StepNotFoundError, match="recorded it as skipped: No space left"):
         r[1]
-    rep = integrity.verify(tmp_path)
+    rep = trajstore.verify(tmp_path)
     assert rep.ok and rep.skipped == {("train", 1): "No space left on device"}
     with trajstore.Writer(tmp_path) as w:  # writing the step later clears the record
         w.append(1, _batch(1))
     assert r.skipped == {} and not list(d.glob("*.skipped.json"))
-    assert not _store.record_skipped(tmp_path / "missing-dir", 2, "x")  # best effort, never raises
+    assert not commit.record_skipped(tmp_path / "missing-dir", 2, "x")  # best effort, never raises
 
 
 def test_checksum_error_is_a_format_error():
@@ -177,7 +177,7 @@ def test_cli_verify(tmp_path, capsys):
             w.append(s, _batch(s))
     assert main(["verify", str(tmp_path)]) == 0
     assert "3 step(s) checked in 1 split(s), 0 damaged" in capsys.readouterr().out
-    f = tmp_path / "train" / _store.step_name(1)
+    f = tmp_path / "train" / paths.step_name(1)
     data = bytearray(f.read_bytes())
     data[len(data) // 2] ^= 4
     f.write_bytes(bytes(data))

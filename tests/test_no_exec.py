@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 
 import trajstore
-from trajstore import _store
+from trajstore.store import checksums
 from trajstore.testing import assert_batch_equal, batches
 
 PKG = Path(trajstore.__file__).parent
@@ -119,7 +119,7 @@ def test_hostile_pickled_extension_type_is_not_unpickled(tmp_path):
     evil = {b"ARROW:extension:name": b"arrow.py_extension_type", b"ARROW:extension:metadata": payload}
     fields = [fl.with_metadata({**(fl.metadata or {}), **evil}) for fl in table.schema]
     pq.write_table(pa.Table.from_arrays(table.columns, schema=pa.schema(fields, table.schema.metadata)), f)
-    (f.with_suffix(".sha256")).write_text(_store.sum_line(_store.file_sha256(f), f.name))
+    (f.with_suffix(".sha256")).write_text(checksums.sum_line(checksums.file_sha256(f), f.name))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(pickle, "loads", _refuse)
         mp.setattr(pickle, "load", _refuse)

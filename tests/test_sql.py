@@ -76,7 +76,7 @@ def test_missing_optional_packages_named(tmp_path, monkeypatch):
     import sys
 
     from trajstore import MissingDependencyError
-    from trajstore._traces import load_tokenizer
+    from trajstore.inspection.traces import load_tokenizer
 
     r = _dump(tmp_path, {0: [1.0]})
     (tmp_path / "tokenizer.json").write_text("{}")

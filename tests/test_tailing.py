@@ -90,11 +90,11 @@ def test_wait_for_sees_a_step_written_later(tmp_path):
 
 
 def test_wait_for_a_skipped_step_fails_at_once(tmp_path):
-    from trajstore import _store
+    from trajstore.store import commit
 
     with trajstore.Writer(tmp_path) as w:
         w.append(0, batch_for(0, 1))
-    _store.record_skipped(tmp_path / "train", 1, "OSError: [Errno 28] No space left on device")
+    commit.record_skipped(tmp_path / "train", 1, "OSError: [Errno 28] No space left on device")
     t0 = time.monotonic()
     with pytest.raises(StepNotFoundError, match="step 1 will not appear.*skipped.*No space left"):
         trajstore.Reader(tmp_path).wait_for(1, timeout=30)

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 import trajstore
 from trajstore import ConfigError
-from trajstore._rows import rows
-from trajstore._traces import load_tokenizer, run_lengths
+from trajstore.format.rows import rows
+from trajstore.inspection.traces import load_tokenizer, run_lengths
 from trajstore.testing import batches
 
 
@@ -201,7 +201,7 @@ def test_verl_style_batch(tmp_path, tok_path):
     with trajstore.Writer(tmp_path / "d") as w:
         w.append(0, batch)
     ts = trajstore.traces(trajstore.Reader(tmp_path / "d"), 0, tok_path, logprobs=True)
-    from trajstore._info import describe
+    from trajstore.inspection.describe import describe
 
     assert describe(tmp_path / "d")["splits"]["train"]["tokens"] == int(am.sum())  # mask with holes
     for t, conv, rw in zip(ts, CONVERSATIONS, REWARDS):

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import trajstore
 from trajstore import StepExistsError, WriterError
 from trajstore import writer as writer_mod
-from trajstore._dtypes import bits_view
+from trajstore.format.dtypes import bits_view
 from trajstore.testing import assert_batch_equal, batches, padded_batches
 
 

@@ -1,8 +1,7 @@
 """trajstore: record every step of an RL run as Parquet and replay it bit for bit."""
 
-__version__ = "0.1.0"
-
-from .errors import (  # noqa: E402
+from ._version import __version__
+from .errors import (
     BatchError,
     ChecksumError,
     ConfigError,
@@ -17,13 +16,13 @@ from .errors import (  # noqa: E402
     UnsupportedTypeError,
     WriterError,
 )
-from .reader import Reader  # noqa: E402
-from .writer import Writer  # noqa: E402
-from .recorder import DumpReplayConfig, Recorder  # noqa: E402
-from .fingerprint import deterministic  # noqa: E402
-from ._diff import diff  # noqa: E402
-from ._traces import traces  # noqa: E402
-from .integrity import verify  # noqa: E402
+from .fingerprint import deterministic
+from .inspection.diff import diff
+from .inspection.traces import traces
+from .inspection.verify import verify
+from .reader import Reader
+from .recorder import DumpReplayConfig, Recorder
+from .writer import Writer
 
 __all__ = [
     "__version__",

@@ -76,7 +76,7 @@ def _ranges(gaps: list) -> str:
          arg("--split", default=None, help="only this split (default: all)"),
          arg("--all-steps", action="store_true", help="list every step (default: the first and last 10)"), JSON)
 def cmd_info(args) -> int:
-    from ._info import describe
+    from .inspection.describe import describe
 
     d = describe(args.path, args.split, progress=lambda s, name: out.progress(s, f"reading {name}"))
     if args.json:
@@ -114,8 +114,8 @@ def cmd_info(args) -> int:
          TOKENIZER, arg("--logprobs", action="store_true", help="print per-token log-probabilities"),
          SPLIT, JSON, *OVERRIDES)
 def cmd_show(args) -> int:
-    from ._rows import rows
-    from ._traces import _decode, load_tokenizer, to_json, trace_rows
+    from .format.rows import rows
+    from .inspection.traces import _decode, load_tokenizer, to_json, trace_rows
     from .reader import Reader
 
     r = Reader(args.path, args.split)
@@ -196,7 +196,7 @@ def _where(fd: dict | None) -> str:
          arg("--mask", help="only compare tokens where this per-token field is non-zero"),
          SPLIT, JSON)
 def cmd_diff(args) -> int:
-    from ._diff import diff
+    from .inspection.diff import diff
 
     fields = [f.strip() for f in args.fields.split(",") if f.strip()] if args.fields else None
     rep = diff(args.a, args.b, steps=args.steps, fields=fields, atol=args.atol, rtol=args.rtol,
@@ -236,7 +236,7 @@ def cmd_diff(args) -> int:
          arg("--format", choices=("table", "json", "csv"), default="table", dest="fmt",
              help="output format (default table; plain columns when piped)"))
 def cmd_sql(args) -> int:
-    from ._views import duckdb_connect
+    from .tables import duckdb_connect
 
     con = duckdb_connect(args.path)
     import duckdb
@@ -275,8 +275,8 @@ def cmd_sql(args) -> int:
          arg("--logprobs", action="store_true", help="add per-token log-probabilities"),
          SPLIT, *OVERRIDES)
 def cmd_export(args) -> int:
-    from ._diff import parse_steps
-    from ._traces import dumps, load_tokenizer, traces
+    from .inspection.diff import parse_steps
+    from .inspection.traces import dumps, load_tokenizer, traces
     from .reader import Reader
 
     r = Reader(args.path, args.split)
@@ -286,7 +286,7 @@ def cmd_export(args) -> int:
     if want is not None and not steps:
         raise ConfigError(f"--steps {args.steps}: none of these steps is in {args.path} split {args.split!r}")
     if args.fmt == "trackio":
-        from ._trackio import export_trackio
+        from .inspection.trackio import export_trackio
 
         n, rejected = export_trackio(r, steps, tok, args.max_per_step, fields=_fields(args),
                                      project=args.project or r.path.resolve().name, name=args.run_name,
@@ -319,7 +319,7 @@ def cmd_export(args) -> int:
          arg("--split", default=None, help="only this split (default: all)"),
          arg("--deep", action="store_true", help="also decode every step (slower)"), JSON)
 def cmd_verify(args) -> int:
-    from .integrity import verify
+    from .inspection.verify import verify
 
     rep = verify(args.path, args.split, deep=args.deep)
     if args.json:
@@ -333,7 +333,7 @@ def cmd_verify(args) -> int:
 
 # ----------------------------------------------------------------------------- entry point
 def parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from ._version import __version__
 
     p = argparse.ArgumentParser(prog="trajstore", description="Look inside trajstore dumps.")
     p.add_argument("--version", action="version", version=f"trajstore {__version__}")

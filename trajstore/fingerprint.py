@@ -94,7 +94,7 @@ def collect() -> dict:
     import pyarrow
     import torch
 
-    from . import __version__
+    from ._version import __version__
 
     world_size, rank, local_rank = world()
     cuda = torch.cuda.is_available()

@@ -11,8 +11,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import _dtypes as dt
-from . import _store, _validate, adapters, integrity, schema
+from . import _threads, schema
+from .format import containers as adapters
+from .format import dtypes as dt
+from .format import validate as _validate
+from .format.spec import FORMAT_VERSION, is_plain_sample
+from .store import checksums, paths
+from .store.index import Index
 from .errors import (ConfigError, DumpNotFoundError, FormatError, FormatVersionError, StepNotFoundError,
                      TrajstoreError)
 
@@ -39,11 +44,11 @@ class Reader:
     def __init__(self, path: str | Path, split: str = "train", *, verify: bool = False):
         self.path = Path(path)
         self.verify = verify  # check each step file against its recorded SHA-256 before decoding
-        self.split = _store.check_split(split)
-        self.manifest = _store.read_manifest(self.path)
+        self.split = paths.check_split(split)
+        self.manifest = paths.read_manifest(self.path)
         self.dir = self.path / self.split
         if not self.dir.is_dir():
-            others = _store.list_splits(self.path)
+            others = paths.list_splits(self.path)
             raise DumpNotFoundError(
                 f"dump {self.path} has no split {self.split!r}; splits present: {others or 'none'}"
             )
@@ -52,9 +57,7 @@ class Reader:
     # -- listing
     def refresh(self) -> list[int]:
         """Re-scan the split for steps committed since the reader was opened."""
-        from ._index import Index
-
-        self._steps = _store.list_steps(self.dir)
+        self._steps = paths.list_steps(self.dir)
         self._index = Index(self.dir, self.split)  # index segments are read again on demand
         return self._steps
 
@@ -63,12 +66,12 @@ class Reader:
         or at once if the writer recorded the step as skipped."""
         import time
 
-        step = _store.check_step(step)
+        step = paths.check_step(step)
         end = None if timeout is None else time.monotonic() + timeout
-        f = self.dir / _store.step_name(step)
+        f = self.dir / paths.step_name(step)
         while not f.exists():
-            if (self.dir / _store.skipped_name(step)).exists():
-                why = _store.list_skipped(self.dir).get(step, "")
+            if (self.dir / paths.skipped_name(step)).exists():
+                why = paths.list_skipped(self.dir).get(step, "")
                 raise StepNotFoundError(f"step {step} will not appear in dump {self.path} split {self.split!r}: "
                                         f"the writer recorded it as skipped: {why}", step=step)
             if end is not None and time.monotonic() >= end:
@@ -82,7 +85,7 @@ class Reader:
     @property
     def skipped(self) -> dict[int, str]:
         """Steps the writer recorded as skipped (e.g. disk full), with the reason."""
-        return _store.list_skipped(self.dir)
+        return paths.list_skipped(self.dir)
 
     @property
     def steps(self) -> list[int]:
@@ -90,13 +93,13 @@ class Reader:
 
     @property
     def splits(self) -> list[str]:
-        return _store.list_splits(self.path)
+        return paths.list_splits(self.path)
 
     def __len__(self) -> int:
         return len(self._steps)
 
     def __contains__(self, step: object) -> bool:
-        return isinstance(step, int) and (self.dir / _store.step_name(step)).exists()
+        return isinstance(step, int) and (self.dir / paths.step_name(step)).exists()
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
         for s in list(self._steps):
@@ -108,14 +111,14 @@ class Reader:
     # -- one step
     def file(self, step: int) -> Path:
         """The committed file of ``step`` (raises StepNotFoundError)."""
-        step = _store.check_step(step)
-        f = self.dir / _store.step_name(step)
+        step = paths.check_step(step)
+        f = self.dir / paths.step_name(step)
         if not f.exists():
             self.refresh()
             elsewhere = [s for s in self.splits if s != self.split
-                         and (self.path / s / _store.step_name(step)).exists()]
+                         and (self.path / s / paths.step_name(step)).exists()]
             hint = f"; split(s) {elsewhere} hold step {step}" if elsewhere else ""
-            why = _store.list_skipped(self.dir).get(step)
+            why = paths.list_skipped(self.dir).get(step)
             hint += f"; the writer recorded it as skipped: {why}" if why is not None else ""
             raise StepNotFoundError(
                 f"step {step} is not in dump {self.path} split {self.split!r}: "
@@ -128,7 +131,7 @@ class Reader:
         the whole spec (``_validate``), for callers that check the one node they decode."""
         f = self.file(step)
         try:
-            src = pa.BufferReader(integrity.read_verified(f, step)) if self.verify else f
+            src = pa.BufferReader(checksums.read_verified(f, step)) if self.verify else f
             pf = pq.ParquetFile(src, memory_map=False)
             pf.trajstore_source = src  # read() may decode row groups in parallel from it
             kv = pf.metadata.metadata or {}  # the footer's key-value pairs (no Arrow schema build)
@@ -149,9 +152,9 @@ class Reader:
         v = doc.get("format_version")
         if type(v) is not int or v < 1:
             raise FormatError(f"{f}: format version {v!r} is not a positive int; the step is damaged")
-        if v > _store.FORMAT_VERSION:
+        if v > FORMAT_VERSION:
             raise FormatVersionError(
-                f"{f}: format version {v!r}; this trajstore reads up to {_store.FORMAT_VERSION}; upgrade trajstore"
+                f"{f}: format version {v!r}; this trajstore reads up to {FORMAT_VERSION}; upgrade trajstore"
             )
         if doc.get("step") != step:
             raise FormatError(f"{f}: the file says it holds step {doc.get('step')!r}, its name says {step}")
@@ -235,7 +238,7 @@ class Reader:
         file. With ``verify=True`` the index is not used: each file is checked whole first."""
         if type(name) is not str:
             raise ConfigError(f"column name must be a str, got {type(name).__name__}")
-        steps = list(self._steps) if steps is None else [_store.check_step(s) for s in steps]
+        steps = list(self._steps) if steps is None else [paths.check_step(s) for s in steps]
         if workers is not None and (type(workers) is not int or workers < 1):
             raise ConfigError(f"workers must be an int >= 1, got {workers!r}")
         got = {} if self.verify or not steps else self._index.values(name, steps)
@@ -254,7 +257,7 @@ class Reader:
         pf, doc, f = self._open(step, check=False)
         spec = doc["batch"]
         node = dict(spec.get("keys") or []).get(name) if spec.get("t") == "batch" else None
-        if _plain_sample(node):
+        if is_plain_sample(node):
             try:
                 return _read_sample(pf, node, doc, f)
             except TrajstoreError:
@@ -277,7 +280,7 @@ class Reader:
         thread pools measured slower). ``break`` frees the threads and staging memory."""
         from . import torch_bridge
 
-        steps = list(self._steps) if steps is None else [_store.check_step(s) for s in steps]
+        steps = list(self._steps) if steps is None else [paths.check_step(s) for s in steps]
         return torch_bridge.iterate(lambda s, arena: self._read(s, columns, layout, arena), steps, device, prefetch)
 
     def __enter__(self) -> "Reader":
@@ -292,25 +295,15 @@ class Reader:
     # -- views (trajstore/_views.py)
     def to_pandas(self, step: int | None = None):
         """One DataFrame row per trajectory of ``step`` (None: every step), with ``step`` and ``index``."""
-        from ._views import to_pandas
+        from .tables import to_pandas
 
         return to_pandas(self, step)
 
     def duckdb(self):
         """A DuckDB connection with one view per split (``train``, ``val``...), each row with its ``step``."""
-        from ._views import duckdb_connect
+        from .tables import duckdb_connect
 
         return duckdb_connect(self)
-
-
-def _plain_sample(node: Any) -> bool:
-    """A per-trajectory tensor field with no trailing dims: one primitive value per row."""
-    if not (isinstance(node, dict) and node.get("t") == "tensor" and node.get("kind") == "sample"
-            and node.get("trail") == [] and not node.get("tokenlike") and isinstance(node.get("col"), str)):
-        return False
-    d, lib = node.get("dtype"), node.get("lib")  # anything unusual takes the fully checked path
-    return type(d) is str and dt.known(d) and (lib == "numpy" and d != "bfloat16" or
-                                               lib == "torch" and (d == "uint8" or not d.startswith("uint")))
 
 
 def _read_sample(pf: pq.ParquetFile, node: dict, doc: dict, f: Path) -> Any:
@@ -330,7 +323,7 @@ def _read_sample(pf: pq.ParquetFile, node: dict, doc: dict, f: Path) -> Any:
         raise FormatError(f"{f}: column {col!r} holds {len(arr)} values ({arr.null_count} null) for "
                           f"{n} rows; the step is damaged")
     a = arr.chunk(0) if arr.num_chunks == 1 else arr.combine_chunks()
-    return schema._out(a.to_numpy(zero_copy_only=False), node)
+    return dt.as_value(a.to_numpy(zero_copy_only=False), node)
 
 
 def _read_columns(pf: pq.ParquetFile, cols: list[str] | None) -> pa.Table:
@@ -345,7 +338,7 @@ def _read_columns(pf: pq.ParquetFile, cols: list[str] | None) -> pa.Table:
     # row-group totals, not md.row_group(i).column(j): pyarrow aborts the process (instead of
     # raising) on some damaged column-chunk metadata when it is accessed from Python
     size = sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups)) * len(want) // max(1, len(leaves))
-    threads = not schema.is_serial()
+    threads = not _threads.is_serial()
     if size > PARALLEL_READ_BYTES:
         # pre_buffer=False: the column chunks are read as they are decoded, not gathered first
         # (one step, 16 cores: 8.3 vs 10.5 ms; benchmarks/RESULTS.md)

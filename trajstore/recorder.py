@@ -43,7 +43,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from . import _index, _store, fingerprint
+from . import fingerprint
+from .store import index as _index
+from .store import paths
 from .errors import ConfigError, EnvironmentMismatchError
 
 __all__ = ["Recorder", "DumpReplayConfig"]
@@ -188,7 +190,7 @@ class DumpReplayConfig:
             s("path", str(self.path) or None)
         if not isinstance(self.split, str):
             raise ConfigError(f"DumpReplayConfig.split: {self.split!r} is not a str")
-        _store.check_split(self.split)
+        paths.check_split(self.split)
         s("every", _int("every", self.every, 1))
         s("steps", _steps("steps", self.steps))
         s("pin_steps", _steps("pin_steps", self.pin_steps) or ())
@@ -262,7 +264,7 @@ class Recorder:
         self._off = self.mode == "off"
         self.world_size, self.rank, _ = fingerprint.world()
         self.split = cfg.split if self.world_size <= 1 else f"{cfg.split}-rank{self.rank}"
-        _store.check_split(self.split)
+        paths.check_split(self.split)
         if cfg.path is not None:
             self.path = Path(cfg.path)
         elif self.mode == "replay":
@@ -318,14 +320,14 @@ class Recorder:
         """Record ``batch`` as ``step`` (dump mode), then apply ``max_keep``."""
         if self.mode != "dump":
             raise ConfigError(f"record(step={step}): this Recorder is in {self.mode!r} mode, not 'dump'")
-        from . import adapters
+        from .format import containers as adapters
 
-        step = _store.check_step(step)
+        step = paths.check_step(step)
         w = self._open_writer()
         self._drain()
         tokens = _tokens(adapters.unwrap(batch)[0])
         w.append(step, batch, meta)
-        f = w.dir / _store.step_name(step)
+        f = w.dir / paths.step_name(step)
         self._pending.append((step, f, tokens, time.time_ns()))
         if step in self._kept:
             self._kept.remove(step)
@@ -337,13 +339,13 @@ class Recorder:
         """The recorded batch of ``step`` (replay mode), on ``cfg.device`` if set, else CPU."""
         if self._reader is None:
             raise ConfigError(f"load(step={step}): this Recorder is in {self.mode!r} mode, not 'replay'")
-        step = _store.check_step(step)
+        step = paths.check_step(step)
         f = self._reader.file(step)  # StepNotFoundError past the last dumped step
         ahead, self._ahead = self._ahead, None
         b = ahead[1].result() if ahead is not None and ahead[0] == step else self._reader.read(step)
         if self.cfg.prefetch:
             self._read_ahead(step)
-        from . import adapters
+        from .format import containers as adapters
 
         self._log("replay", step, f, *self._file_stats(f, _tokens(adapters.unwrap(b)[0])))
         if self.cfg.device is not None:
@@ -389,7 +391,7 @@ class Recorder:
         """Mode, path, split, steps, bytes on disk, and an estimate for ``total_steps``."""
         self._drain()
         steps = self.steps
-        files = [self.path / self.split / _store.step_name(s) for s in steps]
+        files = [self.path / self.split / paths.step_name(s) for s in steps]
         d = {"mode": self.mode, "path": str(self.path), "split": self.split, "steps": steps,
              "bytes_on_disk": sum(f.stat().st_size for f in files if f.exists()),
              "differences": dict(self.differences)}
@@ -436,7 +438,7 @@ class Recorder:
             _active.add(key)
         self._key = key
         try:
-            existing = _store.list_steps(self.path / self.split)
+            existing = paths.list_steps(self.path / self.split)
             if existing and not self.cfg.resume:
                 raise ConfigError(f"dump {self.path} split {self.split!r} already holds {len(existing)} step(s) "
                                   f"({existing[0]}..{existing[-1]}); set resume=True to continue it, or "
@@ -460,7 +462,7 @@ class Recorder:
         rot = [s for s in self._kept if s not in c.pin_steps]
         gone = rot[: max(0, len(rot) - c.max_keep)]
         for s in gone:
-            f = self._writer.dir / _store.step_name(s)
+            f = self._writer.dir / paths.step_name(s)
             if not f.exists():
                 self._writer.flush()  # still in the background queue: let it land, then delete it
             self._drain()

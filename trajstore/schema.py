@@ -10,8 +10,6 @@ from __future__ import annotations
 import base64
 import json
 import math
-import os
-import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,8 +17,9 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from . import _dtypes as dt
-from . import adapters
+from ._threads import PIECE_BYTES, balance, run_parallel
+from .format import containers as adapters
+from .format import dtypes as dt
 from .errors import BatchError, ConfigError, FormatError, UnsupportedTypeError
 
 __all__ = ["encode", "decode", "columns_for", "RESERVED"]
@@ -589,7 +588,7 @@ class _Cols:
             for src, dtype, name, dst in group:
                 dst[...] = src if dtype is None else _values(src, dtype, name, self.where)
 
-        run_parallel(copy, _balance(copies, lambda x: x[3].nbytes, PIECE_BYTES),
+        run_parallel(copy, balance(copies, lambda x: x[3].nbytes, PIECE_BYTES),
                      sum(x[3].nbytes for x in copies))
 
     def list_parts(self, name: str, dtype: str) -> tuple[np.ndarray, np.ndarray]:
@@ -656,76 +655,7 @@ def _list_chunk(a: pa.Array, name: str, where: str, dtype: str) -> tuple[np.ndar
     return o - o[0], _values(a, dtype, name, where)
 
 
-def _balance(items: list, size, target: int) -> list[list]:
-    """``items`` cut into consecutive groups of about ``target`` bytes (at most one per pool thread
-    times two), so a round on the thread pool is a few tasks, not one per chunk."""
-    total = sum(size(x) for x in items)
-    n = max(1, min(len(items), 2 * _threads(), total // target))
-    groups: list[list] = [[] for _ in range(n)]
-    acc, per = 0, total / n if total else 1
-    for x in items:
-        groups[min(n - 1, int(acc // per))].append(x)
-        acc += size(x)
-    return [g for g in groups if g]
-
-
-def _threads() -> int:
-    return min(16, os.cpu_count() or 1)
-
-
-PARALLEL_BYTES = 1 << 20  # below this, work runs on the caller's thread
-PIECE_BYTES = 1 << 20  # a join copies in pieces of at most this, so every pool thread gets a share
-_pool = None
-_pool_lock = threading.Lock()
-
-
-def _forget_pool() -> None:  # a forked child (DataLoader worker) has none of the parent's threads
-    global _pool, _pool_lock
-    _pool, _pool_lock = None, threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool)
-
-
-_serial = threading.local()
-
-
-def serial(on: bool = True) -> None:
-    """Decode on the calling thread only (no thread pool), for this thread: set by callers that
-    decode several steps at once, one per thread (``Reader.iter`` with a deep prefetch)."""
-    _serial.on = on
-
-
-def is_serial() -> bool:
-    return getattr(_serial, "on", False)
-
-
-def run_parallel(fn, items, nbytes: int) -> None:
-    """``fn(item)`` for every item: on a shared thread pool when ``nbytes`` of work is worth it
-    (numpy copies and torch kernels release the GIL). The first error is raised."""
-    items = list(items)
-    if nbytes < PARALLEL_BYTES or len(items) < 2 or is_serial() or \
-            threading.current_thread().name.startswith("trajstore-decode"):
-        for x in items:
-            fn(x)
-        return
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            _pool = ThreadPoolExecutor(max_workers=_threads(), thread_name_prefix="trajstore-decode")
-    for f in [_pool.submit(fn, x) for x in items]:
-        f.result()
-
-
-def _out(a: np.ndarray, node: dict):
-    """A storage numpy array as the value type the spec names."""
-    if node["lib"] == "torch":
-        return dt.from_storage(a, node["dtype"])
-    r = a.view(dt.numpy_dtype(node["dtype"]))
-    return r[()] if node["lib"] == "np_scalar" else r
+_out = dt.as_value
 
 
 def _from_b64(node: dict):

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from . import _dtypes
+from .format import dtypes as _dtypes
 
 __all__ = [
     "TORCH_DTYPES",

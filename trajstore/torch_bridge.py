@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import adapters
+from .format import containers as adapters
+from . import _threads
 from .errors import ConfigError
 
 __all__ = ["PinnedPool", "Arena", "snapshot_cuda", "to_device", "iterate", "map_tensors"]
@@ -367,9 +368,7 @@ def iterate(read: Callable[[int, Arena | None], Any], steps: list[int], device: 
 
     def load(step: int) -> Any:
         if prefetch >= SERIAL_PREFETCH:  # several steps decode at once: no nested pool
-            from . import schema
-
-            schema.serial()
+            _threads.serial()
         if not cuda:
             return read(step, None)
         arena = Arena()

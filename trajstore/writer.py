@@ -43,7 +43,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
-from . import _batchcheck, _index, _store, adapters, schema, torch_bridge
+from . import schema, torch_bridge
+from .format import check as _batchcheck
+from .format import containers as adapters
+from .store import commit as _commit
+from .store import index as _index
+from .store import paths
 from .errors import ConfigError, StepExistsError, TrajstoreError, WriterError
 
 __all__ = ["Writer"]
@@ -212,15 +217,15 @@ class Writer:
             if type(v) is not int or v < 1:
                 raise ConfigError(f"Writer({str(path)!r}): {name} must be an int >= 1, got {v!r}")
         self.path = Path(path)
-        self.split = _store.check_split(split)
+        self.split = paths.check_split(split)
         self.overwrite = overwrite
         self.max_pending_steps, self.max_pending_bytes = max_pending_steps, max_pending_bytes
-        self.manifest = _store.create_manifest(self.path)
+        self.manifest = paths.create_manifest(self.path)
         self.dir = self.path / self.split
         self.dir.mkdir(exist_ok=True)
         with _live_lock:  # another open Writer of this process on this split may be mid-write
             busy = any(w.dir == self.dir and not w._closed for w in _live)
-        _store.clean_temp(self.dir, keep_own=busy)
+        _commit.clean_temp(self.dir, keep_own=busy)
         _index.clean_temp(self.dir, keep_own=busy)
         self._index = _index.Collector(self.dir, self.split)  # Reader.column's index (trajstore/_index.py)
         self._closed = False
@@ -253,11 +258,11 @@ class Writer:
         with self._lock:
             if self._closed:
                 raise WriterError(f"append(step={step}) on a closed Writer for {self.dir}; open a new Writer")
-            step = _store.check_step(step)
+            step = paths.check_step(step)
             self._raise_errors(f"; step {step} was not appended, call append again to record it")
             meta = check_meta(meta, step)
             ow = self.overwrite if overwrite is None else overwrite
-            final = self.dir / _store.step_name(step)
+            final = self.dir / paths.step_name(step)
             with self._cond:
                 queued = step in self._pending
             if not ow and queued:
@@ -402,7 +407,7 @@ class Writer:
                         log.warning("trajstore: step %d was not written (on_error='warn', the run goes on; "
                                     "the step is recorded as skipped in %s): %s", job.step, self.dir, err)
             if err is not None:  # best effort: readers then say why the step is missing
-                _store.record_skipped(self.dir, job.step, f"{type(err).__name__}: {err}")
+                _commit.record_skipped(self.dir, job.step, f"{type(err).__name__}: {err}")
             with self._cond:
                 self._pending_bytes -= job.nbytes
                 self._pending[job.step] -= 1
@@ -417,8 +422,8 @@ class Writer:
         batch = _fill_cuda(job.batch, job.hosts) if job.hosts else job.batch
         snap.check(step)
         table = schema.encode_plain(batch, job.tag, step=step, split=self.split, meta=job.meta)
-        final = self.dir / _store.step_name(step)
-        tmp = self.dir / _store.temp_name(step)
+        final = self.dir / paths.step_name(step)
+        tmp = self.dir / paths.temp_name(step)
         try:
             pq.write_table(table, tmp, **parquet_options(table))
             index_rows = self._index.take(step, table)  # a copy, checked by snap.check below
@@ -426,7 +431,7 @@ class Writer:
             snap.check(step)  # the values may have changed while they were being encoded
             st = tmp.stat()
             size = st.st_size
-            _store.commit(tmp, final, job.overwrite)
+            _commit.commit(tmp, final, job.overwrite)
             self._index.add(step, index_rows, st, final)  # never raises
             return size
         except FileExistsError:

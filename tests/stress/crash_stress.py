@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 import trajstore
-from trajstore import _store, integrity
+from trajstore.store import checksums, paths
 from trajstore.testing import assert_batch_equal
 
 
@@ -98,7 +98,7 @@ def check_dump(path: Path, attempted: dict[int, set[int]], focus: list[int] | No
     d = path / "train"
     left = _leftovers(d) if d.exists() else []
     stats = {"leftovers": len(left), "pending_sums": sum(".sha256.tmp-" in n for n in left), "steps": 0}
-    if not (path / _store.MANIFEST).exists():
+    if not (path / paths.MANIFEST).exists():
         return stats  # killed before the dump existed
     if not d.exists():
         return stats
@@ -116,16 +116,16 @@ def check_dump(path: Path, attempted: dict[int, set[int]], focus: list[int] | No
         assert v in attempted[s], f"step {s}: version {v} never appended"
         assert_batch_equal(got, batch_for(s, v), f"step {s}")
         stats["steps"] += 1
-    rep = integrity.verify(path)
+    rep = trajstore.verify(path)
     assert rep.ok, rep.summary()
     # reopen for writing: leftovers go, every step keeps a matching checksum
     trajstore.Writer(path).close()
     assert _leftovers(d) == [], _leftovers(d)
     for s in r.steps:
-        f = d / _store.step_name(s)
-        assert _store.read_sum(f.with_suffix(_store.SUM_SUFFIX)) == _store.file_sha256(f), f"step {s} checksum"
+        f = d / paths.step_name(s)
+        assert checksums.read_sum(f.with_suffix(checksums.SUM_SUFFIX)) == checksums.file_sha256(f), f"step {s} checksum"
     for n in os.listdir(d):
-        if n.endswith(_store.SUM_SUFFIX):
+        if n.endswith(checksums.SUM_SUFFIX):
             assert (d / n).with_suffix(".parquet").exists(), f"orphan checksum {n}"
     return stats
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 import trajstore
-from trajstore import _store
+from trajstore.store import checksums, paths
 
 
 def _best(fn, n):
@@ -52,9 +52,9 @@ def main(argv=None) -> None:
             i[0] += 1
 
         t_write = _best(write, a.repeat)
-        f = root / "d" / "train" / _store.step_name(0)
+        f = root / "d" / "train" / paths.step_name(0)
         data = f.read_bytes()
-        t_sha = _best(lambda: _store.file_sha256(f), a.repeat)
+        t_sha = _best(lambda: checksums.file_sha256(f), a.repeat)
         t_crc = _best(lambda: zlib.crc32(data), a.repeat)
         t_blake = _best(lambda: hashlib.blake2b(data).digest(), a.repeat)
         t_read = t_readv = float("inf")

@@ -23,8 +23,9 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from ._rows import rows
-from .errors import ConfigError
+from ..errors import ConfigError
+from ..format.rows import rows
+from ..reader import Reader
 
 __all__ = ["diff", "DiffReport", "FieldDiff", "parse_steps"]
 
@@ -276,8 +277,6 @@ def _short(v: Any) -> Any:
 
 
 def _reader(x: Any, split: str):
-    from .reader import Reader
-
     return x if isinstance(x, Reader) else Reader(x, split)
 
 

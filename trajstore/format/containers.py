@@ -64,7 +64,7 @@ def _td_plain(td, where: str) -> tuple[dict, dict]:
     """(plain nested dict, tag describing batch sizes and non-tensor keys)."""
     import torch
 
-    from .errors import UnsupportedTypeError
+    from ..errors import UnsupportedTypeError
 
     out, nested, non_tensor = {}, {}, {}
     for k in td.keys():
@@ -98,13 +98,13 @@ def _td_build(plain: dict, tag: dict):
     try:
         from tensordict import NonTensorStack, TensorDict
     except ImportError:
-        from .errors import MissingDependencyError
+        from ..errors import MissingDependencyError
 
         raise MissingDependencyError("this step was recorded from a tensordict.TensorDict; install "
                                      "tensordict (pip install tensordict) to read it") from None
     nested = tag.get("nested", {})
     non_tensor = tag.get("non_tensor", {})
-    from .errors import ConfigError
+    from ..errors import ConfigError
 
     td = TensorDict({}, batch_size=tag["batch_size"])
     for k, v in plain.items():
@@ -124,7 +124,7 @@ def _td_build(plain: dict, tag: dict):
 
 
 def unwrap(batch: Any) -> tuple[Any, dict | None]:
-    from .errors import BatchError
+    from ..errors import BatchError
 
     if isinstance(batch, dict | list | tuple):
         return batch, None
@@ -132,7 +132,7 @@ def unwrap(batch: Any) -> tuple[Any, dict | None]:
         plain, tag = _td_plain(batch, "<batch>")
         return plain, {"type": "tensordict", **tag}
     if _is_dataproto(batch):
-        from .schema import check_json
+        from ..schema import check_json
 
         plain, tag = ({}, None) if batch.batch is None else _td_plain(batch.batch, "batch")
         for k, v in batch.non_tensor_batch.items():
@@ -166,7 +166,7 @@ def _loaded_class(path: str):
 def wrap(plain: Any, tag: dict | None) -> Any:
     if tag is None:
         return plain
-    from .errors import FormatError
+    from ..errors import FormatError
 
     kind = tag.get("type")
     if kind == "tensordict":

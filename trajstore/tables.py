@@ -17,8 +17,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ._rows import rows
 from .errors import FormatError, MissingDependencyError
+from .format.rows import rows
+from .store import paths
 
 __all__ = ["to_pandas", "duckdb_connect"]
 
@@ -58,14 +59,12 @@ def duckdb_connect(path: Any, con: Any = None):
         import duckdb
     except ImportError:
         raise MissingDependencyError("SQL over a dump needs duckdb: pip install 'trajstore[cli]'") from None
-    from . import _store
-
     root = Path(getattr(path, "path", path))
-    _store.read_manifest(root)
+    paths.read_manifest(root)
     con = con if con is not None else duckdb.connect()
-    for split in _store.list_splits(root):
+    for split in paths.list_splits(root):
         d = root / split
-        files = [str(d / _store.step_name(s)) for s in _store.list_steps(d)]
+        files = [str(d / paths.step_name(s)) for s in paths.list_steps(d)]
         if not files:
             continue
         lst = "[" + ", ".join(_lit(f) for f in files) + "]"

@@ -28,8 +28,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import _dtypes as dt
-from . import _store, _validate, schema
+from ..format import dtypes as dt
+from ..format import validate
+from ..format.dtypes import as_value
+from ..format.spec import is_plain_sample
+from . import files, paths
 
 DIR = "_index"
 VERSION = 1
@@ -45,11 +48,9 @@ rlog = logging.getLogger("trajstore.reader")
 
 def fields(spec: Any) -> list[list]:
     """``[[name, node], ...]``: the top-level plain per-trajectory tensor fields of a step spec."""
-    from .reader import _plain_sample
-
     if not isinstance(spec, dict) or spec.get("t") != "batch" or not isinstance(spec.get("keys"), list):
         return []
-    return [[k, n] for k, n in spec["keys"] if _plain_sample(n) and n["col"] not in RESERVED]
+    return [[k, n] for k, n in spec["keys"] if is_plain_sample(n) and n["col"] not in RESERVED]
 
 
 def _ident(st: os.stat_result) -> tuple[int, int, int]:
@@ -140,11 +141,11 @@ class Collector:
             tmp = d / f".{name}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
             try:
                 pq.write_table(table, tmp, compression="zstd", compression_level=3)
-                _store._fsync(tmp)
+                files.fsync(tmp)
                 os.link(tmp, d / name)  # never replaces a segment: names are unique and never reused
             finally:
                 tmp.unlink(missing_ok=True)
-            _store.fsync_dir(d)
+            files.fsync_dir(d)
         except Exception as e:  # noqa: BLE001 - see take
             wlog.warning("trajstore: index segment of %s steps %d..%d not written (%s: %s); Reader.column "
                          "reads those steps from their files", self.dir, steps[0], steps[-1], type(e).__name__, e)
@@ -160,7 +161,7 @@ def clean_temp(split_dir: Path, keep_own: bool = False) -> None:
     for n in names:
         if n.startswith(".steps_") and ".tmp-" in n:
             pid = n.rsplit(".tmp-", 1)[1].split("-")[0]
-            if pid.isdigit() and (int(pid) != os.getpid() or keep_own) and _store._alive(int(pid)):
+            if pid.isdigit() and (int(pid) != os.getpid() or keep_own) and files.alive(int(pid)):
                 continue
             try:
                 (d / n).unlink(missing_ok=True)
@@ -176,7 +177,7 @@ def prune(split_dir: Path) -> list[str]:
         names = os.listdir(d)
     except OSError:
         return []
-    steps, gone = _store.list_steps(split_dir), []
+    steps, gone = paths.list_steps(split_dir), []
     for n in names:
         m = SEGMENT_RE.match(n)
         if not m:
@@ -232,7 +233,7 @@ class _Segment:
                 raise _Bad(f"steps {nums[0]}..{nums[-1]} are not increasing or not the range its name says")
             counts = np.array([e[1] for e in steps], dtype=np.int64)
             n = pf.metadata.num_rows
-            if int(counts.sum()) != n or n * 8 * (2 + len(fs)) > _validate.MAX_DECODED_BYTES:
+            if int(counts.sum()) != n or n * 8 * (2 + len(fs)) > validate.MAX_DECODED_BYTES:
                 raise _Bad(f"it holds {n} rows, its steps add up to {int(counts.sum())}")
             self.schema = pf.schema_arrow
             starts = np.cumsum(counts) - counts
@@ -268,7 +269,7 @@ class _Segment:
         v = a.slice(self.starts[i], self.counts[i]).to_numpy(zero_copy_only=False)
         c = v.copy()  # owned by the result: an in-place change must not reach the cache
         c.flags.writeable = v.flags.writeable  # as from the step file (Arrow views are read-only)
-        return schema._out(c, node)
+        return as_value(c, node)
 
 
 class Index:
@@ -313,7 +314,7 @@ class Index:
             if s not in cand:
                 continue
             try:
-                ident = _ident(os.stat(os.path.join(self.split_dir, _store.step_name(s))))
+                ident = _ident(os.stat(os.path.join(self.split_dir, paths.step_name(s))))
             except OSError:
                 continue  # gone: the step file path says so
             for n, seg in cand[s]:

@@ -15,8 +15,8 @@ import contextlib
 import sys
 from typing import Any, Callable, Iterable
 
-from ._traces import traces
-from .errors import MissingDependencyError
+from ..errors import MissingDependencyError
+from .traces import traces
 
 ROLES = {"prompt": "user", "model": "assistant", "env": "tool", "sequence": "user"}
 

@@ -16,8 +16,8 @@ import re
 
 import pyarrow as pa
 
-from . import _dtypes as dt
-from .errors import FormatError
+from ..errors import FormatError
+from . import dtypes as dt
 
 MAX_DECODED_BYTES = int(os.environ.get("TRAJSTORE_MAX_DECODED_BYTES", 16 << 30))
 MAX_DEPTH = 64

@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from ._rows import rows
-from .errors import ConfigError, MissingDependencyError
+from ..errors import ConfigError, MissingDependencyError
+from ..format.rows import rows
 
 __all__ = ["traces", "load_tokenizer", "trace_rows", "FIELD_NAMES", "run_lengths"]
 

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import schema
-from .errors import UnsupportedTypeError
+from .. import schema
+from ..errors import UnsupportedTypeError
 
 __all__ = ["check"]
 

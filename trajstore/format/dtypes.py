@@ -88,3 +88,11 @@ def from_storage(a: np.ndarray, name: str) -> torch.Tensor:
         warnings.simplefilter("ignore", UserWarning)
         t = torch.from_numpy(a)
     return t.view(torch.bfloat16) if name == "bfloat16" else t
+
+
+def as_value(a: np.ndarray, node: dict):
+    """A storage numpy array as the value type a spec node names (``lib`` torch, numpy or np_scalar)."""
+    if node["lib"] == "torch":
+        return from_storage(a, node["dtype"])
+    r = a.view(numpy_dtype(node["dtype"]))
+    return r[()] if node["lib"] == "np_scalar" else r

@@ -12,8 +12,8 @@ from typing import Any, Callable, Iterable
 
 import pyarrow.parquet as pq
 
-from . import _store
-from .reader import Reader
+from ..reader import Reader
+from ..store import paths
 
 __all__ = ["describe", "fields_of", "gaps"]
 
@@ -89,8 +89,8 @@ def describe(path: str | Path, split: str | None = None,
              progress: Callable[[Iterable], Iterable] | None = None) -> dict:
     """A JSON-able description of the dump at ``path`` (every split, or only ``split``)."""
     root = Path(path)
-    manifest = _store.read_manifest(root)
-    splits = [split] if split else _store.list_splits(root)
+    manifest = paths.read_manifest(root)
+    splits = [split] if split else paths.list_splits(root)
     out: dict[str, Any] = {
         "path": str(root),
         "format_version": manifest.get("format_version"),

@@ -1,0 +1,2 @@
+"""Looking at dumps: ``describe`` (what is in a dump), ``diff``, readable ``traces`` (and their Trackio
+export), and ``verify``. Each works through ``trajstore.reader``; nothing here writes a dump."""

@@ -1,0 +1,101 @@
+"""The SHA-256 of every step file: the ``step_N.sha256`` sidecar (``sha256sum`` format) that
+``commit`` records before a step becomes visible, and reads checked against it (docs/RELIABILITY.md)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+
+import pyarrow as pa
+
+from ..errors import ChecksumError, FormatError
+
+__all__ = ["SUM_SUFFIX", "file_sha256", "sum_line", "read_sum", "pending_sums", "check_digest", "read_verified"]
+
+SUM_SUFFIX = ".sha256"
+_SUM_RE = re.compile(r"^([0-9a-f]{64})  (\S+)\n?$")
+
+
+def file_sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def sum_line(digest: str, name: str) -> str:
+    """One line in ``sha256sum`` format, so ``sha256sum -c step_*.sha256`` also checks a split."""
+    return f"{digest}  {name}\n"
+
+
+def read_sum(path: Path) -> str | None:
+    """The digest recorded in a checksum file (None if absent or malformed)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(4096)
+        m = _SUM_RE.match(raw.decode("ascii"))
+    except (FileNotFoundError, UnicodeDecodeError):
+        return None
+    return m.group(1) if m else None
+
+
+def pending_sums(split_dir: Path, step: int) -> list[str]:
+    """Digests in temporary checksum files of ``step`` (a commit interrupted after step 2)."""
+    pre = f".step_{step:08d}.sha256.tmp-"
+    try:
+        names = [n for n in os.listdir(split_dir) if n.startswith(pre)]
+    except FileNotFoundError:
+        return []
+    return [d for n in names if (d := read_sum(split_dir / n))]
+
+
+def _recorded(f: Path, step: int) -> tuple[str | None, list[str]]:
+    return read_sum(f.with_suffix(SUM_SUFFIX)), pending_sums(f.parent, step)
+
+
+def check_digest(f: Path, step: int, digest: str) -> None:
+    """Raise ChecksumError unless ``digest`` is the one recorded for step file ``f``."""
+    recorded, pending = _recorded(f, step)
+    if digest == recorded or digest in pending:
+        return
+    # a writer may have renamed its temporary checksum into place between the two looks
+    recorded = read_sum(f.with_suffix(SUM_SUFFIX)) or recorded
+    if digest == recorded:
+        return
+    if recorded is None and not pending:
+        raise ChecksumError(
+            f"{f}: step {step} has no recorded checksum ({f.with_suffix(SUM_SUFFIX).name} is "
+            "missing or malformed), so it cannot be verified; run `trajstore verify` on the dump, "
+            "or pass verify=False to read it anyway"
+        )
+    raise ChecksumError(
+        f"{f}: step {step} is damaged: its SHA-256 is {digest[:16]}..., the checksum recorded at "
+        f"commit is {(recorded or pending[0])[:16]}...; restore the file from a copy or rewrite the step"
+    )
+
+
+def read_verified(f: Path, step: int):
+    """The bytes of step file ``f`` (an Arrow buffer: decoded arrays may point into it, and it must
+    not be owned by a Python object), after checking them against the recorded checksum."""
+    for attempt in range(3):
+        try:
+            before = os.stat(f)
+            with pa.OSFile(str(f)) as src:
+                data = src.read_buffer()
+        except (OSError, pa.ArrowException) as e:
+            raise FormatError(f"{f}: step {step} cannot be read ({e})") from None
+        try:
+            check_digest(f, step, hashlib.sha256(memoryview(data)).hexdigest())
+            return data
+        except ChecksumError:
+            if attempt == 2 or _same_file(before, f):
+                raise
+            # the step was overwritten while it was read: read the new version
+
+
+def _same_file(st: os.stat_result, f: Path) -> bool:
+    try:
+        now = os.stat(f)
+    except OSError:
+        return False
+    return (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns) == (now.st_ino, now.st_dev, now.st_size, now.st_mtime_ns)

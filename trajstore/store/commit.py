@@ -1,0 +1,114 @@
+"""Atomic commit of a step file with its checksum, clean-up of interrupted writes, and the
+record of a step that was not written (docs/RELIABILITY.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+from . import checksums
+from .files import alive, fsync, fsync_dir, write_durable
+from .paths import TMP_PREFIX, skipped_name, step_of
+
+__all__ = ["commit", "clean_temp", "record_skipped"]
+
+
+def commit(tmp: Path, final: Path, overwrite: bool) -> None:
+    """Make ``tmp`` visible as ``final``, with its checksum: see docs/RELIABILITY.md.
+
+    1. fsync ``tmp`` and write its SHA-256 to a fsynced temporary sidecar;
+    2. link ``tmp`` to ``final`` (no clobber; FileExistsError if committed) or replace it;
+    3. rename the temporary sidecar over ``step_N.sha256``.
+    A crash between 2 and 3 leaves a temporary sidecar that matches the new file:
+    readers accept it and ``clean_temp`` promotes it.
+    """
+    fsync(tmp)
+    digest = checksums.file_sha256(tmp)
+    side = final.with_suffix(checksums.SUM_SUFFIX)
+    side_tmp = final.parent / f".{side.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
+    try:
+        write_durable(side_tmp, checksums.sum_line(digest, final.name))
+        if overwrite:
+            os.replace(tmp, final)
+        else:
+            try:
+                os.link(tmp, final)
+            finally:
+                tmp.unlink(missing_ok=True)
+    except BaseException:
+        side_tmp.unlink(missing_ok=True)
+        raise
+    # the step is visible and its bytes are on disk: what follows cannot fail it
+    try:
+        os.replace(side_tmp, side)
+    except OSError:
+        pass  # side_tmp stays: readers accept it as the step's checksum, clean_temp promotes it
+    try:
+        (final.parent / skipped_name(step_of(final))).unlink(missing_ok=True)
+    except OSError:
+        pass
+    fsync_dir(final.parent)
+
+
+def clean_temp(split_dir: Path, keep_own: bool = False) -> list[str]:
+    """Remove leftovers of interrupted writes (promoting a temporary checksum that
+    matches its committed step); returns the names removed.  Temporaries of other live
+    processes are kept, and this process's own too with ``keep_own`` (another Writer of
+    this process may be writing them)."""
+    gone = []
+    for n in sorted(os.listdir(split_dir)) if split_dir.exists() else []:
+        if n.startswith(TMP_PREFIX) and ".tmp-" in n:
+            pid = n.rsplit(".tmp-", 1)[1].split("-")[0]
+            if pid.isdigit() and (int(pid) != os.getpid() or keep_own) and alive(int(pid)):
+                continue  # another live writer's step in progress
+            m = re.match(r"^\.(step_\d{8,})\.sha256\.tmp-", n)
+            if m and _promote(split_dir, m.group(1), split_dir / n):
+                continue
+            (split_dir / n).unlink(missing_ok=True)
+            gone.append(n)
+    for n in os.listdir(split_dir) if split_dir.exists() else []:
+        if n.endswith(checksums.SUM_SUFFIX) and not (split_dir / n).with_suffix(".parquet").exists():
+            (split_dir / n).unlink(missing_ok=True)  # checksum of a step that was never committed
+            gone.append(n)
+    return gone
+
+
+def _promote(split_dir: Path, stem: str, side_tmp: Path) -> bool:
+    final = split_dir / f"{stem}.parquet"
+    try:
+        recorded = checksums.read_sum(side_tmp)
+        if not final.exists() or recorded is None or checksums.file_sha256(final) != recorded:
+            return False
+        if checksums.read_sum(final.with_suffix(checksums.SUM_SUFFIX)) != recorded:
+            os.replace(side_tmp, final.with_suffix(checksums.SUM_SUFFIX))
+            fsync_dir(split_dir)
+            return True
+    except OSError:
+        return False
+    return False
+
+
+def record_skipped(split_dir: Path, step: int, reason: str) -> bool:
+    """Record that ``step`` was not written (e.g. disk full) so readers can say so.
+
+    Best effort: returns False if the record itself cannot be written (the disk may be full).
+    """
+    path = split_dir / skipped_name(step)
+    tmp = split_dir / f".{path.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
+    doc = {"step": step, "reason": str(reason)[:2000],
+           "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    try:
+        write_durable(tmp, json.dumps(doc))
+        os.replace(tmp, path)
+        fsync_dir(split_dir)
+        return True
+    except OSError:
+        return False
+    finally:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass

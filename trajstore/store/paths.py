@@ -1,0 +1,146 @@
+"""The directory layout of a dump: manifest, split folders, step file names."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+from .. import fingerprint
+from .._version import __version__
+from ..errors import ConfigError, DumpNotFoundError, FormatError, FormatVersionError
+from ..format.spec import FORMAT_VERSION
+from .files import alive, fsync, fsync_dir
+
+MANIFEST = "trajstore.json"
+STEP_RE = re.compile(r"^step_(\d{8,})\.parquet$")
+TMP_PREFIX = ".step_"
+_SPLIT_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+
+
+def check_split(split: str) -> str:
+    if not isinstance(split, str) or not _SPLIT_RE.match(split) or ".." in split:
+        raise ConfigError(
+            f"split {split!r} is not a valid name: use 1-128 letters, digits, '_', '-' or '.', "
+            "not starting with '.' or '-' and without '/' or '..'"
+        )
+    return split
+
+
+def check_step(step) -> int:
+    if type(step) is not int and not (hasattr(step, "__index__") and not isinstance(step, bool | float)):
+        raise ConfigError(f"step {step!r} is a {type(step).__name__}; steps are non-negative ints")
+    step = int(step.__index__())
+    if step < 0:
+        raise ConfigError(f"step {step} is negative; steps are non-negative ints")
+    if step >= 2**63:
+        raise ConfigError(f"step {step} is too large; steps must be below 2**63")
+    return step
+
+
+def step_name(step: int) -> str:
+    return f"step_{step:08d}.parquet"
+
+
+def list_steps(split_dir: Path) -> list[int]:
+    try:
+        names = os.listdir(split_dir)
+    except FileNotFoundError:
+        return []
+    return sorted(int(m.group(1)) for n in names if (m := STEP_RE.match(n)))
+
+
+def list_splits(root: Path) -> list[str]:
+    try:
+        return sorted(d.name for d in root.iterdir() if d.is_dir() and _SPLIT_RE.match(d.name))
+    except FileNotFoundError:
+        return []
+
+
+def read_manifest(root: Path) -> dict:
+    f = root / MANIFEST
+    try:
+        doc = json.loads(f.read_text())
+    except FileNotFoundError:
+        raise DumpNotFoundError(
+            f"no trajstore dump at {root}: {MANIFEST} is missing; check the path, or create one with "
+            "trajstore.Writer(path)"
+        ) from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise FormatError(f"{f}: the manifest is not valid JSON ({e}); the dump is damaged") from None
+    except OSError as e:
+        raise FormatError(f"{f}: the manifest cannot be read ({e})") from None
+    if not isinstance(doc, dict) or doc.get("format") != "trajstore":
+        raise FormatError(f"{f}: not a trajstore manifest (missing \"format\": \"trajstore\")")
+    v = doc.get("format_version")
+    if type(v) is not int or v < 1:
+        raise FormatError(f"{f}: format_version is missing or not a positive int; the manifest is damaged")
+    if v > FORMAT_VERSION:
+        raise FormatVersionError(
+            f"{f}: written with format version {v}; this trajstore reads up to {FORMAT_VERSION}; "
+            "upgrade trajstore"
+        )
+    return doc
+
+
+def create_manifest(root: Path) -> dict:
+    """Read the manifest, creating the dump (atomically) if there is none."""
+    root.mkdir(parents=True, exist_ok=True)
+    for n in os.listdir(root):  # leftovers of a writer killed while creating the dump
+        pid = n.rsplit(".tmp-", 1)[-1]
+        if n.startswith(f".{MANIFEST}.tmp-") and pid.isdigit() and not alive(int(pid)):
+            (root / n).unlink(missing_ok=True)
+    if (root / MANIFEST).exists():
+        return read_manifest(root)
+    doc = {
+        "format": "trajstore",
+        "format_version": FORMAT_VERSION,
+        "library_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "environment": fingerprint.collect(),
+    }
+    tmp = root / f".{MANIFEST}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(doc, indent=2))
+    fsync(tmp)
+    try:
+        os.link(tmp, root / MANIFEST)  # never replaces a manifest another writer made first
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(root)
+    return read_manifest(root)
+
+
+def skipped_name(step: int) -> str:
+    return f"step_{step:08d}.skipped.json"
+
+
+def step_of(final: Path) -> int:
+    return int(final.name.split("_", 1)[1].split(".", 1)[0])
+
+
+def list_skipped(split_dir: Path) -> dict[int, str]:
+    """Steps recorded as skipped, with the reason."""
+    out = {}
+    try:
+        names = os.listdir(split_dir)
+    except FileNotFoundError:
+        return out
+    for n in names:
+        m = re.match(r"^step_(\d{8,})\.skipped\.json$", n)
+        if m:
+            try:
+                doc = json.loads((split_dir / n).read_text())
+                out[int(m.group(1))] = str(doc.get("reason", "")) if isinstance(doc, dict) else ""
+            except (OSError, ValueError, RecursionError):
+                out[int(m.group(1))] = "(unreadable record)"
+    return dict(sorted(out.items()))
+
+
+def temp_name(step: int) -> str:
+    return f".{step_name(step)}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
+
+
