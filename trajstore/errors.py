@@ -18,9 +18,18 @@ catch, so ``except KeyError`` around ``reader[step]`` keeps working::
     └── MissingDependencyError(ImportError)  an optional package (an extra) is not installed
 
 Messages name the step, field or file, say why, and say what to do.
+
+Foreign errors are mapped in one place: :func:`foreign_errors` turns what pyarrow (or the
+file system) raises while reading untrusted bytes into :class:`FormatError` naming the file.
+Nothing else is translated, so a bug of trajstore's own surfaces as itself.
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import pyarrow as pa
 
 __all__ = [
     "TrajstoreError",
@@ -36,6 +45,7 @@ __all__ = [
     "ConfigError",
     "EnvironmentMismatchError",
     "MissingDependencyError",
+    "foreign_errors",
 ]
 
 
@@ -47,7 +57,9 @@ class TrajstoreError(Exception):
 
 
 class StepNotFoundError(TrajstoreError, KeyError):
-    """The requested step is not in the dump (also a ``KeyError``)."""
+    """The requested step is not in the dump (also a ``KeyError``); ``step`` is that step."""
+
+    step: int | None
 
     def __init__(self, message: str, *, step: int | None = None):
         super().__init__(message)
@@ -83,7 +95,18 @@ class ChecksumError(FormatError):
 
 
 class WriterError(TrajstoreError, RuntimeError):
-    """Writing a step failed (in the background or on disk)."""
+    """Writing a step failed (in the background or on disk).
+
+    ``step`` is the (first) step that failed, ``steps`` every step reported by this error; both
+    None when the error concerns no particular step (a closed writer, a stopped thread)."""
+
+    step: int | None
+    steps: list[int] | None
+
+    def __init__(self, message: str, *, step: int | None = None, steps: list[int] | None = None):
+        super().__init__(message)
+        self.step = step
+        self.steps = steps if steps is not None else (None if step is None else [step])
 
 
 class ConfigError(TrajstoreError, ValueError):
@@ -96,3 +119,17 @@ class EnvironmentMismatchError(TrajstoreError, RuntimeError):
 
 class MissingDependencyError(TrajstoreError, ImportError):
     """An optional package is needed; the message names the extra to install."""
+
+
+@contextlib.contextmanager
+def foreign_errors(where: str, doing: str = "reading it",
+                   then: str = "the file is damaged or was not written by trajstore") -> Iterator[None]:
+    """Map what pyarrow and the file system raise inside the block to :class:`FormatError`
+    ``"<where>: <doing> failed (<error>); <then>"``. trajstore's own errors pass through, and so does
+    anything else (a ``KeyError`` or ``TypeError`` of ours is a bug, not a damaged file)."""
+    try:
+        yield
+    except TrajstoreError:
+        raise
+    except (pa.ArrowException, OSError) as e:  # pyarrow's ArrowIOError is OSError
+        raise FormatError(f"{where}: {doing} failed ({type(e).__name__}: {e}); {then}") from None

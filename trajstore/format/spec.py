@@ -7,7 +7,7 @@ from typing import Any
 
 from . import dtypes as dt
 
-__all__ = ["FORMAT_VERSION", "is_plain_sample"]
+__all__ = ["FORMAT_VERSION", "is_plain_sample", "where"]
 
 FORMAT_VERSION = 1
 
@@ -20,3 +20,8 @@ def is_plain_sample(node: Any) -> bool:
     d, lib = node.get("dtype"), node.get("lib")  # anything unusual takes the fully checked path
     return type(d) is str and dt.known(d) and (lib == "numpy" and d != "bfloat16" or
                                                lib == "torch" and (d == "uint8" or not d.startswith("uint")))
+
+
+def where(path: tuple) -> str:
+    """A field's dotted path for messages (``"extra.score"``; ``"<batch>"`` for the batch itself)."""
+    return ".".join(str(p) for p in path) if path else "<batch>"
