@@ -25,6 +25,7 @@ import sys
 from typing import Any, Callable
 
 from . import _console as out
+from ._text import human_bytes, parse_steps
 from .errors import ConfigError, TrajstoreError
 
 __all__ = ["main", "command", "arg"]
@@ -57,16 +58,6 @@ def _fields(args) -> dict:
     return {k[2:]: v for k, v in vars(args).items() if k.startswith("f_") and v}
 
 
-def _human(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
 def _ranges(gaps: list) -> str:
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in gaps) or "none"
 
@@ -90,7 +81,7 @@ def cmd_info(args) -> int:
         rng = f"{st['first']}..{st['last']}" if st["count"] else "none"
         print(f"steps {rng}  count {st['count']}  gaps {_ranges(st['gaps'])}")
         print(f"rows {sp['rows']}  tokens {sp['tokens'] if sp['tokens'] is not None else '-'}  "
-              f"bytes {_human(sp['bytes'])}")
+              f"bytes {human_bytes(sp['bytes'])}")
         per = sp["per_step"]
         if len(per) > 20 and not args.all_steps:
             per = per[:10] + [{"step": f"... {len(per) - 20} more (--all-steps)"}] + per[-10:]
@@ -115,7 +106,7 @@ def cmd_info(args) -> int:
          SPLIT, JSON, *OVERRIDES)
 def cmd_show(args) -> int:
     from .format.rows import rows
-    from .inspection.traces import _decode, load_tokenizer, to_json, trace_rows
+    from .inspection.traces import decode_ids, load_tokenizer, to_json, trace_rows
     from .reader import Reader
 
     r = Reader(args.path, args.split)
@@ -160,7 +151,7 @@ def cmd_show(args) -> int:
             lp = s.get("logprobs")
             for j, i in enumerate(s["ids"].tolist()):
                 lines.append([s["pos"][0] + j, s["role"], i,
-                              repr(_decode(tok, [i])) if tok is not None else "",
+                              repr(decode_ids(tok, [i])) if tok is not None else "",
                               None if lp is None else float(lp[j])])
         if "logprobs_field" in t:
             out.table(["pos", "role", "id", "token", t["logprobs_field"]], lines, title="per-token log-probabilities")
@@ -199,8 +190,8 @@ def cmd_diff(args) -> int:
     from .inspection.diff import diff
 
     fields = [f.strip() for f in args.fields.split(",") if f.strip()] if args.fields else None
-    rep = diff(args.a, args.b, steps=args.steps, fields=fields, atol=args.atol, rtol=args.rtol,
-               split=args.split, pair=tuple(args.pair) if args.pair else None, mask=args.mask,
+    rep = diff(args.a, args.b, steps=parse_steps(args.steps, "--steps"), fields=fields, atol=args.atol,
+               rtol=args.rtol, split=args.split, pair=tuple(args.pair) if args.pair else None, mask=args.mask,
                progress=lambda s: out.progress(s, "comparing"))
     if args.json:
         print(json.dumps(rep.to_dict(), indent=2, default=str))
@@ -275,13 +266,12 @@ def cmd_sql(args) -> int:
          arg("--logprobs", action="store_true", help="add per-token log-probabilities"),
          SPLIT, *OVERRIDES)
 def cmd_export(args) -> int:
-    from .inspection.diff import parse_steps
     from .inspection.traces import dumps, load_tokenizer, traces
     from .reader import Reader
 
     r = Reader(args.path, args.split)
     tok = load_tokenizer(args.tokenizer)
-    want = parse_steps(args.steps)
+    want = parse_steps(args.steps, "--steps")
     steps = r.steps if want is None else [s for s in want if s in r.steps]
     if want is not None and not steps:
         raise ConfigError(f"--steps {args.steps}: none of these steps is in {args.path} split {args.split!r}")

@@ -24,7 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["rows", "to_numpy", "is_rejected"]
+from .layout import token_mask
+
+__all__ = ["rows", "row_mask", "to_numpy", "is_rejected"]
 
 _LAYOUT = ("cu_seqlens", "max_seqlen")
 
@@ -72,27 +74,24 @@ def _is_global(node: dict) -> bool:
     return node.get("t") in ("json", "gtensor")
 
 
-def _mask2d(m: Any) -> torch.Tensor:
-    m = torch.as_tensor(np.asarray(m)) if not isinstance(m, torch.Tensor) else m
-    m = m != 0
-    while m.ndim > 2:
-        m = m.all(dim=-1)
-    return m
+def row_mask(m: Any) -> np.ndarray:
+    """The ``[T]`` bool mask of one trajectory's mask of shape ``[T, ...]`` (``token_mask`` of one row)."""
+    return token_mask(np.asarray(m)[None] != 0)[0].numpy()
 
 
 def _list_row(d: Mapping) -> dict:
     flat: dict = {}
     _flat("", d, flat)
     mask = flat.get("attention_mask")
-    mshape = None
+    keep = None
     if isinstance(mask, torch.Tensor | np.ndarray) and np.ndim(mask) >= 1:
-        mt = torch.as_tensor(np.asarray(to_numpy(mask))) != 0
-        mshape = tuple(mt.shape)
+        keep = np.asarray(to_numpy(mask)) != 0
     out = {}
     for k, v in flat.items():
-        if mshape is not None and isinstance(v, torch.Tensor | np.ndarray) and tuple(v.shape[: len(mshape)]) == mshape:
-            v = to_numpy(v)[mt.numpy()]
-        out[k] = to_numpy(v)
+        v = to_numpy(v)
+        if keep is not None and isinstance(v, np.ndarray) and v.shape[: keep.ndim] == keep.shape:
+            v = v[keep]
+        out[k] = v
     return out
 
 
@@ -122,7 +121,7 @@ def rows(batch: Any, spec: dict) -> list[dict | None]:
     out: list[dict] = [{} for _ in range(B)]
     mask = cu = None
     if form == "padded" and "attention_mask" in flat:
-        mask = _mask2d(flat["attention_mask"]).numpy()
+        mask = token_mask(flat["attention_mask"]).numpy()
     if form == "packed":
         cu = np.asarray(to_numpy(flat["cu_seqlens"]), dtype=np.int64)
     P, R = _split_widths(flat, mask)

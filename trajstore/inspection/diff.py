@@ -23,11 +23,12 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from .._text import parse_steps
 from ..errors import ConfigError
-from ..format.rows import rows
+from ..format.rows import row_mask, rows
 from ..reader import Reader
 
-__all__ = ["diff", "DiffReport", "FieldDiff", "parse_steps"]
+__all__ = ["diff", "DiffReport", "FieldDiff"]
 
 OK = ("identical", "close")
 
@@ -135,24 +136,6 @@ def _stats(s: dict) -> dict:
     return out
 
 
-def parse_steps(text: str | None) -> list[int] | None:
-    """``"0-9,12,20:30"`` -> steps (``a-b`` and ``a:b`` are inclusive ranges)."""
-    if text is None or text == "":
-        return None
-    out: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        try:
-            if "-" in part[1:] or ":" in part:
-                a, b = part.replace(":", "-", 1).split("-", 1) if ":" in part else part.split("-", 1)
-                out.extend(range(int(a), int(b) + 1))
-            else:
-                out.append(int(part))
-        except ValueError:
-            raise ConfigError(f"steps {text!r}: cannot read {part!r}; use e.g. '0-9,12'") from None
-    return sorted(set(out))
-
-
 def _numeric(v: Any) -> bool:
     return isinstance(v, np.ndarray | np.generic | int | float | bool) and np.asarray(v).dtype.kind in "biuf"
 
@@ -207,7 +190,7 @@ class _Field:
             if np.ndim(mask) == 0:
                 self.fail("mismatch", traj, f"trajectory {traj}: the mask field is not per-token")
                 return
-            m = np.asarray(mask).reshape(len(mask), -1).all(axis=1) if np.ndim(mask) > 1 else np.asarray(mask) != 0
+            m = row_mask(mask)
             if x.ndim == 0 or len(m) != x.shape[0]:
                 self.fail("mismatch", traj, f"trajectory {traj}: mask has {len(m)} tokens, values {x.shape[:1]}")
                 return
@@ -299,7 +282,7 @@ def diff(a: Any, b: Any = None, *, steps: Iterable[int] | str | None = None,
         raise ConfigError("diff needs two dumps, or one dump and pair=(field_a, field_b)")
     ra = _reader(a, split)
     rb = ra if b is None else _reader(b, split)
-    want = parse_steps(steps) if isinstance(steps, str) else (None if steps is None else sorted(set(steps)))
+    want = parse_steps(steps, "steps")
     all_steps = sorted(set(ra.steps) | set(rb.steps)) if want is None else want
     entries: list[FieldDiff] = []
     absd: dict[str, list] = {}

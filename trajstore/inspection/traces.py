@@ -38,9 +38,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, MissingDependencyError
-from ..format.rows import rows
+from ..format.rows import row_mask, rows
 
-__all__ = ["traces", "load_tokenizer", "trace_rows", "FIELD_NAMES", "run_lengths"]
+__all__ = ["traces", "load_tokenizer", "trace_rows", "to_json", "dumps", "decode_ids", "FIELD_NAMES",
+           "run_lengths"]
 
 FIELD_NAMES: dict[str, tuple[str, ...]] = {
     "tokens": ("input_ids", "tokens", "token_ids", "sequences"),
@@ -83,7 +84,8 @@ def load_tokenizer(tokenizer: Any) -> Any:
         raise ConfigError(f"tokenizer {f}: cannot be loaded ({e}); is it a Hugging Face tokenizer.json?") from None
 
 
-def _decode(tok: Any, ids: np.ndarray) -> str:
+def decode_ids(tok: Any, ids: Any) -> str:
+    """The text of token ids ``ids`` (special tokens kept) with tokenizer ``tok``."""
     ids = [int(x) for x in np.asarray(ids).reshape(-1)]
     try:
         return tok.decode(ids, skip_special_tokens=False)
@@ -140,7 +142,7 @@ def _ids(v: np.ndarray) -> np.ndarray:
 
 
 def _runs(mask: np.ndarray) -> list[tuple[int, int, bool]]:
-    m = np.asarray(mask).reshape(len(mask), -1).all(axis=1) if np.ndim(mask) > 1 else np.asarray(mask) != 0
+    m = row_mask(mask)
     out, start = [], 0
     for i in range(1, len(m) + 1):
         if i == len(m) or m[i] != m[start]:
@@ -197,13 +199,13 @@ def trace_rows(row: dict, tokenizer: Any = None, *, fields: dict | None = None,
     for s in segs:
         s["tokens"] = len(s["ids"])
         if tok is not None:
-            s["text"] = _decode(tok, s["ids"])
+            s["text"] = decode_ids(tok, s["ids"])
     n_prompt = sum(s["tokens"] for s in segs if s["role"] == "prompt")
     rest = [s for s in segs if s["role"] != "prompt"]
     if tok is not None and segs:
-        out["prompt"] = _decode(tok, np.concatenate([s["ids"] for s in segs if s["role"] == "prompt"]
+        out["prompt"] = decode_ids(tok, np.concatenate([s["ids"] for s in segs if s["role"] == "prompt"]
                                                    or [np.zeros(0, np.int64)]))
-        out["completion"] = _decode(tok, np.concatenate([s["ids"] for s in rest] or [np.zeros(0, np.int64)]))
+        out["completion"] = decode_ids(tok, np.concatenate([s["ids"] for s in rest] or [np.zeros(0, np.int64)]))
     if text_prompt is not None:
         out["prompt"] = text_prompt
     if text_comp is not None:
