@@ -30,14 +30,11 @@ def fmt(v: Any) -> str:
     return str(v)
 
 
-_cell = fmt
-
-
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None,
           stream=None) -> None:
     """Print a table: a rich table on a terminal, aligned plain columns otherwise."""
     stream = stream or sys.stdout
-    rows = [[_cell(v) for v in r] for r in rows]
+    rows = [[fmt(v) for v in r] for r in rows]
     if fancy(stream):
         from rich.console import Console
         from rich.table import Table

@@ -19,6 +19,7 @@ Adding a subcommand: write one function ``def cmd_x(args) -> int`` and register 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import sys
@@ -105,13 +106,13 @@ def cmd_info(args) -> int:
          TOKENIZER, arg("--logprobs", action="store_true", help="print per-token log-probabilities"),
          SPLIT, JSON, *OVERRIDES)
 def cmd_show(args) -> int:
-    from .format.rows import rows
     from .inspection.traces import decode_ids, load_tokenizer, to_json, trace_rows
     from .reader import Reader
+    from .tables import step_rows
 
     r = Reader(args.path, args.split)
     tok = load_tokenizer(args.tokenizer)
-    all_rows = rows(r.read(args.step), r.info(args.step)["batch"])
+    all_rows = step_rows(r, args.step)
     if not 0 <= args.sample < len(all_rows):
         raise ConfigError(f"step {args.step} has {len(all_rows)} trajectories; --sample {args.sample} is out of range")
     row = all_rows[args.sample]
@@ -243,8 +244,6 @@ def cmd_sql(args) -> int:
         for r in data:
             print(json.dumps(dict(zip(cols, r)), default=str))
     elif args.fmt == "csv":
-        import csv
-
         w = csv.writer(sys.stdout)
         w.writerow(cols)
         w.writerows(data)

@@ -1,4 +1,7 @@
-"""Tabular views of a dump: pandas DataFrames and DuckDB views.
+"""Tabular views of a dump: one dict per trajectory, pandas DataFrames and DuckDB views.
+
+``step_rows``: the trajectories of one step as dicts (``trajstore.format.rows``), the view that
+``to_pandas``, ``traces``, ``diff`` and ``trajstore show`` share.
 
 ``to_pandas``: one row per trajectory with ``step`` and ``index`` (position in the batch)
 columns; per-token fields hold the trajectory's own tokens as numpy arrays (bfloat16 as
@@ -21,7 +24,12 @@ from .errors import FormatError, MissingDependencyError
 from .format.rows import rows
 from .store import paths
 
-__all__ = ["to_pandas", "duckdb_connect"]
+__all__ = ["step_rows", "to_pandas", "duckdb_connect"]
+
+
+def step_rows(reader: Any, step: int) -> list[dict | None]:
+    """The trajectories of ``step`` of ``reader`` (a Reader): one dict each, None for a rejected one."""
+    return rows(reader.read(step), reader.info(step)["batch"])
 
 
 def to_pandas(reader: Any, step: int | None = None):
@@ -33,7 +41,7 @@ def to_pandas(reader: Any, step: int | None = None):
     steps = reader.steps if step is None else [step]
     recs: list[dict] = []
     for s in steps:
-        for i, r in enumerate(rows(reader.read(s), reader.info(s)["batch"])):
+        for i, r in enumerate(step_rows(reader, s)):
             rec = {"step": s, "index": i, "rejected": r is None}
             if r is not None:
                 rec.update(r)

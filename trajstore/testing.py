@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from .format import dtypes as _dtypes
+from .format.dtypes import bits_view
 
 __all__ = [
     "TORCH_DTYPES",
@@ -89,7 +89,8 @@ def padded_batches(draw, max_batch: int = 6):
     batch["loss_mask"] = (draw(tensors((B, T), [torch.bool])) & mask).to(torch.int32)
     lp = draw(tensors((B, T), [torch.float32, torch.bfloat16]))
     batch["logprobs"] = lp.masked_fill(~mask, 0.0)
-    batch["versions"] = torch.where(mask, draw(tensors((B, T), [torch.int32])), torch.full((B, T), -1, dtype=torch.int32))
+    no_version = torch.full((B, T), -1, dtype=torch.int32)
+    batch["versions"] = torch.where(mask, draw(tensors((B, T), [torch.int32])), no_version)
     if draw(st.booleans()):
         k = draw(st.integers(1, 3))
         batch["topk"] = draw(tensors((B, T, k)))  # pad region arbitrary: stored whole
@@ -218,7 +219,7 @@ def assert_batch_equal(a: Any, b: Any, path: str = "batch") -> None:
         assert a.dtype == b.dtype, f"{path}: dtype {a.dtype} != {b.dtype}"
         assert a.shape == b.shape, f"{path}: shape {tuple(a.shape)} != {tuple(b.shape)}"
         ac, bc = a.detach().cpu().contiguous(), b.detach().cpu().contiguous()
-        assert torch.equal(_dtypes.bits_view(ac), _dtypes.bits_view(bc)), f"{path}: values differ"
+        assert torch.equal(bits_view(ac), bits_view(bc)), f"{path}: values differ"
     elif isinstance(a, np.ndarray):
         assert a.dtype == b.dtype, f"{path}: dtype {a.dtype} != {b.dtype}"
         assert a.shape == b.shape, f"{path}: shape {a.shape} != {b.shape}"

@@ -26,7 +26,7 @@ import torch
 
 from .layout import token_mask
 
-__all__ = ["rows", "row_mask", "to_numpy", "is_rejected"]
+__all__ = ["rows", "row_mask", "is_token", "to_numpy"]
 
 _LAYOUT = ("cu_seqlens", "max_seqlen")
 
@@ -39,10 +39,6 @@ def to_numpy(x: Any) -> Any:
             x = x.float()
         return x.numpy()
     return x
-
-
-def is_rejected(row: Any) -> bool:
-    return row is None
 
 
 def _flat(prefix: str, node: Any, out: dict) -> None:
@@ -66,7 +62,8 @@ def _names(spec_keys: list, pick, prefix: str = "") -> set[str]:
     return out
 
 
-def _is_token(node: dict) -> bool:
+def is_token(node: dict) -> bool:
+    """A spec node of a per-token tensor field (stored per token, or shaped like the mask)."""
     return node.get("t") == "tensor" and (node.get("kind") == "token" or bool(node.get("tokenlike")))
 
 
@@ -115,7 +112,7 @@ def rows(batch: Any, spec: dict) -> list[dict | None]:
     B = int(spec.get("B", 0))
     flat: dict = {}
     _flat("", batch, flat)
-    tokens = _names(spec.get("keys", []), _is_token)
+    tokens = _names(spec.get("keys", []), is_token)
     skip = _names(spec.get("keys", []), _is_global)
     form = spec.get("form")
     out: list[dict] = [{} for _ in range(B)]

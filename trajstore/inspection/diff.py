@@ -1,7 +1,7 @@
 """Compare two dumps (or two fields of one dump) step by step, field by field, token by token.
 
-Values are compared per trajectory on its own tokens (padding removed, see ``_rows``), so a token
-index is a position inside that trajectory. Numbers are compared as float64 (integers exactly up
+Values are compared per trajectory on its own tokens (padding removed, see ``trajstore.format.rows``),
+so a token index is a position inside that trajectory. Numbers are compared as float64 (integers exactly up
 to 2**53): a value is *within tolerance* when ``|a - b| <= atol + rtol * |b|`` (``b`` is the
 reference, as in ``numpy.isclose``); two NaNs at the same place are equal. With the default
 ``atol=rtol=0`` any difference fails. Non-numeric values (strings, JSON) must be equal.
@@ -25,8 +25,9 @@ import numpy as np
 
 from .._text import parse_steps
 from ..errors import ConfigError
-from ..format.rows import row_mask, rows
+from ..format.rows import row_mask
 from ..reader import Reader
+from ..tables import step_rows
 
 __all__ = ["diff", "DiffReport", "FieldDiff"]
 
@@ -298,8 +299,8 @@ def diff(a: Any, b: Any = None, *, steps: Iterable[int] | str | None = None,
 
 
 def _step(ra, rb, s, fields, atol, rtol, pair, mask, absd) -> list[FieldDiff]:
-    xa = rows(ra.read(s), ra.info(s)["batch"])
-    xb = xa if rb is ra else rows(rb.read(s), rb.info(s)["batch"])
+    xa = step_rows(ra, s)
+    xb = xa if rb is ra else step_rows(rb, s)
     names_a = _names(xa)
     names_b = _names(xb)
     if pair:

@@ -38,7 +38,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, MissingDependencyError
-from ..format.rows import row_mask, rows
+from ..format.rows import row_mask
+from ..tables import step_rows
 
 __all__ = ["traces", "load_tokenizer", "trace_rows", "to_json", "dumps", "decode_ids", "FIELD_NAMES",
            "run_lengths"]
@@ -153,7 +154,7 @@ def _runs(mask: np.ndarray) -> list[tuple[int, int, bool]]:
 
 def trace_rows(row: dict, tokenizer: Any = None, *, fields: dict | None = None,
                logprobs: bool = False) -> dict:
-    """The readable trace of one trajectory (one entry of ``_rows.rows``)."""
+    """The readable trace of one trajectory (one entry of ``trajstore.tables.step_rows``)."""
     fields = fields or {}
     tok = tokenizer
     out: dict = {}
@@ -309,10 +310,9 @@ def traces(reader: Any, step: int, tokenizer: Any = None, max_per_step: int | No
     if unknown:
         raise ConfigError(f"fields: unknown role(s) {sorted(unknown)}; use {sorted(FIELD_NAMES)}")
     tok = load_tokenizer(tokenizer)
-    spec = reader.info(step)["batch"]
     out: list[dict] = []
     kept = 0
-    for i, row in enumerate(rows(reader.read(step), spec)):
+    for i, row in enumerate(step_rows(reader, step)):
         if row is None:
             out.append({"step": step, "index": i, "rejected": True})
             continue
