@@ -31,7 +31,8 @@ from .errors import ConfigError, TrajstoreError
 
 __all__ = ["main", "command", "arg"]
 
-_COMMANDS: list[tuple[str, str, tuple, Callable[[argparse.Namespace], int]]] = []
+Command = Callable[[argparse.Namespace], int]
+_COMMANDS: list[tuple[str, str, tuple, Command]] = []
 
 
 def arg(*names: str, **kw: Any) -> tuple:
@@ -39,9 +40,9 @@ def arg(*names: str, **kw: Any) -> tuple:
     return names, kw
 
 
-def command(name: str, help: str, *arguments: tuple):
+def command(name: str, help: str, *arguments: tuple) -> Callable[[Command], Command]:
     """Register ``fn(args) -> exit status`` as subcommand ``name``."""
-    def deco(fn):
+    def deco(fn: Command) -> Command:
         _COMMANDS.append((name, help, arguments, fn))
         return fn
     return deco
@@ -55,7 +56,7 @@ OVERRIDES = [arg(f"--{k}-field", dest=f"f_{k}", metavar="NAME", help=f"field hol
              for k in ("tokens", "prompt", "completion", "mask", "reward", "versions", "logprobs")]
 
 
-def _fields(args) -> dict:
+def _fields(args: argparse.Namespace) -> dict:
     return {k[2:]: v for k, v in vars(args).items() if k.startswith("f_") and v}
 
 
@@ -67,7 +68,7 @@ def _ranges(gaps: list) -> str:
 @command("info", "splits, steps, sizes, fields and environment of a dump", PATH,
          arg("--split", default=None, help="only this split (default: all)"),
          arg("--all-steps", action="store_true", help="list every step (default: the first and last 10)"), JSON)
-def cmd_info(args) -> int:
+def cmd_info(args: argparse.Namespace) -> int:
     from .inspection.describe import describe
 
     d = describe(args.path, args.split, progress=lambda s, name: out.progress(s, f"reading {name}"))
@@ -105,7 +106,7 @@ def cmd_info(args) -> int:
          arg("--sample", type=int, default=0, help="trajectory index in the step (default 0)"),
          TOKENIZER, arg("--logprobs", action="store_true", help="print per-token log-probabilities"),
          SPLIT, JSON, *OVERRIDES)
-def cmd_show(args) -> int:
+def cmd_show(args: argparse.Namespace) -> int:
     from .inspection.traces import decode_ids, load_tokenizer, to_json, trace_rows
     from .reader import Reader
     from .tables import step_rows
@@ -187,7 +188,7 @@ def _where(fd: dict | None) -> str:
              help="compare FIELD_A of A with FIELD_B of B (or of A), with summary statistics"),
          arg("--mask", help="only compare tokens where this per-token field is non-zero"),
          SPLIT, JSON)
-def cmd_diff(args) -> int:
+def cmd_diff(args: argparse.Namespace) -> int:
     from .inspection.diff import diff
 
     fields = [f.strip() for f in args.fields.split(",") if f.strip()] if args.fields else None
@@ -227,7 +228,7 @@ def cmd_diff(args) -> int:
          PATH, arg("query", help='e.g. "SELECT step, avg(rewards) FROM train GROUP BY step ORDER BY step"'),
          arg("--format", choices=("table", "json", "csv"), default="table", dest="fmt",
              help="output format (default table; plain columns when piped)"))
-def cmd_sql(args) -> int:
+def cmd_sql(args: argparse.Namespace) -> int:
     from .tables import duckdb_connect
 
     con = duckdb_connect(args.path)
@@ -264,7 +265,7 @@ def cmd_sql(args) -> int:
          arg("--include-rejected", action="store_true", help='also write {"rejected": true} records'),
          arg("--logprobs", action="store_true", help="add per-token log-probabilities"),
          SPLIT, *OVERRIDES)
-def cmd_export(args) -> int:
+def cmd_export(args: argparse.Namespace) -> int:
     from .inspection.traces import dumps, load_tokenizer, traces
     from .reader import Reader
 
@@ -307,7 +308,7 @@ def cmd_export(args) -> int:
 @command("verify", "check every step file against its recorded SHA-256 (exit 1 if one is damaged)", PATH,
          arg("--split", default=None, help="only this split (default: all)"),
          arg("--deep", action="store_true", help="also decode every step (slower)"), JSON)
-def cmd_verify(args) -> int:
+def cmd_verify(args: argparse.Namespace) -> int:
     from .inspection.verify import verify
 
     rep = verify(args.path, args.split, deep=args.deep)

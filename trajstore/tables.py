@@ -18,11 +18,15 @@ uint16 bits (use ``to_pandas`` for them).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import FormatError, MissingDependencyError
 from .format.rows import rows
 from .store import paths
+
+if TYPE_CHECKING:  # optional extras, imported when used
+    import duckdb
+    import pandas as pd
 
 __all__ = ["step_rows", "to_pandas", "duckdb_connect"]
 
@@ -32,7 +36,7 @@ def step_rows(reader: Any, step: int) -> list[dict | None]:
     return rows(reader.read(step), reader.info(step)["batch"])
 
 
-def to_pandas(reader: Any, step: int | None = None):
+def to_pandas(reader: Any, step: int | None = None) -> pd.DataFrame:
     """The trajectories of ``step`` (None: every step) as a pandas DataFrame."""
     try:
         import pandas as pd
@@ -60,7 +64,7 @@ def _lit(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
 
-def duckdb_connect(path: Any, con: Any = None):
+def duckdb_connect(path: Any, con: Any = None) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection (new in-memory one unless ``con``) with one view per split of the dump at
     ``path`` (a directory or a Reader)."""
     try:

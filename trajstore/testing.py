@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,7 @@ __all__ = [
     "packed_batches",
     "multimodal_batches",
     "non_tensor_values",
+    "non_tensor_batches",
     "batches",
     "assert_batch_equal",
 ]
@@ -53,7 +54,8 @@ def _random_bits(seed: int, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
 
 
 @st.composite
-def tensors(draw, shape: tuple, dtypes=TORCH_DTYPES, numpy: bool | None = False):
+def tensors(draw: st.DrawFn, shape: tuple, dtypes: Sequence[torch.dtype] = TORCH_DTYPES,
+            numpy: bool | None = False) -> torch.Tensor | np.ndarray:
     """A tensor (or numpy array when ``numpy``) of ``shape`` holding arbitrary bits."""
     use_np = draw(st.booleans()) if numpy is None else numpy
     seed = draw(st.integers(0, 2**31 - 1))
@@ -70,7 +72,7 @@ _lengths = st.lists(st.integers(0, 9), min_size=0, max_size=6)
 
 
 @st.composite
-def padded_batches(draw, max_batch: int = 6):
+def padded_batches(draw: st.DrawFn, max_batch: int = 6) -> dict[str, Any]:
     """AReaL-style dicts of padded tensors: per-token [B, T] / [B, T, k], per-sample [B] / [B, ...]."""
     lengths = draw(st.lists(st.integers(0, 9), min_size=0, max_size=max_batch))
     B = len(lengths)
@@ -103,7 +105,7 @@ def padded_batches(draw, max_batch: int = 6):
 
 
 @st.composite
-def trajectory_lists(draw, max_batch: int = 6):
+def trajectory_lists(draw: st.DrawFn, max_batch: int = 6) -> list[dict[str, Any] | None]:
     """A list of per-trajectory dicts (tensors [1, T] or [T]) with ``None`` for rejected ones."""
     out: list = []
     two_d = draw(st.booleans())
@@ -124,7 +126,7 @@ def trajectory_lists(draw, max_batch: int = 6):
 
 
 @st.composite
-def packed_batches(draw, max_batch: int = 6):
+def packed_batches(draw: st.DrawFn, max_batch: int = 6) -> dict[str, Any]:
     """Packed layout: flat [N] per-token tensors plus ``cu_seqlens`` [B+1]."""
     lengths = draw(st.lists(st.integers(0, 9), min_size=0, max_size=max_batch))
     B, N = len(lengths), sum(lengths)
@@ -142,7 +144,7 @@ def packed_batches(draw, max_batch: int = 6):
 
 
 @st.composite
-def multimodal_batches(draw, max_batch: int = 4):
+def multimodal_batches(draw: st.DrawFn, max_batch: int = 4) -> dict[str, Any]:
     """Per-sample tensors of per-sample shape, and AReaL's ``multi_modal_input`` list of dicts."""
     B = draw(st.integers(0, max_batch))
     T = draw(st.integers(1, 6))
@@ -167,12 +169,12 @@ _json = st.recursive(
 )
 
 
-def non_tensor_values(n: int):
+def non_tensor_values(n: int) -> st.SearchStrategy[list]:
     """One per-sample value list of a single kind: str / int / float / bool / JSON / None mix."""
     leaf = st.sampled_from(["str", "int", "float", "bool", "json"])
 
     @st.composite
-    def _one(draw):
+    def _one(draw: st.DrawFn) -> list:
         kind = draw(leaf)
         base = {"str": st.text(max_size=6), "int": st.integers(-(2**63), 2**63 - 1),
                 "float": st.floats(), "bool": st.booleans(), "json": _json}[kind]
@@ -182,7 +184,7 @@ def non_tensor_values(n: int):
 
 
 @st.composite
-def non_tensor_batches(draw, max_batch: int = 5):
+def non_tensor_batches(draw: st.DrawFn, max_batch: int = 5) -> dict[str, Any]:
     """verl-style ``non_tensor_batch``: numpy object arrays, plus plain lists and scalars."""
     B = draw(st.integers(0, max_batch))
     batch: dict[str, Any] = {"rewards": draw(tensors((B,), [torch.float32]))}
@@ -201,7 +203,7 @@ def non_tensor_batches(draw, max_batch: int = 5):
     return batch
 
 
-def batches():
+def batches() -> st.SearchStrategy[Any]:
     """Any batch form trajstore accepts."""
     return st.one_of(padded_batches(), trajectory_lists(), packed_batches(), multimodal_batches(),
                      non_tensor_batches())

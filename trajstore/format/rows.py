@@ -18,7 +18,7 @@ returns ``[dict | None]`` with one entry per trajectory:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -50,7 +50,7 @@ def _flat(prefix: str, node: Any, out: dict) -> None:
             out[name] = v
 
 
-def _names(spec_keys: list, pick, prefix: str = "") -> set[str]:
+def _names(spec_keys: list, pick: Callable[[dict], bool], prefix: str = "") -> set[str]:
     """Dotted names of the fields (nested groups included) whose spec node ``pick`` accepts."""
     out: set[str] = set()
     for k, node in spec_keys:

@@ -149,7 +149,7 @@ def _same_bits(a: Any, b: Any) -> bool:
 class _Field:
     """Accumulates the comparison of one field over the trajectories of one step."""
 
-    def __init__(self, step: int, name: str, atol: float, rtol: float, keep_abs: bool):
+    def __init__(self, step: int, name: str, atol: float, rtol: float, keep_abs: bool) -> None:
         self.e = FieldDiff(step, name, "identical")
         self.atol, self.rtol, self.keep_abs = atol, rtol, keep_abs
         self.abs: list[np.ndarray] = []
@@ -204,7 +204,10 @@ class _Field:
         with np.errstate(all="ignore"):  # inf - inf, huge products: handled, no warnings
             self._numbers(traj, x, xf, yf, idx, width, same)
 
-    def _numbers(self, traj, x, xf, yf, idx, width, same) -> None:
+    def _numbers(self, traj: int, x: np.ndarray, xf: np.ndarray, yf: np.ndarray, idx: np.ndarray | None,
+                 width: int, same: bool) -> None:
+        """Compare the float64 values ``xf`` (of ``a``) and ``yf`` (of ``b``) of trajectory ``traj``
+        (``x``: its original values; ``idx``: their flat positions when masked) and update the entry."""
         e = self.e
         eq = (xf == yf) | (np.isnan(xf) & np.isnan(yf))  # same infinities and NaNs are equal
         d = np.where(eq, 0.0, xf - yf)
@@ -260,7 +263,7 @@ def _short(v: Any) -> Any:
     return r[:80] + "…" if isinstance(r, str) and len(r) > 80 else r
 
 
-def _reader(x: Any, split: str):
+def _reader(x: Any, split: str) -> Reader:
     return x if isinstance(x, Reader) else Reader(x, split)
 
 
@@ -298,7 +301,9 @@ def diff(a: Any, b: Any = None, *, steps: Iterable[int] | str | None = None,
     return DiffReport(str(ra.path), str(rb.path), atol, rtol, entries, tuple(pair) if pair else None, absd)
 
 
-def _step(ra, rb, s, fields, atol, rtol, pair, mask, absd) -> list[FieldDiff]:
+def _step(ra: Reader, rb: Reader, s: int, fields: Iterable[str] | None, atol: float, rtol: float,
+          pair: tuple[str, str] | None, mask: str | None, absd: dict[str, list]) -> list[FieldDiff]:
+    """The entries of step ``s``: one per compared field (``absd`` collects ``|a - b|`` in pair mode)."""
     xa = step_rows(ra, s)
     xb = xa if rb is ra else step_rows(rb, s)
     names_a = _names(xa)
