@@ -325,4 +325,5 @@ def traces(reader: Any, step: int, tokenizer: Any = None, max_per_step: int | No
 
 
 def dumps(trace: dict) -> str:
+    """One trace as a line of JSON (non-ASCII text kept as is; NaN allowed)."""
     return json.dumps(trace, ensure_ascii=False, allow_nan=True)
