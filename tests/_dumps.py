@@ -1,5 +1,6 @@
 """Small real dumps and a real tokenizer (trained here from text, nothing downloaded) for the
-inspection tests (CLI, traces, diff, SQL), and the small padded batch of the API tests."""
+inspection tests (CLI, traces, diff, SQL), the small padded batch of the API tests, and the
+write-then-read set-up the tests share (``write``, ``roundtrip``)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,32 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
 import trajstore
+
+
+def write(path: str | Path, steps: Mapping[int, Any], *, split: str = "train", meta: Any = None,
+          **writer_kw: Any) -> trajstore.Reader:
+    """Append ``steps`` (``{step: batch}``, in that order) to split ``split`` of the dump at ``path``,
+    close the writer, and open that split for reading."""
+    with trajstore.Writer(path, split=split, **writer_kw) as w:
+        for s, batch in steps.items():
+            w.append(s, batch, meta=meta)
+    return trajstore.Reader(path, split)
+
+
+def roundtrip(batch: Any, meta: Any = None, step: int = 3) -> tuple[Any, Any]:
+    """``batch`` (and ``meta``) written as step ``step`` of a fresh temporary dump and read back."""
+    with tempfile.TemporaryDirectory() as d:
+        r = write(d, {step: batch}, meta=meta)
+        assert r.steps == [step]
+        return r[step], r.meta(step)
 
 
 def small_batch(B=3, T=5, seed=0, logprobs=True):

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 import torch
+from _dumps import roundtrip, write
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,12 +25,6 @@ class DataProto:  # the shape of verl.protocol.DataProto, without verl
     batch: object = None
     non_tensor_batch: dict = field(default_factory=dict)
     meta_info: dict = field(default_factory=dict)
-
-
-def roundtrip(tmp_path, batch, step=0):
-    with trajstore.Writer(tmp_path / "d", overwrite=True) as w:
-        w.append(step, batch)
-    return trajstore.Reader(tmp_path / "d")[step]
 
 
 def assert_td_equal(a, b, path="td"):
@@ -54,10 +49,9 @@ def tensors_only(batch: dict) -> dict:
 
 @settings(max_examples=25)
 @given(padded_batches())
-def test_tensordict_roundtrip(tmp_path_factory, batch):
-    tmp = tmp_path_factory.mktemp("td")
+def test_tensordict_roundtrip(batch):
     td = TensorDict(tensors_only(batch), batch_size=[batch["input_ids"].shape[0]])
-    back = roundtrip(tmp, td)
+    back = roundtrip(td)[0]
     assert_td_equal(td, back)
     assert back.device is None or back.device.type == "cpu"
 
@@ -71,19 +65,20 @@ def test_tensordict_nested_nontensor_and_unpadded_storage(tmp_path):
     td["extra"].batch_size = [B, T]
     td.set_non_tensor("note", "hello")
     td.set("uids", tensordict.NonTensorStack.from_list(["a", "b", "c"]))
-    back = roundtrip(tmp_path, td)
+    r = write(tmp_path, {0: td})
+    back = r[0]
     assert_td_equal(td, back)
     assert back["extra"].batch_size == torch.Size([B, T])
     assert back.get("note").data == "hello"
     # attention_mask was seen through the TensorDict: input_ids is stored unpadded
-    info = trajstore.Reader(tmp_path / "d").info(0)
+    info = r.info(0)
     node = dict(info["batch"]["keys"])["input_ids"]
     assert node["kind"] == "token"
 
 
 @settings(max_examples=25)
 @given(padded_batches(max_batch=4), st.data())
-def test_dataproto_roundtrip_keeps_class(tmp_path_factory, batch, data):
+def test_dataproto_roundtrip_keeps_class(batch, data):
     B = batch["input_ids"].shape[0]
     nt = {}
     for i in range(data.draw(st.integers(0, 2))):
@@ -94,7 +89,7 @@ def test_dataproto_roundtrip_keeps_class(tmp_path_factory, batch, data):
     nt["uid"] = np.array([f"u{i}" for i in range(B)], dtype=object)
     dp = DataProto(batch=TensorDict(tensors_only(batch), batch_size=[B]), non_tensor_batch=nt,
                    meta_info={"temperature": 1.0, "eos_token_id": [2, 7], "note": None})
-    back = roundtrip(tmp_path_factory.mktemp("dp"), dp)
+    back = roundtrip(dp)[0]
     assert type(back) is DataProto  # this module is imported, so its class is used
     assert_td_equal(dp.batch, back.batch)
     assert_batch_equal(dp.non_tensor_batch, back.non_tensor_batch)
@@ -113,9 +108,9 @@ def test_dataproto_class_not_loaded_comes_back_as_dataprotolike(tmp_path, monkey
     assert list(back.non_tensor_batch["uid"]) == list("abcd") and back.meta_info == {"k": 1}
 
 
-def test_dataproto_without_tensors(tmp_path):
+def test_dataproto_without_tensors():
     dp = DataProto(batch=None, non_tensor_batch={"s": np.array(["a", None, 3], dtype=object)}, meta_info={})
-    back = roundtrip(tmp_path, dp)
+    back = roundtrip(dp)[0]
     assert back.batch is None
     assert_batch_equal(dp.non_tensor_batch, back.non_tensor_batch)
 
@@ -132,12 +127,12 @@ def test_recorded_class_must_be_dataproto_shaped():
     assert type(adapters.wrap(plain, tag)) is DataProtoLike
 
 
-def test_dataproto_errors(tmp_path):
+def test_dataproto_errors():
     td = TensorDict({"x": torch.arange(2)}, batch_size=[2])
     with pytest.raises(BatchError, match="'x'.*both"):
-        roundtrip(tmp_path, DataProto(batch=td, non_tensor_batch={"x": np.array([1, 2], dtype=object)}))
+        roundtrip(DataProto(batch=td, non_tensor_batch={"x": np.array([1, 2], dtype=object)}))
     with pytest.raises(UnsupportedTypeError, match="meta_info"):
-        roundtrip(tmp_path, DataProto(batch=td, meta_info={"dtype": torch.float32}))
+        roundtrip(DataProto(batch=td, meta_info={"dtype": torch.float32}))
 
 
 def test_tensordict_needs_tensordict_to_read(tmp_path, monkeypatch):

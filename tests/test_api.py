@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from _dumps import small_batch
+from _dumps import small_batch, write
 
 import trajstore
 from trajstore import (
@@ -37,9 +37,7 @@ def test_steps_len_contains_iter_meta(tmp_path):
 
 
 def test_columns_subset(tmp_path):
-    with trajstore.Writer(tmp_path) as w:
-        w.append(0, batch())
-    r = trajstore.Reader(tmp_path)
+    r = write(tmp_path, {0: batch()})
     out = r.read(0, columns=["rewards"])
     assert list(out) == ["rewards"] and torch.equal(out["rewards"], batch()["rewards"])
     with pytest.raises(ConfigError, match="nope"):
@@ -48,9 +46,7 @@ def test_columns_subset(tmp_path):
 
 def test_layout_conversion(tmp_path):
     b = batch(B=4, T=7)
-    with trajstore.Writer(tmp_path) as w:
-        w.append(0, b)
-    r = trajstore.Reader(tmp_path)
+    r = write(tmp_path, {0: b})
     p = r.read(0, layout="packed")
     m = b["attention_mask"]
     assert torch.equal(p["input_ids"], b["input_ids"][m])
@@ -59,13 +55,12 @@ def test_layout_conversion(tmp_path):
     assert p["max_seqlen"] == int(m.sum(1).max())
     assert "attention_mask" not in p
     # packed -> padded
-    with trajstore.Writer(tmp_path, split="packed") as w:
-        w.append(0, p)
-    pad = trajstore.Reader(tmp_path, "packed").read(0, layout="padded")
+    rp = write(tmp_path, {0: p}, split="packed")
+    pad = rp.read(0, layout="padded")
     T = int(m.sum(1).max())
     assert torch.equal(pad["attention_mask"], m[:, :T])
     assert torch.equal(pad["input_ids"], b["input_ids"][:, :T])
-    assert_batch_equal(trajstore.Reader(tmp_path, "packed")[0], p)
+    assert_batch_equal(rp[0], p)
 
 
 def test_step_exists_and_overwrite(tmp_path):
@@ -82,21 +77,15 @@ def test_step_exists_and_overwrite(tmp_path):
 
 
 def test_resume_appends_more_steps(tmp_path):
-    with trajstore.Writer(tmp_path) as w:
-        w.append(0, batch(seed=0))
+    write(tmp_path, {0: batch(seed=0)})
     created = json.loads((tmp_path / "trajstore.json").read_text())["created"]
-    with trajstore.Writer(tmp_path) as w:
-        w.append(1, batch(seed=1))
-    assert trajstore.Reader(tmp_path).steps == [0, 1]
+    assert write(tmp_path, {1: batch(seed=1)}).steps == [0, 1]
     assert json.loads((tmp_path / "trajstore.json").read_text())["created"] == created
 
 
 def test_missing_step_message(tmp_path):
-    with trajstore.Writer(tmp_path) as w:
-        for s in (0, 1, 2, 10):
-            w.append(s, batch())
-    with trajstore.Writer(tmp_path, split="val") as w:
-        w.append(7, batch())
+    write(tmp_path, {s: batch() for s in (0, 1, 2, 10)})
+    write(tmp_path, {7: batch()}, split="val")
     r = trajstore.Reader(tmp_path)
     with pytest.raises(StepNotFoundError) as e:
         r[7]
@@ -111,8 +100,7 @@ def test_missing_step_message(tmp_path):
 def test_no_dump_and_no_split(tmp_path):
     with pytest.raises(DumpNotFoundError, match="trajstore.json"):
         trajstore.Reader(tmp_path / "nothing")
-    with trajstore.Writer(tmp_path) as w:
-        w.append(0, batch())
+    write(tmp_path, {0: batch()})
     with pytest.raises(FileNotFoundError, match="no split 'eval'.*train"):
         trajstore.Reader(tmp_path, split="eval")
 
@@ -158,12 +146,11 @@ def test_unsupported_values(tmp_path):
 def test_field_kinds_recorded(tmp_path):
     b = batch()
     b["topk"] = torch.zeros(3, 5, 2)
-    with trajstore.Writer(tmp_path) as w:
-        w.append(0, b)
-    keys = dict(trajstore.Reader(tmp_path).info(0)["batch"]["keys"])
+    spec = write(tmp_path, {0: b}).info(0)["batch"]
+    keys = dict(spec["keys"])
     assert keys["input_ids"]["kind"] == "token" and keys["topk"]["kind"] == "token"
     assert keys["rewards"]["kind"] == "sample"
-    assert trajstore.Reader(tmp_path).info(0)["batch"]["side"] == "right"
+    assert spec["side"] == "right"
 
 
 def test_non_constant_padding_is_kept_and_field_stays_per_token(tmp_path):
@@ -171,9 +158,7 @@ def test_non_constant_padding_is_kept_and_field_stays_per_token(tmp_path):
     b = batch(B=4, T=9)
     b["logprobs"] = torch.randn(4, 9) * b["attention_mask"]
     b["garbage"] = torch.randn(4, 9, 2)
-    with trajstore.Writer(tmp_path) as w:
-        w.append(0, b)
-    r = trajstore.Reader(tmp_path)
+    r = write(tmp_path, {0: b})
     keys = dict(r.info(0)["batch"]["keys"])
     assert keys["logprobs"]["kind"] == "token" and keys["logprobs"]["pad_col"] == "__pad__.logprobs"
     assert keys["garbage"]["kind"] == "token"

@@ -1,15 +1,17 @@
 """diff finds a single perturbed value at its (step, trajectory, token); identical dumps are identical."""
 
+import tempfile
+
 import numpy as np
 import pytest
 import torch
-from _dumps import make_tokenizer, padded_dump
+from _dumps import make_tokenizer, padded_dump, write
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import trajstore
 from trajstore import ConfigError
-from trajstore.inspection.diff import parse_steps
+from trajstore._text import parse_steps
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +74,8 @@ def test_missing_steps_and_fields(tmp_path, tok_path, base):
 def test_shape_mismatch(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     for p, n in ((a, 3), (b, 4)):
-        with trajstore.Writer(p) as w:
-            w.append(0, {"input_ids": torch.arange(2 * n).reshape(2, n),
-                         "attention_mask": torch.ones(2, n, dtype=torch.bool)})
+        write(p, {0: {"input_ids": torch.arange(2 * n).reshape(2, n),
+                      "attention_mask": torch.ones(2, n, dtype=torch.bool)}})
     e = trajstore.diff(a, b).entries[0]
     assert e.status == "mismatch" and e.first == {"trajectory": 0} and "shape" in e.note
 
@@ -82,10 +83,8 @@ def test_shape_mismatch(tmp_path):
 def test_rejected_on_one_side(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     t = {"ids": torch.tensor([1, 2]), "reward": 1.0}
-    with trajstore.Writer(a) as w:
-        w.append(0, [t, None])
-    with trajstore.Writer(b) as w:
-        w.append(0, [t, t])
+    write(a, {0: [t, None]})
+    write(b, {0: [t, t]})
     rep = trajstore.diff(a, b)
     assert rep.first_divergence["trajectory"] == 1 and rep.first_divergence["status"] == "mismatch"
     assert trajstore.diff(a, a).identical
@@ -94,8 +93,7 @@ def test_rejected_on_one_side(tmp_path):
 def test_strings_differ(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     for p, u in ((a, ["x", "y"]), (b, ["x", "z"])):
-        with trajstore.Writer(p) as w:
-            w.append(0, {"r": torch.zeros(2), "uid": u})
+        write(p, {0: {"r": torch.zeros(2), "uid": u}})
     rep = trajstore.diff(a, b)
     f = rep.fields()["uid"]
     assert f["status"] == "differs" and f["first"]["trajectory"] == 1 and f["first"]["b"] == "z"
@@ -133,22 +131,19 @@ def test_bad_arguments(base):
 @given(st.lists(st.integers(0, 50), max_size=8), st.integers(0, 5))
 def test_parse_steps(steps, width):
     text = ",".join(f"{s}-{s + width}" if i % 2 else f"{s}:{s + width}" for i, s in enumerate(steps))
-    want = sorted({s + k for s in steps for k in range(width + 1)})
-    assert (parse_steps(text) or []) == want
+    want = tuple(sorted({s + k for s in steps for k in range(width + 1)}))
+    assert (parse_steps(text) or ()) == want
 
 
 @settings(max_examples=25, deadline=None)
 @given(st.integers(1, 4), st.integers(1, 6), st.data())
 def test_any_single_change_is_located(B, T, data):
-    import tempfile
-
     i, t = data.draw(st.integers(0, B - 1)), data.draw(st.integers(0, T - 1))
     x = torch.randn(B, T, generator=torch.Generator().manual_seed(B * 10 + T))
     y = x.clone()
     y[i, t] = y[i, t] + 1
     with tempfile.TemporaryDirectory() as d:
         for name, v in (("a", x), ("b", y)):
-            with trajstore.Writer(f"{d}/{name}") as w:
-                w.append(0, {"lp": v, "attention_mask": torch.ones(B, T, dtype=torch.bool)})
+            write(f"{d}/{name}", {0: {"lp": v, "attention_mask": torch.ones(B, T, dtype=torch.bool)}})
         fd = trajstore.diff(f"{d}/a", f"{d}/b").first_divergence
     assert (fd["trajectory"], fd["token"]) == (i, t)

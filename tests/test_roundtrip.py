@@ -1,13 +1,12 @@
 """Every batch form round-trips bit for bit (property-based)."""
 
-import tempfile
-
 import numpy as np
+import pytest
 import torch
+from _dumps import roundtrip
 from hypothesis import given
 from hypothesis import strategies as st
 
-import trajstore
 from trajstore.testing import (
     TORCH_DTYPES,
     assert_batch_equal,
@@ -20,38 +19,20 @@ from trajstore.testing import (
     trajectory_lists,
 )
 
-
-def roundtrip(batch, meta=None):
-    with tempfile.TemporaryDirectory() as d:
-        with trajstore.Writer(d) as w:
-            w.append(3, batch, meta=meta)
-        r = trajstore.Reader(d)
-        assert r.steps == [3]
-        return r[3], r.meta(3)
-
-
-@given(padded_batches())
-def test_padded(batch):
-    assert_batch_equal(batch, roundtrip(batch)[0])
+# one strategy per batch form trajstore stores
+FORMS = {
+    "padded": padded_batches,
+    "trajectory_list": trajectory_lists,
+    "packed": packed_batches,
+    "multimodal": multimodal_batches,
+    "non_tensor": non_tensor_batches,
+}
 
 
-@given(trajectory_lists())
-def test_trajectory_list(batch):
-    assert_batch_equal(batch, roundtrip(batch)[0])
-
-
-@given(packed_batches())
-def test_packed(batch):
-    assert_batch_equal(batch, roundtrip(batch)[0])
-
-
-@given(multimodal_batches())
-def test_multimodal(batch):
-    assert_batch_equal(batch, roundtrip(batch)[0])
-
-
-@given(non_tensor_batches())
-def test_non_tensor(batch):
+@pytest.mark.parametrize("form", list(FORMS))
+@given(data=st.data())
+def test_every_form_roundtrips(form, data):
+    batch = data.draw(FORMS[form](), label=form)
     assert_batch_equal(batch, roundtrip(batch)[0])
 
 

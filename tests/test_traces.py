@@ -2,17 +2,19 @@
 rejected trajectories counted, never crashing."""
 
 import json
+import tempfile
 
 import numpy as np
 import pytest
 import torch
-from _dumps import CONVERSATIONS, REWARDS, list_dump, make_tokenizer, padded_dump
+from _dumps import CONVERSATIONS, REWARDS, list_dump, make_tokenizer, padded_dump, write
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import trajstore
 from trajstore import ConfigError
 from trajstore.format.rows import rows
+from trajstore.inspection.describe import describe
 from trajstore.inspection.traces import load_tokenizer, run_lengths
 from trajstore.testing import batches
 
@@ -82,9 +84,7 @@ def test_list_batch_rejected_counted_and_capped(tmp_path, tok_path):
 
 
 def test_all_rejected_step(tmp_path):
-    with trajstore.Writer(tmp_path / "d") as w:
-        w.append(0, [None, None])
-    ts = trajstore.traces(trajstore.Reader(tmp_path / "d"), 0, max_per_step=0)
+    ts = trajstore.traces(write(tmp_path, {0: [None, None]}), 0, max_per_step=0)
     assert ts == [{"step": 0, "index": i, "rejected": True} for i in range(2)]
 
 
@@ -99,9 +99,7 @@ def test_packed_batch(tmp_path, tok_path):
     cu = torch.tensor([0, len(seqs[0]), len(seqs[0]) + len(seqs[1])], dtype=torch.int32)
     batch = {"input_ids": torch.tensor(seqs[0] + seqs[1]), "loss_mask": torch.tensor(lm[0] + lm[1]),
              "cu_seqlens": cu, "rewards": torch.tensor([1.0, 0.0])}
-    with trajstore.Writer(tmp_path / "d") as w:
-        w.append(0, batch)
-    ts = trajstore.traces(trajstore.Reader(tmp_path / "d"), 0, tok_path)
+    ts = trajstore.traces(write(tmp_path, {0: batch}), 0, tok_path)
     assert [(t["prompt"], t["completion"]) for t in ts] == [(texts[0], texts[1]), (texts[2], texts[3])]
 
 
@@ -143,9 +141,8 @@ def test_load_tokenizer_passthrough(tok_path):
 
 
 def test_text_fields(tmp_path):
-    with trajstore.Writer(tmp_path / "d") as w:
-        w.append(0, {"prompt": ["hi there", "yo"], "response": ["hello!", "sup"], "reward": [1.0, 0.0]})
-    ts = trajstore.traces(trajstore.Reader(tmp_path / "d"), 0)
+    r = write(tmp_path, {0: {"prompt": ["hi there", "yo"], "response": ["hello!", "sup"], "reward": [1.0, 0.0]}})
+    ts = trajstore.traces(r, 0)
     assert [(t["prompt"], t["completion"], t["reward"]) for t in ts] == [("hi there", "hello!", 1.0),
                                                                          ("yo", "sup", 0.0)]
 
@@ -154,12 +151,8 @@ def test_text_fields(tmp_path):
 @given(batches())
 def test_any_batch_traces_and_self_diff(batch):
     """Every batch form: traces never crash, count rejected rows, and a dump equals itself."""
-    import tempfile
-
     with tempfile.TemporaryDirectory() as d:
-        with trajstore.Writer(d) as w:
-            w.append(0, batch)
-        r = trajstore.Reader(d)
+        r = write(d, {0: batch})
         ts = trajstore.traces(r, 0, logprobs=True)
         json.dumps(ts)
         n_none = sum(x is None for x in batch) if isinstance(batch, list) else 0
@@ -198,12 +191,8 @@ def test_verl_style_batch(tmp_path, tok_path):
     batch = {"prompts": prompts, "responses": responses, "input_ids": torch.cat([prompts, responses], 1),
              "attention_mask": am, "response_mask": rmask, "old_log_probs": old_lp,
              "token_level_scores": scores}
-    with trajstore.Writer(tmp_path / "d") as w:
-        w.append(0, batch)
-    ts = trajstore.traces(trajstore.Reader(tmp_path / "d"), 0, tok_path, logprobs=True)
-    from trajstore.inspection.describe import describe
-
-    assert describe(tmp_path / "d")["splits"]["train"]["tokens"] == int(am.sum())  # mask with holes
+    ts = trajstore.traces(write(tmp_path, {0: batch}), 0, tok_path, logprobs=True)
+    assert describe(tmp_path)["splits"]["train"]["tokens"] == int(am.sum())  # mask with holes
     for t, conv, rw in zip(ts, CONVERSATIONS, REWARDS):
         assert t["prompt"] == conv[0][1]
         assert t["completion"] == "".join(text for _, text in conv[1:])

@@ -6,10 +6,10 @@ rich is optional: without it, output is plain text everywhere.
 from __future__ import annotations
 
 import sys
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence, TextIO
 
 
-def _rich():
+def _rich() -> bool:
     try:
         import rich  # noqa: F401
         return True
@@ -17,7 +17,7 @@ def _rich():
         return False
 
 
-def fancy(stream=None) -> bool:
+def fancy(stream: TextIO | None = None) -> bool:
     stream = stream or sys.stdout
     return bool(getattr(stream, "isatty", lambda: False)()) and _rich()
 
@@ -30,14 +30,11 @@ def fmt(v: Any) -> str:
     return str(v)
 
 
-_cell = fmt
-
-
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None,
-          stream=None) -> None:
+          stream: TextIO | None = None) -> None:
     """Print a table: a rich table on a terminal, aligned plain columns otherwise."""
     stream = stream or sys.stdout
-    rows = [[_cell(v) for v in r] for r in rows]
+    rows = [[fmt(v) for v in r] for r in rows]
     if fancy(stream):
         from rich.console import Console
         from rich.table import Table
@@ -58,7 +55,7 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], title: str | No
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip(), file=stream)
 
 
-def heading(text: str, stream=None) -> None:
+def heading(text: str, stream: TextIO | None = None) -> None:
     stream = stream or sys.stdout
     if fancy(stream):
         from rich.console import Console
@@ -69,7 +66,7 @@ def heading(text: str, stream=None) -> None:
         print(f"== {text}", file=stream)
 
 
-def block(title: str, text: str, style: str = "", stream=None) -> None:
+def block(title: str, text: str, style: str = "", stream: TextIO | None = None) -> None:
     """A titled block of text (a panel on a terminal)."""
     stream = stream or sys.stdout
     if fancy(stream):

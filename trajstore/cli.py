@@ -19,17 +19,20 @@ Adding a subcommand: write one function ``def cmd_x(args) -> int`` and register 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import sys
 from typing import Any, Callable
 
 from . import _console as out
+from ._text import human_bytes, parse_steps
 from .errors import ConfigError, TrajstoreError
 
 __all__ = ["main", "command", "arg"]
 
-_COMMANDS: list[tuple[str, str, tuple, Callable[[argparse.Namespace], int]]] = []
+Command = Callable[[argparse.Namespace], int]
+_COMMANDS: list[tuple[str, str, tuple, Command]] = []
 
 
 def arg(*names: str, **kw: Any) -> tuple:
@@ -37,9 +40,9 @@ def arg(*names: str, **kw: Any) -> tuple:
     return names, kw
 
 
-def command(name: str, help: str, *arguments: tuple):
+def command(name: str, help: str, *arguments: tuple) -> Callable[[Command], Command]:
     """Register ``fn(args) -> exit status`` as subcommand ``name``."""
-    def deco(fn):
+    def deco(fn: Command) -> Command:
         _COMMANDS.append((name, help, arguments, fn))
         return fn
     return deco
@@ -53,18 +56,8 @@ OVERRIDES = [arg(f"--{k}-field", dest=f"f_{k}", metavar="NAME", help=f"field hol
              for k in ("tokens", "prompt", "completion", "mask", "reward", "versions", "logprobs")]
 
 
-def _fields(args) -> dict:
+def _fields(args: argparse.Namespace) -> dict:
     return {k[2:]: v for k, v in vars(args).items() if k.startswith("f_") and v}
-
-
-def _human(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 def _ranges(gaps: list) -> str:
@@ -75,7 +68,7 @@ def _ranges(gaps: list) -> str:
 @command("info", "splits, steps, sizes, fields and environment of a dump", PATH,
          arg("--split", default=None, help="only this split (default: all)"),
          arg("--all-steps", action="store_true", help="list every step (default: the first and last 10)"), JSON)
-def cmd_info(args) -> int:
+def cmd_info(args: argparse.Namespace) -> int:
     from .inspection.describe import describe
 
     d = describe(args.path, args.split, progress=lambda s, name: out.progress(s, f"reading {name}"))
@@ -90,7 +83,7 @@ def cmd_info(args) -> int:
         rng = f"{st['first']}..{st['last']}" if st["count"] else "none"
         print(f"steps {rng}  count {st['count']}  gaps {_ranges(st['gaps'])}")
         print(f"rows {sp['rows']}  tokens {sp['tokens'] if sp['tokens'] is not None else '-'}  "
-              f"bytes {_human(sp['bytes'])}")
+              f"bytes {human_bytes(sp['bytes'])}")
         per = sp["per_step"]
         if len(per) > 20 and not args.all_steps:
             per = per[:10] + [{"step": f"... {len(per) - 20} more (--all-steps)"}] + per[-10:]
@@ -113,14 +106,14 @@ def cmd_info(args) -> int:
          arg("--sample", type=int, default=0, help="trajectory index in the step (default 0)"),
          TOKENIZER, arg("--logprobs", action="store_true", help="print per-token log-probabilities"),
          SPLIT, JSON, *OVERRIDES)
-def cmd_show(args) -> int:
-    from .format.rows import rows
-    from .inspection.traces import _decode, load_tokenizer, to_json, trace_rows
+def cmd_show(args: argparse.Namespace) -> int:
+    from .inspection.traces import decode_ids, load_tokenizer, to_json, trace_rows
     from .reader import Reader
+    from .tables import step_rows
 
     r = Reader(args.path, args.split)
     tok = load_tokenizer(args.tokenizer)
-    all_rows = rows(r.read(args.step), r.info(args.step)["batch"])
+    all_rows = step_rows(r, args.step)
     if not 0 <= args.sample < len(all_rows):
         raise ConfigError(f"step {args.step} has {len(all_rows)} trajectories; --sample {args.sample} is out of range")
     row = all_rows[args.sample]
@@ -160,7 +153,7 @@ def cmd_show(args) -> int:
             lp = s.get("logprobs")
             for j, i in enumerate(s["ids"].tolist()):
                 lines.append([s["pos"][0] + j, s["role"], i,
-                              repr(_decode(tok, [i])) if tok is not None else "",
+                              repr(decode_ids(tok, [i])) if tok is not None else "",
                               None if lp is None else float(lp[j])])
         if "logprobs_field" in t:
             out.table(["pos", "role", "id", "token", t["logprobs_field"]], lines, title="per-token log-probabilities")
@@ -195,12 +188,12 @@ def _where(fd: dict | None) -> str:
              help="compare FIELD_A of A with FIELD_B of B (or of A), with summary statistics"),
          arg("--mask", help="only compare tokens where this per-token field is non-zero"),
          SPLIT, JSON)
-def cmd_diff(args) -> int:
+def cmd_diff(args: argparse.Namespace) -> int:
     from .inspection.diff import diff
 
     fields = [f.strip() for f in args.fields.split(",") if f.strip()] if args.fields else None
-    rep = diff(args.a, args.b, steps=args.steps, fields=fields, atol=args.atol, rtol=args.rtol,
-               split=args.split, pair=tuple(args.pair) if args.pair else None, mask=args.mask,
+    rep = diff(args.a, args.b, steps=parse_steps(args.steps, "--steps"), fields=fields, atol=args.atol,
+               rtol=args.rtol, split=args.split, pair=tuple(args.pair) if args.pair else None, mask=args.mask,
                progress=lambda s: out.progress(s, "comparing"))
     if args.json:
         print(json.dumps(rep.to_dict(), indent=2, default=str))
@@ -235,7 +228,7 @@ def cmd_diff(args) -> int:
          PATH, arg("query", help='e.g. "SELECT step, avg(rewards) FROM train GROUP BY step ORDER BY step"'),
          arg("--format", choices=("table", "json", "csv"), default="table", dest="fmt",
              help="output format (default table; plain columns when piped)"))
-def cmd_sql(args) -> int:
+def cmd_sql(args: argparse.Namespace) -> int:
     from .tables import duckdb_connect
 
     con = duckdb_connect(args.path)
@@ -252,8 +245,6 @@ def cmd_sql(args) -> int:
         for r in data:
             print(json.dumps(dict(zip(cols, r)), default=str))
     elif args.fmt == "csv":
-        import csv
-
         w = csv.writer(sys.stdout)
         w.writerow(cols)
         w.writerows(data)
@@ -274,14 +265,13 @@ def cmd_sql(args) -> int:
          arg("--include-rejected", action="store_true", help='also write {"rejected": true} records'),
          arg("--logprobs", action="store_true", help="add per-token log-probabilities"),
          SPLIT, *OVERRIDES)
-def cmd_export(args) -> int:
-    from .inspection.diff import parse_steps
+def cmd_export(args: argparse.Namespace) -> int:
     from .inspection.traces import dumps, load_tokenizer, traces
     from .reader import Reader
 
     r = Reader(args.path, args.split)
     tok = load_tokenizer(args.tokenizer)
-    want = parse_steps(args.steps)
+    want = parse_steps(args.steps, "--steps")
     steps = r.steps if want is None else [s for s in want if s in r.steps]
     if want is not None and not steps:
         raise ConfigError(f"--steps {args.steps}: none of these steps is in {args.path} split {args.split!r}")
@@ -318,7 +308,7 @@ def cmd_export(args) -> int:
 @command("verify", "check every step file against its recorded SHA-256 (exit 1 if one is damaged)", PATH,
          arg("--split", default=None, help="only this split (default: all)"),
          arg("--deep", action="store_true", help="also decode every step (slower)"), JSON)
-def cmd_verify(args) -> int:
+def cmd_verify(args: argparse.Namespace) -> int:
     from .inspection.verify import verify
 
     rep = verify(args.path, args.split, deep=args.deep)

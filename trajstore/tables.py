@@ -1,4 +1,7 @@
-"""Tabular views of a dump: pandas DataFrames and DuckDB views.
+"""Tabular views of a dump: one dict per trajectory, pandas DataFrames and DuckDB views.
+
+``step_rows``: the trajectories of one step as dicts (``trajstore.format.rows``), the view that
+``to_pandas``, ``traces``, ``diff`` and ``trajstore show`` share.
 
 ``to_pandas``: one row per trajectory with ``step`` and ``index`` (position in the batch)
 columns; per-token fields hold the trajectory's own tokens as numpy arrays (bfloat16 as
@@ -15,16 +18,25 @@ uint16 bits (use ``to_pandas`` for them).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import FormatError, MissingDependencyError
 from .format.rows import rows
 from .store import paths
 
-__all__ = ["to_pandas", "duckdb_connect"]
+if TYPE_CHECKING:  # optional extras, imported when used
+    import duckdb
+    import pandas as pd
+
+__all__ = ["step_rows", "to_pandas", "duckdb_connect"]
 
 
-def to_pandas(reader: Any, step: int | None = None):
+def step_rows(reader: Any, step: int) -> list[dict | None]:
+    """The trajectories of ``step`` of ``reader`` (a Reader): one dict each, None for a rejected one."""
+    return rows(reader.read(step), reader.info(step)["batch"])
+
+
+def to_pandas(reader: Any, step: int | None = None) -> pd.DataFrame:
     """The trajectories of ``step`` (None: every step) as a pandas DataFrame."""
     try:
         import pandas as pd
@@ -33,7 +45,7 @@ def to_pandas(reader: Any, step: int | None = None):
     steps = reader.steps if step is None else [step]
     recs: list[dict] = []
     for s in steps:
-        for i, r in enumerate(rows(reader.read(s), reader.info(s)["batch"])):
+        for i, r in enumerate(step_rows(reader, s)):
             rec = {"step": s, "index": i, "rejected": r is None}
             if r is not None:
                 rec.update(r)
@@ -52,7 +64,7 @@ def _lit(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
 
-def duckdb_connect(path: Any, con: Any = None):
+def duckdb_connect(path: Any, con: Any = None) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection (new in-memory one unless ``con``) with one view per split of the dump at
     ``path`` (a directory or a Reader)."""
     try:

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from .format import dtypes as _dtypes
+from .format.dtypes import bits_view
 
 __all__ = [
     "TORCH_DTYPES",
@@ -32,6 +32,7 @@ __all__ = [
     "packed_batches",
     "multimodal_batches",
     "non_tensor_values",
+    "non_tensor_batches",
     "batches",
     "assert_batch_equal",
 ]
@@ -53,7 +54,8 @@ def _random_bits(seed: int, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
 
 
 @st.composite
-def tensors(draw, shape: tuple, dtypes=TORCH_DTYPES, numpy: bool | None = False):
+def tensors(draw: st.DrawFn, shape: tuple, dtypes: Sequence[torch.dtype] = TORCH_DTYPES,
+            numpy: bool | None = False) -> torch.Tensor | np.ndarray:
     """A tensor (or numpy array when ``numpy``) of ``shape`` holding arbitrary bits."""
     use_np = draw(st.booleans()) if numpy is None else numpy
     seed = draw(st.integers(0, 2**31 - 1))
@@ -70,7 +72,7 @@ _lengths = st.lists(st.integers(0, 9), min_size=0, max_size=6)
 
 
 @st.composite
-def padded_batches(draw, max_batch: int = 6):
+def padded_batches(draw: st.DrawFn, max_batch: int = 6) -> dict[str, Any]:
     """AReaL-style dicts of padded tensors: per-token [B, T] / [B, T, k], per-sample [B] / [B, ...]."""
     lengths = draw(st.lists(st.integers(0, 9), min_size=0, max_size=max_batch))
     B = len(lengths)
@@ -89,7 +91,8 @@ def padded_batches(draw, max_batch: int = 6):
     batch["loss_mask"] = (draw(tensors((B, T), [torch.bool])) & mask).to(torch.int32)
     lp = draw(tensors((B, T), [torch.float32, torch.bfloat16]))
     batch["logprobs"] = lp.masked_fill(~mask, 0.0)
-    batch["versions"] = torch.where(mask, draw(tensors((B, T), [torch.int32])), torch.full((B, T), -1, dtype=torch.int32))
+    no_version = torch.full((B, T), -1, dtype=torch.int32)
+    batch["versions"] = torch.where(mask, draw(tensors((B, T), [torch.int32])), no_version)
     if draw(st.booleans()):
         k = draw(st.integers(1, 3))
         batch["topk"] = draw(tensors((B, T, k)))  # pad region arbitrary: stored whole
@@ -102,7 +105,7 @@ def padded_batches(draw, max_batch: int = 6):
 
 
 @st.composite
-def trajectory_lists(draw, max_batch: int = 6):
+def trajectory_lists(draw: st.DrawFn, max_batch: int = 6) -> list[dict[str, Any] | None]:
     """A list of per-trajectory dicts (tensors [1, T] or [T]) with ``None`` for rejected ones."""
     out: list = []
     two_d = draw(st.booleans())
@@ -123,7 +126,7 @@ def trajectory_lists(draw, max_batch: int = 6):
 
 
 @st.composite
-def packed_batches(draw, max_batch: int = 6):
+def packed_batches(draw: st.DrawFn, max_batch: int = 6) -> dict[str, Any]:
     """Packed layout: flat [N] per-token tensors plus ``cu_seqlens`` [B+1]."""
     lengths = draw(st.lists(st.integers(0, 9), min_size=0, max_size=max_batch))
     B, N = len(lengths), sum(lengths)
@@ -141,7 +144,7 @@ def packed_batches(draw, max_batch: int = 6):
 
 
 @st.composite
-def multimodal_batches(draw, max_batch: int = 4):
+def multimodal_batches(draw: st.DrawFn, max_batch: int = 4) -> dict[str, Any]:
     """Per-sample tensors of per-sample shape, and AReaL's ``multi_modal_input`` list of dicts."""
     B = draw(st.integers(0, max_batch))
     T = draw(st.integers(1, 6))
@@ -166,12 +169,12 @@ _json = st.recursive(
 )
 
 
-def non_tensor_values(n: int):
+def non_tensor_values(n: int) -> st.SearchStrategy[list]:
     """One per-sample value list of a single kind: str / int / float / bool / JSON / None mix."""
     leaf = st.sampled_from(["str", "int", "float", "bool", "json"])
 
     @st.composite
-    def _one(draw):
+    def _one(draw: st.DrawFn) -> list:
         kind = draw(leaf)
         base = {"str": st.text(max_size=6), "int": st.integers(-(2**63), 2**63 - 1),
                 "float": st.floats(), "bool": st.booleans(), "json": _json}[kind]
@@ -181,7 +184,7 @@ def non_tensor_values(n: int):
 
 
 @st.composite
-def non_tensor_batches(draw, max_batch: int = 5):
+def non_tensor_batches(draw: st.DrawFn, max_batch: int = 5) -> dict[str, Any]:
     """verl-style ``non_tensor_batch``: numpy object arrays, plus plain lists and scalars."""
     B = draw(st.integers(0, max_batch))
     batch: dict[str, Any] = {"rewards": draw(tensors((B,), [torch.float32]))}
@@ -200,7 +203,7 @@ def non_tensor_batches(draw, max_batch: int = 5):
     return batch
 
 
-def batches():
+def batches() -> st.SearchStrategy[Any]:
     """Any batch form trajstore accepts."""
     return st.one_of(padded_batches(), trajectory_lists(), packed_batches(), multimodal_batches(),
                      non_tensor_batches())
@@ -218,7 +221,7 @@ def assert_batch_equal(a: Any, b: Any, path: str = "batch") -> None:
         assert a.dtype == b.dtype, f"{path}: dtype {a.dtype} != {b.dtype}"
         assert a.shape == b.shape, f"{path}: shape {tuple(a.shape)} != {tuple(b.shape)}"
         ac, bc = a.detach().cpu().contiguous(), b.detach().cpu().contiguous()
-        assert torch.equal(_dtypes.bits_view(ac), _dtypes.bits_view(bc)), f"{path}: values differ"
+        assert torch.equal(bits_view(ac), bits_view(bc)), f"{path}: values differ"
     elif isinstance(a, np.ndarray):
         assert a.dtype == b.dtype, f"{path}: dtype {a.dtype} != {b.dtype}"
         assert a.shape == b.shape, f"{path}: shape {a.shape} != {b.shape}"

@@ -18,13 +18,15 @@ returns ``[dict | None]`` with one entry per trajectory:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["rows", "to_numpy", "is_rejected"]
+from .layout import token_mask
+
+__all__ = ["rows", "row_mask", "is_token", "to_numpy"]
 
 _LAYOUT = ("cu_seqlens", "max_seqlen")
 
@@ -39,10 +41,6 @@ def to_numpy(x: Any) -> Any:
     return x
 
 
-def is_rejected(row: Any) -> bool:
-    return row is None
-
-
 def _flat(prefix: str, node: Any, out: dict) -> None:
     for k, v in node.items():
         name = f"{prefix}{k}"
@@ -52,7 +50,7 @@ def _flat(prefix: str, node: Any, out: dict) -> None:
             out[name] = v
 
 
-def _names(spec_keys: list, pick, prefix: str = "") -> set[str]:
+def _names(spec_keys: list, pick: Callable[[dict], bool], prefix: str = "") -> set[str]:
     """Dotted names of the fields (nested groups included) whose spec node ``pick`` accepts."""
     out: set[str] = set()
     for k, node in spec_keys:
@@ -64,7 +62,8 @@ def _names(spec_keys: list, pick, prefix: str = "") -> set[str]:
     return out
 
 
-def _is_token(node: dict) -> bool:
+def is_token(node: dict) -> bool:
+    """A spec node of a per-token tensor field (stored per token, or shaped like the mask)."""
     return node.get("t") == "tensor" and (node.get("kind") == "token" or bool(node.get("tokenlike")))
 
 
@@ -72,27 +71,24 @@ def _is_global(node: dict) -> bool:
     return node.get("t") in ("json", "gtensor")
 
 
-def _mask2d(m: Any) -> torch.Tensor:
-    m = torch.as_tensor(np.asarray(m)) if not isinstance(m, torch.Tensor) else m
-    m = m != 0
-    while m.ndim > 2:
-        m = m.all(dim=-1)
-    return m
+def row_mask(m: Any) -> np.ndarray:
+    """The ``[T]`` bool mask of one trajectory's mask of shape ``[T, ...]`` (``token_mask`` of one row)."""
+    return token_mask(np.asarray(m)[None] != 0)[0].numpy()
 
 
 def _list_row(d: Mapping) -> dict:
     flat: dict = {}
     _flat("", d, flat)
     mask = flat.get("attention_mask")
-    mshape = None
+    keep = None
     if isinstance(mask, torch.Tensor | np.ndarray) and np.ndim(mask) >= 1:
-        mt = torch.as_tensor(np.asarray(to_numpy(mask))) != 0
-        mshape = tuple(mt.shape)
+        keep = np.asarray(to_numpy(mask)) != 0
     out = {}
     for k, v in flat.items():
-        if mshape is not None and isinstance(v, torch.Tensor | np.ndarray) and tuple(v.shape[: len(mshape)]) == mshape:
-            v = to_numpy(v)[mt.numpy()]
-        out[k] = to_numpy(v)
+        v = to_numpy(v)
+        if keep is not None and isinstance(v, np.ndarray) and v.shape[: keep.ndim] == keep.shape:
+            v = v[keep]
+        out[k] = v
     return out
 
 
@@ -116,13 +112,13 @@ def rows(batch: Any, spec: dict) -> list[dict | None]:
     B = int(spec.get("B", 0))
     flat: dict = {}
     _flat("", batch, flat)
-    tokens = _names(spec.get("keys", []), _is_token)
+    tokens = _names(spec.get("keys", []), is_token)
     skip = _names(spec.get("keys", []), _is_global)
     form = spec.get("form")
     out: list[dict] = [{} for _ in range(B)]
     mask = cu = None
     if form == "padded" and "attention_mask" in flat:
-        mask = _mask2d(flat["attention_mask"]).numpy()
+        mask = token_mask(flat["attention_mask"]).numpy()
     if form == "packed":
         cu = np.asarray(to_numpy(flat["cu_seqlens"]), dtype=np.int64)
     P, R = _split_widths(flat, mask)

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable
 
 import pyarrow.parquet as pq
 
+from ..format.rows import is_token
 from ..reader import Reader
 from ..store import paths
 
@@ -40,7 +41,7 @@ def fields_of(spec: dict) -> list[dict]:
         elif t == "seq":
             walk(name, node["elem"], True)
         elif t == "tensor":
-            kind = "token" if node.get("kind") == "token" or node.get("tokenlike") else "sample"
+            kind = "token" if is_token(node) else "sample"
             out.append({"name": name, "dtype": node["dtype"], "kind": kind, "shape": node.get("trail", [])})
         elif t == "cell":
             out.append({"name": name, "dtype": node["dtype"], "kind": "token" if node.get("kind") == "token"

@@ -1,7 +1,7 @@
 """Compare two dumps (or two fields of one dump) step by step, field by field, token by token.
 
-Values are compared per trajectory on its own tokens (padding removed, see ``_rows``), so a token
-index is a position inside that trajectory. Numbers are compared as float64 (integers exactly up
+Values are compared per trajectory on its own tokens (padding removed, see ``trajstore.format.rows``),
+so a token index is a position inside that trajectory. Numbers are compared as float64 (integers exactly up
 to 2**53): a value is *within tolerance* when ``|a - b| <= atol + rtol * |b|`` (``b`` is the
 reference, as in ``numpy.isclose``); two NaNs at the same place are equal. With the default
 ``atol=rtol=0`` any difference fails. Non-numeric values (strings, JSON) must be equal.
@@ -23,11 +23,13 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from .._text import parse_steps
 from ..errors import ConfigError
-from ..format.rows import rows
+from ..format.rows import row_mask
 from ..reader import Reader
+from ..tables import step_rows
 
-__all__ = ["diff", "DiffReport", "FieldDiff", "parse_steps"]
+__all__ = ["diff", "DiffReport", "FieldDiff"]
 
 OK = ("identical", "close")
 
@@ -135,24 +137,6 @@ def _stats(s: dict) -> dict:
     return out
 
 
-def parse_steps(text: str | None) -> list[int] | None:
-    """``"0-9,12,20:30"`` -> steps (``a-b`` and ``a:b`` are inclusive ranges)."""
-    if text is None or text == "":
-        return None
-    out: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        try:
-            if "-" in part[1:] or ":" in part:
-                a, b = part.replace(":", "-", 1).split("-", 1) if ":" in part else part.split("-", 1)
-                out.extend(range(int(a), int(b) + 1))
-            else:
-                out.append(int(part))
-        except ValueError:
-            raise ConfigError(f"steps {text!r}: cannot read {part!r}; use e.g. '0-9,12'") from None
-    return sorted(set(out))
-
-
 def _numeric(v: Any) -> bool:
     return isinstance(v, np.ndarray | np.generic | int | float | bool) and np.asarray(v).dtype.kind in "biuf"
 
@@ -165,7 +149,7 @@ def _same_bits(a: Any, b: Any) -> bool:
 class _Field:
     """Accumulates the comparison of one field over the trajectories of one step."""
 
-    def __init__(self, step: int, name: str, atol: float, rtol: float, keep_abs: bool):
+    def __init__(self, step: int, name: str, atol: float, rtol: float, keep_abs: bool) -> None:
         self.e = FieldDiff(step, name, "identical")
         self.atol, self.rtol, self.keep_abs = atol, rtol, keep_abs
         self.abs: list[np.ndarray] = []
@@ -207,7 +191,7 @@ class _Field:
             if np.ndim(mask) == 0:
                 self.fail("mismatch", traj, f"trajectory {traj}: the mask field is not per-token")
                 return
-            m = np.asarray(mask).reshape(len(mask), -1).all(axis=1) if np.ndim(mask) > 1 else np.asarray(mask) != 0
+            m = row_mask(mask)
             if x.ndim == 0 or len(m) != x.shape[0]:
                 self.fail("mismatch", traj, f"trajectory {traj}: mask has {len(m)} tokens, values {x.shape[:1]}")
                 return
@@ -220,7 +204,10 @@ class _Field:
         with np.errstate(all="ignore"):  # inf - inf, huge products: handled, no warnings
             self._numbers(traj, x, xf, yf, idx, width, same)
 
-    def _numbers(self, traj, x, xf, yf, idx, width, same) -> None:
+    def _numbers(self, traj: int, x: np.ndarray, xf: np.ndarray, yf: np.ndarray, idx: np.ndarray | None,
+                 width: int, same: bool) -> None:
+        """Compare the float64 values ``xf`` (of ``a``) and ``yf`` (of ``b``) of trajectory ``traj``
+        (``x``: its original values; ``idx``: their flat positions when masked) and update the entry."""
         e = self.e
         eq = (xf == yf) | (np.isnan(xf) & np.isnan(yf))  # same infinities and NaNs are equal
         d = np.where(eq, 0.0, xf - yf)
@@ -276,7 +263,7 @@ def _short(v: Any) -> Any:
     return r[:80] + "…" if isinstance(r, str) and len(r) > 80 else r
 
 
-def _reader(x: Any, split: str):
+def _reader(x: Any, split: str) -> Reader:
     return x if isinstance(x, Reader) else Reader(x, split)
 
 
@@ -299,7 +286,7 @@ def diff(a: Any, b: Any = None, *, steps: Iterable[int] | str | None = None,
         raise ConfigError("diff needs two dumps, or one dump and pair=(field_a, field_b)")
     ra = _reader(a, split)
     rb = ra if b is None else _reader(b, split)
-    want = parse_steps(steps) if isinstance(steps, str) else (None if steps is None else sorted(set(steps)))
+    want = parse_steps(steps, "steps")
     all_steps = sorted(set(ra.steps) | set(rb.steps)) if want is None else want
     entries: list[FieldDiff] = []
     absd: dict[str, list] = {}
@@ -314,9 +301,11 @@ def diff(a: Any, b: Any = None, *, steps: Iterable[int] | str | None = None,
     return DiffReport(str(ra.path), str(rb.path), atol, rtol, entries, tuple(pair) if pair else None, absd)
 
 
-def _step(ra, rb, s, fields, atol, rtol, pair, mask, absd) -> list[FieldDiff]:
-    xa = rows(ra.read(s), ra.info(s)["batch"])
-    xb = xa if rb is ra else rows(rb.read(s), rb.info(s)["batch"])
+def _step(ra: Reader, rb: Reader, s: int, fields: Iterable[str] | None, atol: float, rtol: float,
+          pair: tuple[str, str] | None, mask: str | None, absd: dict[str, list]) -> list[FieldDiff]:
+    """The entries of step ``s``: one per compared field (``absd`` collects ``|a - b|`` in pair mode)."""
+    xa = step_rows(ra, s)
+    xb = xa if rb is ra else step_rows(rb, s)
     names_a = _names(xa)
     names_b = _names(xb)
     if pair:

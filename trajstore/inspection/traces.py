@@ -38,9 +38,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, MissingDependencyError
-from ..format.rows import rows
+from ..format.rows import row_mask
+from ..tables import step_rows
 
-__all__ = ["traces", "load_tokenizer", "trace_rows", "FIELD_NAMES", "run_lengths"]
+__all__ = ["traces", "load_tokenizer", "trace_rows", "to_json", "dumps", "decode_ids", "FIELD_NAMES",
+           "run_lengths"]
 
 FIELD_NAMES: dict[str, tuple[str, ...]] = {
     "tokens": ("input_ids", "tokens", "token_ids", "sequences"),
@@ -83,7 +85,8 @@ def load_tokenizer(tokenizer: Any) -> Any:
         raise ConfigError(f"tokenizer {f}: cannot be loaded ({e}); is it a Hugging Face tokenizer.json?") from None
 
 
-def _decode(tok: Any, ids: np.ndarray) -> str:
+def decode_ids(tok: Any, ids: Any) -> str:
+    """The text of token ids ``ids`` (special tokens kept) with tokenizer ``tok``."""
     ids = [int(x) for x in np.asarray(ids).reshape(-1)]
     try:
         return tok.decode(ids, skip_special_tokens=False)
@@ -140,7 +143,7 @@ def _ids(v: np.ndarray) -> np.ndarray:
 
 
 def _runs(mask: np.ndarray) -> list[tuple[int, int, bool]]:
-    m = np.asarray(mask).reshape(len(mask), -1).all(axis=1) if np.ndim(mask) > 1 else np.asarray(mask) != 0
+    m = row_mask(mask)
     out, start = [], 0
     for i in range(1, len(m) + 1):
         if i == len(m) or m[i] != m[start]:
@@ -151,7 +154,7 @@ def _runs(mask: np.ndarray) -> list[tuple[int, int, bool]]:
 
 def trace_rows(row: dict, tokenizer: Any = None, *, fields: dict | None = None,
                logprobs: bool = False) -> dict:
-    """The readable trace of one trajectory (one entry of ``_rows.rows``)."""
+    """The readable trace of one trajectory (one entry of ``trajstore.tables.step_rows``)."""
     fields = fields or {}
     tok = tokenizer
     out: dict = {}
@@ -197,13 +200,13 @@ def trace_rows(row: dict, tokenizer: Any = None, *, fields: dict | None = None,
     for s in segs:
         s["tokens"] = len(s["ids"])
         if tok is not None:
-            s["text"] = _decode(tok, s["ids"])
+            s["text"] = decode_ids(tok, s["ids"])
     n_prompt = sum(s["tokens"] for s in segs if s["role"] == "prompt")
     rest = [s for s in segs if s["role"] != "prompt"]
     if tok is not None and segs:
-        out["prompt"] = _decode(tok, np.concatenate([s["ids"] for s in segs if s["role"] == "prompt"]
+        out["prompt"] = decode_ids(tok, np.concatenate([s["ids"] for s in segs if s["role"] == "prompt"]
                                                    or [np.zeros(0, np.int64)]))
-        out["completion"] = _decode(tok, np.concatenate([s["ids"] for s in rest] or [np.zeros(0, np.int64)]))
+        out["completion"] = decode_ids(tok, np.concatenate([s["ids"] for s in rest] or [np.zeros(0, np.int64)]))
     if text_prompt is not None:
         out["prompt"] = text_prompt
     if text_comp is not None:
@@ -307,10 +310,9 @@ def traces(reader: Any, step: int, tokenizer: Any = None, max_per_step: int | No
     if unknown:
         raise ConfigError(f"fields: unknown role(s) {sorted(unknown)}; use {sorted(FIELD_NAMES)}")
     tok = load_tokenizer(tokenizer)
-    spec = reader.info(step)["batch"]
     out: list[dict] = []
     kept = 0
-    for i, row in enumerate(rows(reader.read(step), spec)):
+    for i, row in enumerate(step_rows(reader, step)):
         if row is None:
             out.append({"step": step, "index": i, "rejected": True})
             continue
@@ -323,4 +325,5 @@ def traces(reader: Any, step: int, tokenizer: Any = None, max_per_step: int | No
 
 
 def dumps(trace: dict) -> str:
+    """One trace as a line of JSON (non-ASCII text kept as is; NaN allowed)."""
     return json.dumps(trace, ensure_ascii=False, allow_nan=True)
