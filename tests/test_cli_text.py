@@ -36,7 +36,7 @@ def test_diff_reads_ranges_like_lists(dump):
 def test_bad_steps_option_is_a_usage_error(dump, cmd, capsys):
     argv = [cmd, str(dump)] + ([str(dump)] if cmd == "diff" else []) + ["--steps", "1-b"]
     assert run(argv) == 2
-    assert "--steps: cannot read 'b' in '1-b'" in capsys.readouterr().err
+    assert "--steps: cannot read '1-b' in '1-b'" in capsys.readouterr().err
 
 
 def test_export_steps_and_info_bytes(dump, capsys):

@@ -36,7 +36,7 @@ SAME_LAYER = [
     ("trajstore.reader", "trajstore.tables"),
     ("trajstore.recorder", "trajstore.config"),
     ("trajstore.cli", "trajstore._console"),
-    ("trajstore.errors", "trajstore._version"),
+    ("trajstore._text", "trajstore.errors"),
     ("trajstore.fingerprint", "trajstore._version"),
 ]
 # the writer's side and the reader's side never meet below the recorder, not even through a third module

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .errors import ConfigError
@@ -9,6 +10,7 @@ from .errors import ConfigError
 __all__ = ["parse_steps", "human_bytes"]
 
 _ALL = ("", "none", "null", "all")
+_RANGE = re.compile(r"^([0-9]+)(?:[-:]([0-9]+))?$")
 
 
 def parse_steps(value: Any, what: str = "steps") -> tuple[int, ...] | None:
@@ -20,9 +22,12 @@ def parse_steps(value: Any, what: str = "steps") -> tuple[int, ...] | None:
     if isinstance(value, str):
         out: list[int] = []
         for part in value.replace(" ", "").split(","):
-            a, sep, b = part.replace(":", "-", 1).partition("-") if part[1:] else (part, "", "")
-            lo = _step(a, what, value)
-            out.extend(range(lo, _step(b, what, value) + 1) if sep else [lo])
+            m = _RANGE.match(part)
+            if m is None:
+                raise ConfigError(f"{what}: cannot read {part!r} in {value!r}: give steps (ints >= 0) and "
+                                  "inclusive ranges a-b or a:b, comma-separated, e.g. '0-9,12'")
+            lo = int(m.group(1))
+            out.extend(range(lo, int(m.group(2)) + 1) if m.group(2) else [lo])
         return tuple(sorted(set(out)))
     if isinstance(value, bool | int | float | bytes) or not hasattr(value, "__iter__"):
         raise ConfigError(f"{what}: {value!r} is not a list of steps; use e.g. [0, 10, 20] or \"0,10,20-25\"")
@@ -35,7 +40,7 @@ def _step(v: Any, what: str, whole: Any) -> int:
     except (ValueError, AttributeError, TypeError):
         i = None
     if i is None or i < 0:
-        raise ConfigError(f"{what}: cannot read {v!r} in {whole!r} as a step (an int >= 0); use e.g. '0-9,12'")
+        raise ConfigError(f"{what}: {v!r} in {whole!r} is not a step; steps are ints >= 0")
     return i
 
 
