@@ -69,14 +69,14 @@ def test_a_raising_on_commit_is_logged_and_never_stops_the_writer(tmp_path, capl
 
 
 def test_on_commit_is_not_called_for_failed_steps_and_must_be_callable(tmp_path, monkeypatch):
-    real = writer_mod.pq.write_table
+    real = writer_mod._commit.commit
 
-    def failing(table, where, **k):
-        if "step_00000001" in str(where):
+    def commit_but_step_1(tmp, final, overwrite):
+        if final.name == "step_00000001.parquet":
             raise OSError(28, "No space left on device")
-        return real(table, where, **k)
+        real(tmp, final, overwrite)
 
-    monkeypatch.setattr(writer_mod.pq, "write_table", failing)
+    monkeypatch.setattr(writer_mod._commit, "commit", commit_but_step_1)
     got = []
     w = trajstore.Writer(tmp_path, on_commit=lambda c: got.append(c.step))
     for s in range(3):

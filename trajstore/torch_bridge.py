@@ -40,19 +40,18 @@ def _round(n: int, a: int = ALIGN) -> int:
 def map_tree(obj: Any, leaf: Callable[[Any, tuple | None], Any], path: tuple | None = None) -> Any:
     """Rebuild the dict/list/tuple structure of ``obj`` (one new container per container) with
     ``leaf(value, path)`` in place of every other value. ``path`` is the value's key/index path
-    from ``obj`` when a starting path is given (``()``), else None (no tuples are built)."""
+    from ``obj`` when a starting path is given (``()``), else None (no tuples are built, and a
+    tensor, the most common value, goes to ``leaf`` without a call of its own)."""
     if isinstance(obj, dict):
         if path is None:
-            return {k: map_tree(v, leaf) for k, v in obj.items()}
+            return {k: leaf(v, None) if isinstance(v, torch.Tensor) else map_tree(v, leaf) for k, v in obj.items()}
         return {k: map_tree(v, leaf, path + (k,)) for k, v in obj.items()}
-    if isinstance(obj, list):
+    if isinstance(obj, list | tuple):
         if path is None:
-            return [map_tree(v, leaf) for v in obj]
-        return [map_tree(v, leaf, path + (i,)) for i, v in enumerate(obj)]
-    if isinstance(obj, tuple):
-        if path is None:
-            return tuple(map_tree(v, leaf) for v in obj)
-        return tuple(map_tree(v, leaf, path + (i,)) for i, v in enumerate(obj))
+            out = [leaf(v, None) if isinstance(v, torch.Tensor) else map_tree(v, leaf) for v in obj]
+        else:
+            out = [map_tree(v, leaf, path + (i,)) for i, v in enumerate(obj)]
+        return out if isinstance(obj, list) else tuple(out)
     return leaf(obj, path)
 
 
