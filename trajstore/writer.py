@@ -16,10 +16,6 @@ not yet on disk, ``append`` waits; the time waited is logged (logger ``trajstore
 counted in ``writer.stats``. A failure in the background is raised, as ``WriterError`` naming the
 step, by the next ``append``, ``flush()`` or ``close()``; other steps keep being written.
 ``flush()`` waits for every pending step; an interpreter exit flushes open writers.
-
-``on_commit`` is called on the background thread with a :class:`Committed` record (step, file,
-bytes, rows, seconds) once each step is committed, before ``flush()`` returns; an error it raises
-is logged, never raised into the writer.
 """
 
 from __future__ import annotations
@@ -150,8 +146,8 @@ class Writer:
     Plain per-trajectory fields (``rewards``...) of the steps written are also kept in the split's
     index for ``Reader.column`` (``<split>/_index/``, docs/FORMAT.md section 6): a segment every
     ``_index.INDEX_EVERY`` steps and on ``flush``/``close``; an index error is only logged.
-    ``on_commit(Committed)`` is called on the background thread after each step is committed
-    (see the module doc).
+    ``on_commit`` is called on the background thread with a :class:`Committed` record once each
+    step is committed, before ``flush`` returns; an error it raises is logged, never raised.
     """
 
     def __init__(self, path: str | Path, split: str = "train", *, overwrite: bool = False,
