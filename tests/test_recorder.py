@@ -243,7 +243,7 @@ def test_replay_reads_the_next_step_ahead(tmp_path):
     dump(tmp_path / "d", [0, 2, 3, 5])
     with Recorder(replay=True, path=str(tmp_path / "d")) as rec:
         assert_batch_equal(rollout(0), rec.batch(0, never()))
-        assert rec._ahead[0] == 2  # read in the background while step 0 trains
+        assert rec._ahead.step == 2  # read in the background while step 0 trains
         for s in (2, 5, 3, 0, 3):  # in order, skipping, going back: always the right batch
             assert_batch_equal(rollout(s), rec.batch(s, never()))
     with Recorder(replay=True, path=str(tmp_path / "d"), prefetch=False) as rec:

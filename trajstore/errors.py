@@ -131,5 +131,7 @@ def foreign_errors(where: str, doing: str = "reading it",
         yield
     except TrajstoreError:
         raise
-    except (pa.ArrowException, OSError) as e:  # pyarrow's ArrowIOError is OSError
+    # pyarrow's ArrowIOError is OSError; a damaged footer can hold names that are not UTF-8, which
+    # pyarrow decodes with Python's codec (UnicodeDecodeError)
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
         raise FormatError(f"{where}: {doing} failed ({type(e).__name__}: {e}); {then}") from None

@@ -22,6 +22,13 @@ import sys
 import warnings
 from typing import Any
 
+import numpy as np
+import pyarrow
+import torch
+import torch.distributed as dist
+
+from ._version import __version__
+
 __all__ = ["collect", "compare", "format_differences", "deterministic", "ENV_VARS", "INFORMATIONAL"]
 
 ENV_VARS = ("CUBLAS_WORKSPACE_CONFIG", "NCCL_ALGO", "NCCL_PROTO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS",
@@ -51,8 +58,6 @@ def _int_env(name: str, default: int) -> int:
 
 def world() -> tuple[int, int, int]:
     """(world_size, rank, local_rank): torch.distributed when initialized, else RANK/WORLD_SIZE env."""
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size(), dist.get_rank(), _int_env("LOCAL_RANK", 0)
     return _int_env("WORLD_SIZE", 1), _int_env("RANK", 0), _int_env("LOCAL_RANK", 0)
@@ -69,8 +74,6 @@ def _versions() -> dict:
 
 
 def _backends() -> dict:
-    import torch
-
     b = torch.backends
     with warnings.catch_warnings():  # some torch versions deprecate the tf32 flags
         warnings.simplefilter("ignore")
@@ -90,12 +93,6 @@ def _backends() -> dict:
 
 def collect() -> dict:
     """The fingerprint of this process (JSON-able)."""
-    import numpy
-    import pyarrow
-    import torch
-
-    from ._version import __version__
-
     world_size, rank, local_rank = world()
     cuda = torch.cuda.is_available()
     # the GPU's name only once CUDA is initialized: collecting must not create a CUDA context
@@ -109,7 +106,7 @@ def collect() -> dict:
         "trajstore": __version__,
         "torch": torch.__version__,
         "pyarrow": pyarrow.__version__,
-        "numpy": numpy.__version__,
+        "numpy": np.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if cuda else None,
         "libraries": _versions(),
@@ -167,9 +164,6 @@ def deterministic(seed: int | None = None, *, warn_only: bool = False) -> dict:
     are but recorded, so a replay with different ones is reported.  Returns what was set.
     """
     global _applied
-    import numpy as np
-    import torch
-
     if "CUBLAS_WORKSPACE_CONFIG" not in os.environ:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             warnings.warn("trajstore.deterministic(): CUDA is already initialized; CUBLAS_WORKSPACE_CONFIG "

@@ -4,24 +4,37 @@ from __future__ import annotations
 
 import bisect
 import json
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import _threads, schema
+from . import _threads, schema, tables, torch_bridge
 from .format import containers as adapters
 from .format import dtypes as dt
 from .format import validate as _validate
 from .format.spec import FORMAT_VERSION, is_plain_sample
+from .prefetch import iterate
 from .store import checksums, paths
 from .store.index import Index
 from .errors import (ConfigError, DumpNotFoundError, FormatError, FormatVersionError, StepNotFoundError,
-                     TrajstoreError)
+                     foreign_errors)
 
 __all__ = ["Reader"]
+
+
+class _StepFile(NamedTuple):
+    """An opened step file: its Parquet reader, the source it reads from (the path, or the checked
+    bytes with ``verify``), its trajstore description and its path."""
+
+    pf: pq.ParquetFile
+    src: Any
+    doc: dict
+    path: Path
 
 
 def _describe(steps: list[int], step: int) -> str:
@@ -64,8 +77,6 @@ class Reader:
     def wait_for(self, step: int, timeout: float | None = None, poll: float = 0.05) -> None:
         """Block until ``step`` is committed (a writer may be running); StepNotFoundError after ``timeout`` s,
         or at once if the writer recorded the step as skipped."""
-        import time
-
         step = paths.check_step(step)
         end = None if timeout is None else time.monotonic() + timeout
         f = self.dir / paths.step_name(step)
@@ -126,20 +137,14 @@ class Reader:
             )
         return f
 
-    def _open(self, step: int, check: bool = True) -> tuple[pq.ParquetFile, dict, Path]:
+    def _open(self, step: int, check: bool = True) -> _StepFile:
         """The step's Parquet file and its trajstore description; ``check=False`` skips the walk of
         the whole spec (``_validate``), for callers that check the one node they decode."""
         f = self.file(step)
-        try:
+        with foreign_errors(str(f), "reading it as a Parquet file", "the step is damaged"):
             src = pa.BufferReader(checksums.read_verified(f, step)) if self.verify else f
             pf = pq.ParquetFile(src, memory_map=False)
-            pf.trajstore_source = src  # read() may decode row groups in parallel from it
             kv = pf.metadata.metadata or {}  # the footer's key-value pairs (no Arrow schema build)
-        except TrajstoreError:
-            raise
-        except Exception as e:  # noqa: BLE001 - a parser of untrusted bytes: any failure is a damaged file
-            raise FormatError(f"{f}: not a readable Parquet file ({type(e).__name__}: {e}); "
-                              "the step is damaged") from None
         raw = kv.get(b"trajstore")
         if raw is None:
             raise FormatError(f"{f}: Parquet file without trajstore metadata; it was not written by trajstore")
@@ -160,15 +165,15 @@ class Reader:
             raise FormatError(f"{f}: the file says it holds step {doc.get('step')!r}, its name says {step}")
         if check:
             _validate.check(doc, pf.schema_arrow, pf.metadata.num_rows, str(f))
-        return pf, doc, f
+        return _StepFile(pf, src, doc, f)
 
     def meta(self, step: int) -> dict:
         """The ``meta`` dict given to ``append`` for ``step``."""
-        return self._open(step, check=False)[1].get("meta", {})  # nothing is decoded: no spec walk
+        return self._open(step, check=False).doc.get("meta", {})  # nothing is decoded: no spec walk
 
     def info(self, step: int) -> dict:
         """The step's stored description: spec, meta, row count."""
-        return self._open(step)[1]
+        return self._open(step).doc
 
     def read(self, step: int, columns: list[str] | None = None, layout: str | None = None,
              device: Any = None) -> Any:
@@ -178,8 +183,6 @@ class Reader:
         ordered on the caller's current stream. On the CPU, tensors are views of Arrow memory
         where the layout allows."""
         if device is not None:
-            from . import torch_bridge
-
             arena = torch_bridge.host_arena(device)
             try:
                 batch = self._read(step, columns, layout, arena)
@@ -191,11 +194,11 @@ class Reader:
         return self._read(step, columns, layout)
 
     def _read(self, step: int, columns: list[str] | None, layout: str | None, arena: Any = None) -> Any:
-        pf, doc, f = self._open(step)
-        return self._decode(pf, doc, f, step, columns, layout, arena)
+        return self._decode(self._open(step), step, columns, layout, arena)
 
-    def _decode(self, pf: pq.ParquetFile, doc: dict, f: Path, step: int, columns: list[str] | None,
-                layout: str | None, arena: Any = None) -> Any:
+    def _decode(self, sf: _StepFile, step: int, columns: list[str] | None, layout: str | None,
+                arena: Any = None) -> Any:
+        doc, f = sf.doc, sf.path
         spec = doc["batch"]
         try:
             cols = schema.columns_for(spec, columns)
@@ -211,10 +214,8 @@ class Reader:
             cols = schema.columns_for(spec, keep)
             if not any(c in cols for c in _token_cols(spec)):
                 cols = None
-        try:
-            table = _read_columns(pf, cols)
-        except Exception as e:  # noqa: BLE001 - see _open
-            raise FormatError(f"{f}: reading step {step} failed ({e}); the step is damaged") from None
+        with foreign_errors(str(f), f"reading step {step}", "the step is damaged"):
+            table = _read_columns(sf.pf, sf.src, cols)
         if table.num_rows != doc.get("num_rows", table.num_rows):
             raise FormatError(f"{f}: holds {table.num_rows} rows, its metadata says {doc.get('num_rows')}")
         if arena is not None and (layout == "packed" or layout is None and spec.get("form") != "padded"):
@@ -229,8 +230,8 @@ class Reader:
         the field), and a per-trajectory tensor field (e.g. ``rewards``) is decoded straight
         from its column, checked against its spec node. ``workers`` > 1 reads that many files at
         once on threads: worth it where file reads wait on storage (network file systems, a cold
-        cache); on a warm page cache the per-file work (~0.25 ms, mostly Python around pyarrow's
-        footer parse) contends for the GIL and measured slower than one thread.
+        cache); on a warm page cache the per-file work (mostly Python around pyarrow's footer
+        parse) contends for the GIL, and one thread is faster (benchmarks/RESULTS.md).
         Stack the values with ``torch.stack(list(d.values()))`` when every step has the same
         batch size. A plain per-trajectory field of a step is taken from the split's index
         (``<split>/_index/``, docs/FORMAT.md section 6) when a segment holds it and the step file
@@ -247,26 +248,20 @@ class Reader:
         if n == 1 or len(rest) < 2:
             files = {s: self._column(s, name) for s in rest}
         else:
-            from concurrent.futures import ThreadPoolExecutor
-
             with ThreadPoolExecutor(max_workers=n, thread_name_prefix="trajstore-column") as ex:
                 files = dict(zip(rest, ex.map(lambda s: self._column(s, name), rest)))
         return {s: got[s] if s in got else files[s] for s in steps} if got else files
 
     def _column(self, step: int, name: str) -> Any:
-        pf, doc, f = self._open(step, check=False)
+        sf = self._open(step, check=False)
+        pf, doc, f = sf.pf, sf.doc, sf.path
         spec = doc["batch"]
         node = dict(spec.get("keys") or []).get(name) if spec.get("t") == "batch" else None
         if is_plain_sample(node):
-            try:
+            with foreign_errors(str(f), f"reading field {name!r} of step {step}", "the step is damaged"):
                 return _read_sample(pf, node, doc, f)
-            except TrajstoreError:
-                raise
-            except Exception as e:  # noqa: BLE001 - see _open
-                raise FormatError(f"{f}: reading field {name!r} of step {step} failed "
-                                  f"({type(e).__name__}: {e}); the step is damaged") from None
         _validate.check(doc, pf.schema_arrow, pf.metadata.num_rows, str(f))
-        batch = self._decode(pf, doc, f, step, [name], None)
+        batch = self._decode(sf, step, [name], None)
         if isinstance(batch, list | tuple):
             return [None if e is None else e.get(name) for e in batch]
         return adapters.unwrap(batch)[0][name] if "wrapper" in spec else batch[name]
@@ -274,14 +269,13 @@ class Reader:
     def iter(self, steps: list[int] | None = None, device: Any = None, prefetch: int = 2,
              columns: list[str] | None = None, layout: str | None = None) -> Iterator[tuple[int, Any]]:
         """Yield ``(step, batch)`` for ``steps`` (default: all), decoding ``prefetch`` steps ahead
-        on a thread pool; with ``device="cuda"`` the copy of the next batch overlaps the caller's
-        work and the stream current at this call waits on each batch's copy. From ``prefetch=4``
-        on, each step decodes on one thread (the steps in flight give the parallelism; nested
-        thread pools measured slower). ``break`` frees the threads and staging memory."""
-        from . import torch_bridge
-
+        on a thread pool (``trajstore/prefetch.py``); with ``device="cuda"`` the copy of the next
+        batch overlaps the caller's work and the stream current at this call waits on each batch's
+        copy. From ``prefetch=4`` on, each step decodes on one thread (the steps in flight give the
+        parallelism, and nested thread pools are slower: benchmarks/RESULTS.md). ``break`` frees
+        the threads and staging memory."""
         steps = list(self._steps) if steps is None else [paths.check_step(s) for s in steps]
-        return torch_bridge.iterate(lambda s, arena: self._read(s, columns, layout, arena), steps, device, prefetch)
+        return iterate(lambda s, arena: self._read(s, columns, layout, arena), steps, device, prefetch)
 
     def __enter__(self) -> "Reader":
         return self
@@ -292,18 +286,14 @@ class Reader:
     def __repr__(self) -> str:
         return f"Reader({str(self.path)!r}, split={self.split!r}, steps={len(self._steps)})"
 
-    # -- views (trajstore/_views.py)
-    def to_pandas(self, step: int | None = None):
+    # -- views (trajstore/tables.py)
+    def to_pandas(self, step: int | None = None) -> Any:
         """One DataFrame row per trajectory of ``step`` (None: every step), with ``step`` and ``index``."""
-        from .tables import to_pandas
+        return tables.to_pandas(self, step)
 
-        return to_pandas(self, step)
-
-    def duckdb(self):
+    def duckdb(self) -> Any:
         """A DuckDB connection with one view per split (``train``, ``val``...), each row with its ``step``."""
-        from .tables import duckdb_connect
-
-        return duckdb_connect(self)
+        return tables.duckdb_connect(self)
 
 
 def _read_sample(pf: pq.ParquetFile, node: dict, doc: dict, f: Path) -> Any:
@@ -326,11 +316,11 @@ def _read_sample(pf: pq.ParquetFile, node: dict, doc: dict, f: Path) -> Any:
     return dt.as_value(a.to_numpy(zero_copy_only=False), node)
 
 
-def _read_columns(pf: pq.ParquetFile, cols: list[str] | None) -> pa.Table:
+def _read_columns(pf: pq.ParquetFile, src: Any, cols: list[str] | None) -> pa.Table:
     """Large reads go through the dataset reader (``pq.read_table``), which decodes row groups and
     columns in parallel on Arrow's thread pool (even with ``use_threads=False``); ``schema.decode``
     joins the row-group chunks of each column in parallel. Small reads (a column of
-    per-trajectory values) skip its second footer parse."""
+    per-trajectory values) skip its second footer parse. ``src`` is what ``pf`` reads from."""
     md = pf.metadata
     leaves = [md.schema.column(j).path for j in range(md.num_columns)]
     want = [j for j, p in enumerate(leaves)  # an estimate: it only picks the faster path
@@ -340,9 +330,9 @@ def _read_columns(pf: pq.ParquetFile, cols: list[str] | None) -> pa.Table:
     size = sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups)) * len(want) // max(1, len(leaves))
     threads = not _threads.is_serial()
     if size > PARALLEL_READ_BYTES:
-        # pre_buffer=False: the column chunks are read as they are decoded, not gathered first
-        # (one step, 16 cores: 8.3 vs 10.5 ms; benchmarks/RESULTS.md)
-        return pq.read_table(pf.trajstore_source, columns=cols, use_threads=threads, pre_buffer=False)
+        # pre_buffer=False: the column chunks are read as they are decoded, not gathered first,
+        # which is faster on a step of many row groups (benchmarks/RESULTS.md)
+        return pq.read_table(src, columns=cols, use_threads=threads, pre_buffer=False)
     return pf.read(columns=cols, use_threads=threads)
 
 

@@ -10,25 +10,25 @@ Rules kept everywhere in this module (so callers never need ``record_stream``):
   number of bytes, so pinned memory does not grow without bound.
 
 ``snapshot_cuda`` (device -> pinned host, for the writer), ``to_device`` (one batch, for
-``Reader.read``) and ``iterate`` (prefetching replay, for ``Reader.iter``) are the entry points.
+``Reader.read``), and ``stage``/``launch`` (the two halves of a copy, which the reader's
+prefetching replay in ``trajstore/prefetch.py`` overlaps with the caller's work) are the entry
+points. ``map_tree`` is the one walk of a batch's dict/list/tuple structure.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import deque
-from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
-from .format import containers as adapters
-from . import _threads
 from .errors import ConfigError
+from .format import containers as adapters
 
-__all__ = ["PinnedPool", "Arena", "snapshot_cuda", "to_device", "iterate", "map_tensors"]
+__all__ = ["PinnedPool", "Arena", "Staged", "snapshot_cuda", "host_arena", "stage", "launch", "to_device",
+           "as_device", "on_device", "map_tree", "map_tensors"]
 
 ALIGN = 256  # byte alignment of each tensor carved out of a staging buffer
 
@@ -37,25 +37,41 @@ def _round(n: int, a: int = ALIGN) -> int:
     return (n + a - 1) // a * a
 
 
+def map_tree(obj: Any, leaf: Callable[[Any, tuple | None], Any], path: tuple | None = None) -> Any:
+    """Rebuild the dict/list/tuple structure of ``obj`` (one new container per container) with
+    ``leaf(value, path)`` in place of every other value. ``path`` is the value's key/index path
+    from ``obj`` when a starting path is given (``()``), else None (no tuples are built, and a
+    tensor, the most common value, goes to ``leaf`` without a call of its own)."""
+    if isinstance(obj, dict):
+        if path is None:
+            return {k: leaf(v, None) if isinstance(v, torch.Tensor) else map_tree(v, leaf) for k, v in obj.items()}
+        return {k: map_tree(v, leaf, path + (k,)) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        if path is None:
+            out = [leaf(v, None) if isinstance(v, torch.Tensor) else map_tree(v, leaf) for v in obj]
+        else:
+            out = [map_tree(v, leaf, path + (i,)) for i, v in enumerate(obj)]
+        return out if isinstance(obj, list) else tuple(out)
+    return leaf(obj, path)
+
+
 def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     """Rebuild dict/list/tuple structure with ``fn`` applied to every torch tensor; a TensorDict or
     DataProto-like batch comes back as the same kind of container (``adapters``)."""
-    if isinstance(obj, torch.Tensor):
-        return fn(obj)
-    if isinstance(obj, dict):
-        return {k: map_tensors(v, fn) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [map_tensors(v, fn) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(map_tensors(v, fn) for v in obj)
-    if obj is None or isinstance(obj, str | int | float | bool | np.ndarray | np.generic):
-        return obj
-    plain, tag = adapters.unwrap(obj)
-    if tag is not None:
-        return adapters.wrap(map_tensors(plain, fn), tag)
-    if isinstance(obj, Mapping):
-        return {k: map_tensors(v, fn) for k, v in obj.items()}
-    return obj
+
+    def leaf(x: Any, _path: tuple | None) -> Any:
+        if isinstance(x, torch.Tensor):
+            return fn(x)
+        if x is None or isinstance(x, str | int | float | bool | np.ndarray | np.generic):
+            return x
+        plain, tag = adapters.unwrap(x)
+        if tag is not None:
+            return adapters.wrap(map_tree(plain, leaf), tag)
+        if isinstance(x, Mapping):
+            return {k: map_tree(v, leaf) for k, v in x.items()}
+        return x
+
+    return map_tree(obj, leaf)
 
 
 def _leaves(obj: Any) -> list[torch.Tensor]:
@@ -238,7 +254,7 @@ class Arena:
 
 def host_arena(device: Any) -> Arena | None:
     """An :class:`Arena` to decode into when ``device`` is a CUDA device, else None."""
-    d = _device(device)
+    d = as_device(device)
     return Arena() if d is not None and d.type == "cuda" else None
 
 
@@ -306,7 +322,9 @@ def launch(staged: Staged, device: torch.device, consumer: torch.cuda.Stream) ->
     return out, ev
 
 
-def _device(device: Any) -> torch.device | None:
+def as_device(device: Any) -> torch.device | None:
+    """``device`` as a ``torch.device`` (a CUDA one with its index), None for None; ConfigError if it is
+    not one, or is CUDA where CUDA is not available."""
     if device is None:
         return None
     try:
@@ -325,19 +343,19 @@ def to_device(obj: Any, device: Any, arena: Arena | None = None) -> Any:
     """Move every torch tensor of a decoded batch to ``device`` (numpy arrays and Python values
     stay on the host). On CUDA the result is ordered on the caller's current stream; ``arena``
     is the pinned memory ``obj`` was decoded into, if any."""
-    d = _device(device)
+    d = as_device(device)
     if d is None or d.type != "cuda":
         if arena is not None:
             arena.release()
-        return obj if d is None or d.type == "cpu" else _on_device(map_tensors(obj, lambda t: t.to(d)), d)
+        return obj if d is None or d.type == "cpu" else on_device(map_tensors(obj, lambda t: t.to(d)), d)
     cur = torch.cuda.current_stream(d)
     out, ev = launch(stage(obj, arena=arena), d, cur)
     if ev is not None:
         cur.wait_event(ev)
-    return _on_device(out, d)
+    return on_device(out, d)
 
 
-def _on_device(obj: Any, d: torch.device) -> Any:
+def on_device(obj: Any, d: torch.device) -> Any:
     """A TensorDict (or a DataProto-like batch's) rebuilt from tensors moved to ``d`` reports
     ``d`` as its device, as ``TensorDict.to(d)`` would (its tensors are already there: no copy)."""
     if adapters._is_td(obj):
@@ -345,81 +363,3 @@ def _on_device(obj: Any, d: torch.device) -> Any:
     if adapters._is_dataproto(obj) and obj.batch is not None:
         obj.batch = obj.batch.to(d)
     return obj
-
-
-SERIAL_PREFETCH = 4  # from this prefetch depth on, each step's joins and conversions run on its worker
-# thread, not the shared pool; Arrow still decodes its row groups on Arrow's pool (benchmarks/RESULTS.md)
-
-
-def iterate(read: Callable[[int, Arena | None], Any], steps: list[int], device: Any = None, prefetch: int = 2,
-            workers: int | None = None) -> Iterator[tuple[int, Any]]:
-    """Yield ``(step, batch)`` for ``steps`` in order, decoding up to ``prefetch`` steps ahead on a
-    thread pool (``read(step, arena)`` decodes one step, into ``arena`` when it is not None).
-    On CUDA, decoded batches are staged in pinned memory and the copy of the next
-    batch is started (on a side stream) before the current one is handed out; the consumer's
-    stream waits on each batch's event. Closing the iterator (``break``) cancels pending work,
-    waits for running decodes and returns their staging buffers."""
-    if type(prefetch) is not int or prefetch < 0:
-        raise ConfigError(f"prefetch must be an int >= 0, got {prefetch!r}")
-    d = _device(device)
-    cuda = d is not None and d.type == "cuda"
-    other = d is not None and d.type not in ("cpu", "cuda")
-    consumer = torch.cuda.current_stream(d) if cuda else None
-
-    def load(step: int) -> Any:
-        if prefetch >= SERIAL_PREFETCH:  # several steps decode at once: no nested pool
-            _threads.serial()
-        if not cuda:
-            return read(step, None)
-        arena = Arena()
-        try:
-            return stage(read(step, arena), arena=arena)
-        except BaseException:
-            arena.release()
-            raise
-
-    pool = ThreadPoolExecutor(max_workers=workers or max(1, prefetch), thread_name_prefix="trajstore-read")
-    pending: deque[tuple[int, Future]] = deque()
-    issued: deque[tuple[int, Any]] = deque()  # CUDA: copies started, not yet yielded
-    todo = iter(steps)
-
-    def fill() -> None:
-        while len(pending) + len(issued) < max(1, prefetch + (1 if cuda else 0)):
-            s = next(todo, None)
-            if s is None:
-                return
-            pending.append((s, pool.submit(load, s)))
-
-    try:
-        fill()
-        while pending or issued:
-            if not cuda:
-                s, fut = pending.popleft()
-                obj = fut.result()
-                fill()
-                yield s, (_on_device(map_tensors(obj, lambda t: t.to(d)), d) if other else obj)
-                continue
-            if not issued:
-                s, fut = pending.popleft()
-                issued.append((s, *launch(fut.result(), d, consumer)))
-            # start the next copy now if its decode is done, so it overlaps the consumer's compute
-            if pending and pending[0][1].done() and len(issued) < 2:
-                s, fut = pending.popleft()
-                issued.append((s, *launch(fut.result(), d, consumer)))
-            s, obj, ev = issued.popleft()
-            if ev is not None:
-                consumer.wait_event(ev)
-            fill()
-            yield s, _on_device(obj, d)
-    finally:
-        for _, _, ev in issued:  # never let the caching allocator reuse memory a copy still writes
-            if ev is not None:
-                consumer.wait_event(ev)
-        issued.clear()
-        for _, fut in pending:
-            fut.cancel()
-        pool.shutdown(wait=True)
-        for _, fut in pending:
-            if not fut.cancelled() and fut.exception() is None and cuda:
-                fut.result().release()
-        pending.clear()

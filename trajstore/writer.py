@@ -1,21 +1,11 @@
 """Writer: append one step's batch as one Parquet file, atomically, in the background.
 
 ``append`` takes a snapshot of the batch and returns; encoding, compression and file I/O run on
-background thread(s). What is recorded is the batch as it was at ``append``:
-
-* CUDA tensors are copied into reused pinned host buffers on a side stream that first waits on
-  the caller's current stream; the caller's stream then waits (on the GPU, the calling thread does
-  not block) for that copy, so later in-place updates queued on it cannot race the copy.
-* CPU torch tensors are not copied. Their version counters (``t._version``) are recorded, and
-  checked again before and after the step is encoded; if one changed (an in-place update after
-  ``append``), the step is *not* written and ``WriterError`` names the step and field. Pass
-  ``copy=True`` to clone CPU tensors on the caller's thread instead. Writes that bypass torch's
-  counter (through a ``.numpy()`` view, ``.data`` or another alias of the memory) are not seen.
-* numpy arrays have no version counter, so an in-place change could not be detected: numeric
-  numpy arrays are always copied at ``append`` (a memcpy; they are small in RL batches); object
-  and string arrays are copied shallowly.
-* dicts, lists and tuples are rebuilt at ``append`` (a shallow copy of the structure, one level
-  per container); Python scalars and strings are immutable. Other objects are kept by reference.
+background thread(s). What is recorded is the batch as it was at ``append``: CUDA tensors are
+copied to pinned host memory (the calling thread does not block), CPU tensors are kept and their
+version counters checked (an in-place update after ``append`` fails the step with ``WriterError``;
+``copy=True`` clones them instead), numpy arrays are copied, containers rebuilt
+(``trajstore/snapshot.py`` says exactly what is kept and how).
 
 The structure is checked on the caller's thread (types, dtypes, keys, shapes, lengths: never
 values), so a malformed batch raises ``BatchError`` from ``append`` itself; the full checks run
@@ -36,12 +26,12 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow.parquet as pq
-import torch
 
 from . import schema, torch_bridge
 from .format import check as _batchcheck
@@ -50,8 +40,9 @@ from .store import commit as _commit
 from .store import index as _index
 from .store import paths
 from .errors import ConfigError, StepExistsError, TrajstoreError, WriterError
+from .snapshot import Snapshot
 
-__all__ = ["Writer"]
+__all__ = ["Writer", "Committed"]
 
 log = logging.getLogger("trajstore.writer")
 MAX_META_BYTES = 1 << 20
@@ -62,14 +53,13 @@ LOG_EVERY_S = 60.0  # at most one 'append waited' warning a minute per writer
 
 
 def parquet_options(table) -> dict:
-    """Per-column encodings, chosen by the encoding benchmark (benchmarks/RESULTS.md): on float32
-    log-probs BYTE_STREAM_SPLIT (BSS) is the smallest (-7% vs plain, -41% vs dictionary); on Zipf
-    token ids BSS is 7% smaller than plain and 5% larger than dictionary, but writes 2.4x faster
-    than dictionary; DELTA_BINARY_PACKED is larger. zstd levels above 3 gained < 1% for 3x the
-    write time. So: BSS for 16/32/64-bit tensor values, dictionary for everything else (masks,
-    strings, JSON), zstd 3, and up to ``ROW_GROUPS`` row groups of at least ``ROW_GROUP_BYTES``
-    so a reader decodes a large step on several cores, while a small step stays one row group
-    (a smaller footer and one page per column: reading one column of many steps is ~3x faster)."""
+    """The Parquet options of a step's table: BYTE_STREAM_SPLIT for 16/32/64-bit tensor values
+    (log-probs and token ids come out small for little write time), dictionary encoding for
+    everything else (masks, strings, JSON), zstd at ``ZSTD_LEVEL``, and up to ``ROW_GROUPS`` row
+    groups of at least ``ROW_GROUP_BYTES``, so a reader decodes a large step on several cores
+    while a small step stays one row group (a smaller footer and one page per column, which keeps
+    reading one column of many steps cheap). The measurements behind each choice are in
+    benchmarks/RESULTS.md (encoding benchmark)."""
     bss, dic = [], []
     for f in table.schema:
         t = f.type.value_type if hasattr(f.type, "value_type") else f.type
@@ -104,70 +94,22 @@ def check_meta(meta: Any, step: int) -> dict:
     return meta
 
 
-# ----------------------------------------------------------------------------- snapshot
-class _Snapshot:
-    """The batch of one step as it was at ``append``, plus what the background must check."""
+@dataclass(frozen=True)
+class Committed:
+    """A step the writer committed, as given to ``Writer(on_commit=...)``: its ``step``, its file
+    ``path``, the file's ``bytes``, the batch's ``rows`` (trajectories) and the background
+    ``seconds`` it took (encode, write, commit)."""
 
-    def __init__(self, copy: bool):
-        self.copy = copy
-        self.versions: list[tuple[str, torch.Tensor, int]] = []
-        self.cuda: list[tuple[str, torch.Tensor]] = []
-        self.nbytes = 0
-
-    def take(self, v: Any, path: tuple) -> Any:
-        if isinstance(v, torch.Tensor):
-            self.nbytes += v.numel() * v.element_size()
-            if v.device.type == "cuda":
-                self.cuda.append((schema._where(path), v))
-                return _CudaSlot(len(self.cuda) - 1)
-            if v.device.type != "cpu":
-                return v.detach().cpu()
-            if self.copy:
-                return v.detach().clone()
-            self.versions.append((schema._where(path), v, v._version))
-            return v
-        if isinstance(v, np.ndarray):
-            self.nbytes += v.nbytes
-            return v.copy()
-        if isinstance(v, dict):
-            return {k: self.take(x, path + (k,)) for k, x in v.items()}
-        if isinstance(v, list):
-            return [self.take(x, path + (i,)) for i, x in enumerate(v)]
-        if isinstance(v, tuple):
-            return tuple(self.take(x, path + (i,)) for i, x in enumerate(v))
-        return v
-
-    def check(self, step: int) -> None:
-        for name, t, ver in self.versions:
-            if t._version != ver:
-                raise WriterError(
-                    f"step {step}: field {name!r} was modified in place after append (its tensor "
-                    "version changed); the step was not written. Pass copy=True to append, or do not "
-                    "modify the tensor before flush()"
-                )
-
-
-class _CudaSlot:
-    def __init__(self, i: int):
-        self.i = i
-
-
-def _fill_cuda(v: Any, hosts: list) -> Any:
-    if isinstance(v, _CudaSlot):
-        return hosts[v.i]
-    if isinstance(v, dict):
-        return {k: _fill_cuda(x, hosts) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_fill_cuda(x, hosts) for x in v]
-    if isinstance(v, tuple):
-        return tuple(_fill_cuda(x, hosts) for x in v)
-    return v
+    step: int
+    path: Path
+    bytes: int
+    rows: int
+    seconds: float
 
 
 class _Job:
-    def __init__(self, step, batch, tag, meta, overwrite, snap, hosts, cuda_snaps):
-        self.step, self.batch, self.tag, self.meta, self.overwrite = step, batch, tag, meta, overwrite
-        self.snap, self.hosts, self.cuda_snaps = snap, hosts, cuda_snaps
+    def __init__(self, step: int, snap: Snapshot, tag: dict | None, meta: dict, overwrite: bool):
+        self.step, self.snap, self.tag, self.meta, self.overwrite = step, snap, tag, meta, overwrite
         self.nbytes = snap.nbytes
 
 
@@ -204,14 +146,18 @@ class Writer:
     Plain per-trajectory fields (``rewards``...) of the steps written are also kept in the split's
     index for ``Reader.column`` (``<split>/_index/``, docs/FORMAT.md section 6): a segment every
     ``_index.INDEX_EVERY`` steps and on ``flush``/``close``; an index error is only logged.
+    ``on_commit`` is called on the background thread with a :class:`Committed` record once each
+    step is committed, before ``flush`` returns; an error it raises is logged, never raised.
     """
 
     def __init__(self, path: str | Path, split: str = "train", *, overwrite: bool = False,
                  max_pending_steps: int = 8, max_pending_bytes: int = 4 << 30, workers: int = 1,
-                 on_error: str = "raise"):
+                 on_error: str = "raise", on_commit: Callable[[Committed], Any] | None = None):
         if on_error not in ("raise", "warn"):
             raise ConfigError(f"Writer({str(path)!r}): on_error must be 'raise' or 'warn', got {on_error!r}")
-        self.on_error = on_error
+        if on_commit is not None and not callable(on_commit):
+            raise ConfigError(f"Writer({str(path)!r}): on_commit must be callable, got {on_commit!r}")
+        self.on_error, self.on_commit = on_error, on_commit
         for name, v in (("max_pending_steps", max_pending_steps), ("max_pending_bytes", max_pending_bytes),
                         ("workers", workers)):
             if type(v) is not int or v < 1:
@@ -275,12 +221,7 @@ class Writer:
                 )
             plain, tag = adapters.unwrap(batch)
             _batchcheck.check(plain)  # types, keys, shapes, lengths: errors now, not one step later
-            snap = _Snapshot(copy)
-            plain = snap.take(plain, ())
-            hosts, cuda_snaps = [], []
-            if snap.cuda:
-                hosts, cuda_snaps = torch_bridge.snapshot_cuda([t for _, t in snap.cuda], self._pool)
-            job = _Job(step, plain, tag, meta, ow, snap, hosts, cuda_snaps)
+            job = _Job(step, Snapshot(plain, copy, self._pool), tag, meta, ow)
             self._admit(job, queued and len(self._threads) > 1)
             self._queue.put(job)
         dt = time.perf_counter() - t0
@@ -366,15 +307,10 @@ class Writer:
             errs, self._errors = self._errors, []
         if not errs:
             return
-        if len(errs) == 1:
-            e = errs[0]
-            err = WriterError(f"{e}{suffix}")
-        else:
-            steps = [e.step for e in errs]
-            err = WriterError(f"{len(errs)} steps failed in the background: {steps}; the first: {errs[0]}{suffix}")
-        err.step = errs[0].step
-        err.steps = [e.step for e in errs]
-        raise err from (errs[0].__cause__ or errs[0])
+        steps = [e.step for e in errs]
+        msg = f"{errs[0]}{suffix}" if len(errs) == 1 else \
+            f"{len(errs)} steps failed in the background: {steps}; the first: {errs[0]}{suffix}"
+        raise WriterError(msg, step=steps[0], steps=steps) from (errs[0].__cause__ or errs[0])
 
     # -- background side
     def _run(self) -> None:
@@ -383,18 +319,18 @@ class Writer:
             if job is None:
                 return
             t0 = time.perf_counter()
-            nbytes, err = 0, None
+            nbytes, rows, err = 0, 0, None
             try:
-                nbytes = self._write(job)
+                nbytes, rows = self._write(job)
             except BaseException as e:  # noqa: BLE001 - every failure is reported to the caller
                 err = e
             finally:
-                for c in job.cuda_snaps:
-                    c.release()
-                job.batch = job.hosts = job.snap = None
+                job.snap.release()
+                job.snap = None
+            dt = time.perf_counter() - t0
             with self._cond:
                 s = self._stats
-                s["write_s"] += time.perf_counter() - t0
+                s["write_s"] += dt
                 if err is None:
                     s["written"] += 1
                     s["bytes_written"] += nbytes
@@ -408,6 +344,8 @@ class Writer:
                                     "the step is recorded as skipped in %s): %s", job.step, self.dir, err)
             if err is not None:  # best effort: readers then say why the step is missing
                 _commit.record_skipped(self.dir, job.step, f"{type(err).__name__}: {err}")
+            elif self.on_commit is not None:
+                self._report(Committed(job.step, self.dir / paths.step_name(job.step), nbytes, rows, dt))
             with self._cond:
                 self._pending_bytes -= job.nbytes
                 self._pending[job.step] -= 1
@@ -415,11 +353,17 @@ class Writer:
                     del self._pending[job.step]
                 self._cond.notify_all()
 
-    def _write(self, job: _Job) -> int:
+    def _report(self, rec: Committed) -> None:
+        try:
+            self.on_commit(rec)
+        except BaseException as e:  # noqa: BLE001 - a callback must never stop the writer thread
+            log.error("trajstore: on_commit(%r) of %r raised %s: %s; the step is written, the writer goes on",
+                      rec, self, type(e).__name__, e, exc_info=True)
+
+    def _write(self, job: _Job) -> tuple[int, int]:
+        """Encode, write and commit one step; returns (file bytes, rows)."""
         step, snap = job.step, job.snap
-        for c in job.cuda_snaps:
-            c.wait()
-        batch = _fill_cuda(job.batch, job.hosts) if job.hosts else job.batch
+        batch = snap.batch()
         snap.check(step)
         table = schema.encode_plain(batch, job.tag, step=step, split=self.split, meta=job.meta)
         final = self.dir / paths.step_name(step)
@@ -427,13 +371,14 @@ class Writer:
         try:
             pq.write_table(table, tmp, **parquet_options(table))
             index_rows = self._index.take(step, table)  # a copy, checked by snap.check below
+            rows = table.num_rows
             del table
             snap.check(step)  # the values may have changed while they were being encoded
             st = tmp.stat()
             size = st.st_size
             _commit.commit(tmp, final, job.overwrite)
             self._index.add(step, index_rows, st, final)  # never raises
-            return size
+            return size, rows
         except FileExistsError:
             raise StepExistsError(
                 f"step {step} was committed to {final} by someone else while it was being written; "
@@ -462,9 +407,8 @@ class Writer:
 
 def _as_writer_error(e: BaseException, step: int) -> WriterError:
     if isinstance(e, WriterError) and f"step {step}" in str(e):
-        out = WriterError(str(e))
+        out = WriterError(str(e), step=step)
     else:
-        out = WriterError(f"step {step} was not written: {type(e).__name__}: {e}")
+        out = WriterError(f"step {step} was not written: {type(e).__name__}: {e}", step=step)
     out.__cause__ = e
-    out.step = step
     return out

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from ..errors import ChecksumError, FormatError
+from ..errors import ChecksumError, foreign_errors
 
 __all__ = ["SUM_SUFFIX", "file_sha256", "sum_line", "read_sum", "pending_sums", "check_digest", "read_verified"]
 
@@ -74,16 +74,14 @@ def check_digest(f: Path, step: int, digest: str) -> None:
     )
 
 
-def read_verified(f: Path, step: int):
+def read_verified(f: Path, step: int) -> pa.Buffer:
     """The bytes of step file ``f`` (an Arrow buffer: decoded arrays may point into it, and it must
     not be owned by a Python object), after checking them against the recorded checksum."""
     for attempt in range(3):
-        try:
+        with foreign_errors(str(f), f"reading step {step}", "check the file and the file system"):
             before = os.stat(f)
             with pa.OSFile(str(f)) as src:
                 data = src.read_buffer()
-        except (OSError, pa.ArrowException) as e:
-            raise FormatError(f"{f}: step {step} cannot be read ({e})") from None
         try:
             check_digest(f, step, hashlib.sha256(memoryview(data)).hexdigest())
             return data

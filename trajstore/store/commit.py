@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from . import checksums
-from .files import alive, fsync, fsync_dir, write_durable
+from .files import fsync, fsync_dir, stale_temps, write_durable
 from .paths import TMP_PREFIX, skipped_name, step_of
 
 __all__ = ["commit", "clean_temp", "record_skipped"]
@@ -59,16 +59,12 @@ def clean_temp(split_dir: Path, keep_own: bool = False) -> list[str]:
     processes are kept, and this process's own too with ``keep_own`` (another Writer of
     this process may be writing them)."""
     gone = []
-    for n in sorted(os.listdir(split_dir)) if split_dir.exists() else []:
-        if n.startswith(TMP_PREFIX) and ".tmp-" in n:
-            pid = n.rsplit(".tmp-", 1)[1].split("-")[0]
-            if pid.isdigit() and (int(pid) != os.getpid() or keep_own) and alive(int(pid)):
-                continue  # another live writer's step in progress
-            m = re.match(r"^\.(step_\d{8,})\.sha256\.tmp-", n)
-            if m and _promote(split_dir, m.group(1), split_dir / n):
-                continue
-            (split_dir / n).unlink(missing_ok=True)
-            gone.append(n)
+    for n in stale_temps(split_dir, TMP_PREFIX, keep_own):
+        m = re.match(r"^\.(step_\d{8,})\.sha256\.tmp-", n)
+        if m and _promote(split_dir, m.group(1), split_dir / n):
+            continue
+        (split_dir / n).unlink(missing_ok=True)
+        gone.append(n)
     for n in os.listdir(split_dir) if split_dir.exists() else []:
         if n.endswith(checksums.SUM_SUFFIX) and not (split_dir / n).with_suffix(".parquet").exists():
             (split_dir / n).unlink(missing_ok=True)  # checksum of a step that was never committed

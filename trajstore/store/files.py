@@ -1,12 +1,16 @@
 """Durable file operations of the store: fsync of files and folders, exclusive durable writes,
-and whether the process that owns a temporary file is still running."""
+and which temporary files were left by a process that is gone.
+
+Every temporary of the store is named ``<prefix>...tmp-<pid>[-<random>]``: the pid of the
+process writing it, so a later writer can tell a leftover of a killed process from a write in
+progress."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-__all__ = ["fsync", "fsync_dir", "write_durable", "alive"]
+__all__ = ["fsync", "fsync_dir", "write_durable", "alive", "stale_temps"]
 
 
 def fsync(path: Path) -> None:
@@ -43,3 +47,21 @@ def alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def stale_temps(folder: Path, prefix: str, keep_own: bool = False) -> list[str]:
+    """The names (sorted) of the temporaries ``<prefix>...tmp-<pid>...`` in ``folder`` whose writer is
+    gone: no pid in the name, or a process that is not running. This process's own temporaries
+    count as gone unless ``keep_own`` (another writer of this process may be writing them)."""
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    out = []
+    for n in names:
+        if n.startswith(prefix) and ".tmp-" in n:
+            pid = n.rsplit(".tmp-", 1)[1].split("-")[0]
+            if pid.isdigit() and (int(pid) != os.getpid() or keep_own) and alive(int(pid)):
+                continue  # a live writer's temporary
+            out.append(n)
+    return out

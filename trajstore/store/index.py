@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..errors import FormatError
 from ..format import dtypes as dt
 from ..format import validate
 from ..format.dtypes import as_value
@@ -154,19 +155,11 @@ class Collector:
 def clean_temp(split_dir: Path, keep_own: bool = False) -> None:
     """Remove temporaries of segment writes that were interrupted (their process is gone)."""
     d = split_dir / DIR
-    try:
-        names = os.listdir(d)
-    except OSError:
-        return
-    for n in names:
-        if n.startswith(".steps_") and ".tmp-" in n:
-            pid = n.rsplit(".tmp-", 1)[1].split("-")[0]
-            if pid.isdigit() and (int(pid) != os.getpid() or keep_own) and files.alive(int(pid)):
-                continue
-            try:
-                (d / n).unlink(missing_ok=True)
-            except OSError:
-                pass
+    for n in files.stale_temps(d, ".steps_", keep_own):
+        try:
+            (d / n).unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 def prune(split_dir: Path) -> list[str]:
@@ -194,10 +187,6 @@ def prune(split_dir: Path) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- reader side
-class _Bad(Exception):
-    pass
-
-
 class _Segment:
     """One segment's description and step/row layout, checked against its columns; field columns
     are read (and checked) on first use."""
@@ -208,40 +197,40 @@ class _Segment:
             pf = pq.ParquetFile(fh)
             raw = (pf.metadata.metadata or {}).get(KEY)
             if raw is None:
-                raise _Bad("no trajstore.index metadata")
+                raise FormatError("no trajstore.index metadata")
             doc = json.loads(raw)
             if not isinstance(doc, dict) or type(doc.get("version")) is not int:
-                raise _Bad("the metadata has no version")
+                raise FormatError("the metadata has no version")
             if doc["version"] != VERSION:
-                raise _Bad(f"index version {doc['version']}; this trajstore reads version {VERSION}")
+                raise FormatError(f"index version {doc['version']}; this trajstore reads version {VERSION}")
             if doc.get("split") != split:
-                raise _Bad(f"it says it indexes split {doc.get('split')!r}")
+                raise FormatError(f"it says it indexes split {doc.get('split')!r}")
             fs, steps = doc.get("fields"), doc.get("steps")
             if not isinstance(fs, list) or not isinstance(steps, list) or not steps:
-                raise _Bad("fields or steps missing")
+                raise FormatError("fields or steps missing")
             if not all(isinstance(f, list) and len(f) == 2 and type(f[0]) is str for f in fs) or fields(
                     {"t": "batch", "keys": fs}) != fs:
-                raise _Bad("a field is not a plain per-trajectory tensor")
+                raise FormatError("a field is not a plain per-trajectory tensor")
             self.nodes = {k: n for k, n in fs}
             if len(self.nodes) != len(fs) or len({n["col"] for _, n in fs}) != len(fs):
-                raise _Bad("a field or column is listed twice")
+                raise FormatError("a field or column is listed twice")
             if not all(isinstance(e, list) and len(e) == 5 and all(type(x) is int and x >= 0 for x in e)
                        for e in steps):
-                raise _Bad("a step entry is not [step, rows, st_ino, st_size, st_mtime_ns]")
+                raise FormatError("a step entry is not [step, rows, st_ino, st_size, st_mtime_ns]")
             nums = [e[0] for e in steps]
             if any(a >= b for a, b in zip(nums, nums[1:])) or (nums[0], nums[-1]) != (lo, hi):
-                raise _Bad(f"steps {nums[0]}..{nums[-1]} are not increasing or not the range its name says")
+                raise FormatError(f"steps {nums[0]}..{nums[-1]} are not increasing or not the range its name says")
             counts = np.array([e[1] for e in steps], dtype=np.int64)
             n = pf.metadata.num_rows
             if int(counts.sum()) != n or n * 8 * (2 + len(fs)) > validate.MAX_DECODED_BYTES:
-                raise _Bad(f"it holds {n} rows, its steps add up to {int(counts.sum())}")
+                raise FormatError(f"it holds {n} rows, its steps add up to {int(counts.sum())}")
             self.schema = pf.schema_arrow
             starts = np.cumsum(counts) - counts
             step = self._read(pf, "step", pa.int64(), n)
             row = self._read(pf, "row", pa.int32(), n)
             if not (np.array_equal(step.to_numpy(), np.repeat(np.array(nums, dtype=np.int64), counts)) and
                     np.array_equal(row.to_numpy(), np.arange(n) - np.repeat(starts, counts))):
-                raise _Bad("its step/row columns do not match its steps")
+                raise FormatError("its step/row columns do not match its steps")
         self.pos = {s: i for i, s in enumerate(nums)}
         self.idents = [tuple(e[2:]) for e in steps]
         self.starts, self.counts = starts.tolist(), counts.tolist()
@@ -250,10 +239,10 @@ class _Segment:
     def _read(self, pf: pq.ParquetFile, col: str, typ: pa.DataType, n: int) -> pa.Array:
         idx = self.schema.get_field_index(col)
         if idx < 0 or self.schema.field(idx).type != typ:
-            raise _Bad(f"column {col!r} is missing or not {typ}")
+            raise FormatError(f"column {col!r} is missing or not {typ}")
         arr = pf.reader.read_column(idx)
         if len(arr) != n or arr.null_count:
-            raise _Bad(f"column {col!r} holds {len(arr)} values ({arr.null_count} null) for {n} rows")
+            raise FormatError(f"column {col!r} holds {len(arr)} values ({arr.null_count} null) for {n} rows")
         return arr.combine_chunks()
 
     def value(self, name: str, step: int) -> Any:

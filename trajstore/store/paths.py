@@ -12,7 +12,7 @@ from .. import fingerprint
 from .._version import __version__
 from ..errors import ConfigError, DumpNotFoundError, FormatError, FormatVersionError
 from ..format.spec import FORMAT_VERSION
-from .files import alive, fsync, fsync_dir
+from .files import fsync, fsync_dir, stale_temps
 
 MANIFEST = "trajstore.json"
 STEP_RE = re.compile(r"^step_(\d{8,})\.parquet$")
@@ -88,10 +88,8 @@ def read_manifest(root: Path) -> dict:
 def create_manifest(root: Path) -> dict:
     """Read the manifest, creating the dump (atomically) if there is none."""
     root.mkdir(parents=True, exist_ok=True)
-    for n in os.listdir(root):  # leftovers of a writer killed while creating the dump
-        pid = n.rsplit(".tmp-", 1)[-1]
-        if n.startswith(f".{MANIFEST}.tmp-") and pid.isdigit() and not alive(int(pid)):
-            (root / n).unlink(missing_ok=True)
+    for n in stale_temps(root, f".{MANIFEST}.tmp-", keep_own=True):  # a writer killed creating the dump
+        (root / n).unlink(missing_ok=True)
     if (root / MANIFEST).exists():
         return read_manifest(root)
     doc = {

@@ -1,0 +1,95 @@
+"""The reader's prefetching replay (``Reader.iter``): decode the next steps on a thread pool while
+the caller works, and on CUDA start the host-to-device copy of the next batch (``torch_bridge``)
+before the current one is handed out."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from . import _threads
+from .errors import ConfigError
+from .torch_bridge import Arena, as_device, launch, map_tensors, on_device, stage
+
+__all__ = ["iterate", "SERIAL_PREFETCH"]
+
+SERIAL_PREFETCH = 4  # from this prefetch depth on, each step's joins and conversions run on its worker
+# thread, not the shared pool; Arrow still decodes its row groups on Arrow's pool (benchmarks/RESULTS.md)
+
+
+def iterate(read: Callable[[int, Arena | None], Any], steps: list[int], device: Any = None, prefetch: int = 2,
+            workers: int | None = None) -> Iterator[tuple[int, Any]]:
+    """Yield ``(step, batch)`` for ``steps`` in order, decoding up to ``prefetch`` steps ahead on a
+    thread pool (``read(step, arena)`` decodes one step, into ``arena`` when it is not None).
+    On CUDA, decoded batches are staged in pinned memory and the copy of the next
+    batch is started (on a side stream) before the current one is handed out; the consumer's
+    stream waits on each batch's event. Closing the iterator (``break``) cancels pending work,
+    waits for running decodes and returns their staging buffers."""
+    if type(prefetch) is not int or prefetch < 0:
+        raise ConfigError(f"prefetch must be an int >= 0, got {prefetch!r}")
+    d = as_device(device)
+    cuda = d is not None and d.type == "cuda"
+    other = d is not None and d.type not in ("cpu", "cuda")
+    consumer = torch.cuda.current_stream(d) if cuda else None
+
+    def load(step: int) -> Any:
+        if prefetch >= SERIAL_PREFETCH:  # several steps decode at once: no nested pool
+            _threads.serial()
+        if not cuda:
+            return read(step, None)
+        arena = Arena()
+        try:
+            return stage(read(step, arena), arena=arena)
+        except BaseException:
+            arena.release()
+            raise
+
+    pool = ThreadPoolExecutor(max_workers=workers or max(1, prefetch), thread_name_prefix="trajstore-read")
+    pending: deque[tuple[int, Future]] = deque()
+    issued: deque[tuple[int, Any]] = deque()  # CUDA: copies started, not yet yielded
+    todo = iter(steps)
+
+    def fill() -> None:
+        while len(pending) + len(issued) < max(1, prefetch + (1 if cuda else 0)):
+            s = next(todo, None)
+            if s is None:
+                return
+            pending.append((s, pool.submit(load, s)))
+
+    try:
+        fill()
+        while pending or issued:
+            if not cuda:
+                s, fut = pending.popleft()
+                obj = fut.result()
+                fill()
+                yield s, (on_device(map_tensors(obj, lambda t: t.to(d)), d) if other else obj)
+                continue
+            if not issued:
+                s, fut = pending.popleft()
+                issued.append((s, *launch(fut.result(), d, consumer)))
+            # start the next copy now if its decode is done, so it overlaps the consumer's compute
+            if pending and pending[0][1].done() and len(issued) < 2:
+                s, fut = pending.popleft()
+                issued.append((s, *launch(fut.result(), d, consumer)))
+            s, obj, ev = issued.popleft()
+            if ev is not None:
+                consumer.wait_event(ev)
+            fill()
+            yield s, on_device(obj, d)
+    finally:
+        for _, _, ev in issued:  # never let the caching allocator reuse memory a copy still writes
+            if ev is not None:
+                consumer.wait_event(ev)
+        issued.clear()
+        for _, fut in pending:
+            fut.cancel()
+        pool.shutdown(wait=True)
+        for _, fut in pending:
+            if not fut.cancelled() and fut.exception() is None and cuda:
+                fut.result().release()
+        pending.clear()

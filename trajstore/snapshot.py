@@ -1,0 +1,96 @@
+"""The batch of one step as it was at ``Writer.append``, for the background thread that encodes it.
+
+* CUDA tensors are copied into reused pinned host buffers on a side stream that first waits on
+  the caller's current stream; the caller's stream then waits (on the GPU, the calling thread does
+  not block) for that copy, so later in-place updates queued on it cannot race the copy
+  (``torch_bridge.snapshot_cuda``).
+* CPU torch tensors are not copied. Their version counters (``t._version``) are recorded, and
+  checked again before and after the step is encoded; if one changed (an in-place update after
+  ``append``), the step is *not* written and ``WriterError`` names the step and field. Pass
+  ``copy=True`` to clone CPU tensors on the caller's thread instead. Writes that bypass torch's
+  counter (through a ``.numpy()`` view, ``.data`` or another alias of the memory) are not seen.
+* numpy arrays have no version counter, so an in-place change could not be detected: numeric
+  numpy arrays are always copied at ``append`` (a memcpy; they are small in RL batches); object
+  and string arrays are copied shallowly.
+* dicts, lists and tuples are rebuilt at ``append`` (a shallow copy of the structure, one level
+  per container); Python scalars and strings are immutable. Other objects are kept by reference.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import WriterError
+from .format.spec import where
+from .torch_bridge import CudaSnapshot, PinnedPool, map_tree, snapshot_cuda
+
+__all__ = ["Snapshot"]
+
+
+class _CudaSlot:
+    """Where a CUDA tensor sits in the snapshot until its host copy is ready."""
+
+    def __init__(self, i: int):
+        self.i = i
+
+
+class Snapshot:
+    """Take ``batch`` (a plain batch) as it is now; ``nbytes`` is its tensor bytes. On the background
+    thread, ``batch()`` waits for the CUDA copies and returns what to encode, ``check(step)`` raises
+    if a CPU tensor changed since, and ``release()`` gives the pinned memory back."""
+
+    def __init__(self, batch: Any, copy: bool, pool: PinnedPool):
+        self.copy = copy
+        self.versions: list[tuple[str, torch.Tensor, int]] = []
+        self.cuda: list[tuple[str, torch.Tensor]] = []
+        self.nbytes = 0
+        self._batch = map_tree(batch, self._take, ())
+        self._hosts: list[torch.Tensor] = []
+        self._cuda_snaps: list[CudaSnapshot] = []
+        if self.cuda:
+            self._hosts, self._cuda_snaps = snapshot_cuda([t for _, t in self.cuda], pool)
+
+    def _take(self, v: Any, path: tuple) -> Any:
+        """One value of the batch (a ``map_tree`` leaf) as the background will encode it."""
+        if isinstance(v, torch.Tensor):
+            self.nbytes += v.numel() * v.element_size()
+            if v.device.type == "cuda":
+                self.cuda.append((where(path), v))
+                return _CudaSlot(len(self.cuda) - 1)
+            if v.device.type != "cpu":
+                return v.detach().cpu()
+            if self.copy:
+                return v.detach().clone()
+            self.versions.append((where(path), v, v._version))
+            return v
+        if isinstance(v, np.ndarray):
+            self.nbytes += v.nbytes
+            return v.copy()
+        return v
+
+    def batch(self) -> Any:
+        """The batch to encode, with every CUDA tensor replaced by its host copy (waits for the copies)."""
+        for c in self._cuda_snaps:
+            c.wait()
+        if not self._hosts:
+            return self._batch
+        hosts = self._hosts
+        return map_tree(self._batch, lambda v, _path: hosts[v.i] if isinstance(v, _CudaSlot) else v)
+
+    def check(self, step: int) -> None:
+        for name, t, ver in self.versions:
+            if t._version != ver:
+                raise WriterError(
+                    f"step {step}: field {name!r} was modified in place after append (its tensor "
+                    "version changed); the step was not written. Pass copy=True to append, or do not "
+                    "modify the tensor before flush()", step=step
+                )
+
+    def release(self) -> None:
+        """Give the pinned host copies back to their pool and drop the batch."""
+        for c in self._cuda_snaps:
+            c.release()
+        self._batch, self._hosts, self._cuda_snaps, self.versions, self.cuda = None, [], [], [], []
