@@ -46,6 +46,7 @@ import torch
 from . import schema, torch_bridge
 from .format import check as _batchcheck
 from .format import containers as adapters
+from .format.spec import where
 from .store import commit as _commit
 from .store import index as _index
 from .store import paths
@@ -118,13 +119,13 @@ class _Snapshot:
         if isinstance(v, torch.Tensor):
             self.nbytes += v.numel() * v.element_size()
             if v.device.type == "cuda":
-                self.cuda.append((schema._where(path), v))
+                self.cuda.append((where(path), v))
                 return _CudaSlot(len(self.cuda) - 1)
             if v.device.type != "cpu":
                 return v.detach().cpu()
             if self.copy:
                 return v.detach().clone()
-            self.versions.append((schema._where(path), v, v._version))
+            self.versions.append((where(path), v, v._version))
             return v
         if isinstance(v, np.ndarray):
             self.nbytes += v.nbytes
