@@ -158,7 +158,11 @@ class Columns:
         """Column ``name`` as Python values."""
         a = self.arr(name)
         with foreign_errors(self.where, f"reading column {name!r}"):
-            return a.to_pylist()
+            try:
+                return a.to_pylist()
+            except UnicodeDecodeError as e:  # pyarrow does not check a string column's bytes
+                raise FormatError(f"{self.where}: column {name!r} holds text that is not UTF-8 ({e}); "
+                                  "the file is damaged or was not written by trajstore") from None
 
     def _list_col(self, name: str) -> pa.ChunkedArray:
         col = self.col(name)

@@ -84,9 +84,9 @@ class Decoder:
         reader may leave out the attention_mask column when it converts a padded batch to
         packed), else from the stored ``cu_seqlens``."""
         for _, node in list(chosen) + list(self.spec["keys"]):  # type: ignore[typeddict-item]
-            if is_token(node) and self.c.has(node["col"]):
+            if is_token(node) and math.prod(node["trail"]) and self.c.has(node["col"]):
                 off, _ = self.c.list_parts(node["col"], node["dtype"])
-                return np.diff(off) // max(1, math.prod(node["trail"]))
+                return np.diff(off) // math.prod(node["trail"])
         cu = dict(self.spec["keys"]).get("cu_seqlens")  # type: ignore[typeddict-item]
         if cu is not None and cu.get("t") == "gtensor":
             return np.diff(np.asarray(tensors.decode_global(cu), dtype=np.int64))
@@ -114,10 +114,14 @@ class Decoder:
                 b = bits(x if isinstance(x, np.ndarray) else x.contiguous())[mask].contiguous()
                 return tensors.as_lib(b.view(tensors.alloc([0], node).dtype), node)
             return x
-        if want == "packed":
-            return tensors.decode_flat(self.c, node, self.n)
         spec: Any = self.spec
+        empty = not math.prod(node["trail"])  # a [N, 0, ...] field: its column cannot tell the lengths
+        if want == "packed":
+            return tensors.decode_flat(self.c, node, self.n, int(self.lengths([]).sum()) if empty else 0)
         T = spec["T"] if spec["form"] == "padded" else None
+        if T is None and empty:
+            lengths = self.lengths([])
+            T = int(lengths.max()) if len(lengths) else 0
         out, jobs = tensors.decode_padded(self.c, node, self.n, T, spec.get("side") or "right", self.mask)
         self._jobs += jobs
         return out
@@ -134,9 +138,9 @@ class Decoder:
         """The token mask of a padded batch, from the row lengths of a per-token field."""
         spec: Any = self.spec
         for _, node in spec["keys"]:
-            if is_token(node) and self.c.has(node["col"]):
+            if is_token(node) and math.prod(node["trail"]) and self.c.has(node["col"]):
                 off, _ = self.c.list_parts(node["col"], node["dtype"])
-                w = max(1, math.prod(node["trail"]))
+                w = math.prod(node["trail"])
                 return padded_mask(np.diff(off) // w, spec["T"], spec.get("side") or "right")
         raise ConfigError(f"{self.c.where}: cannot convert to packed without a per-token field")
 

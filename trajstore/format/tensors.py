@@ -141,14 +141,15 @@ def decode_sample(cols: Columns, node: TensorNode, n: int) -> Any:
     return dt.as_value(v, node).reshape([n] + node["trail"])
 
 
-def decode_flat(cols: Columns, node: TensorNode, n: int) -> Any:
-    """A token field packed: every row's tokens in one ``[N, *trail]`` tensor."""
+def decode_flat(cols: Columns, node: TensorNode, n: int, tokens: int = 0) -> Any:
+    """A token field packed: every row's tokens in one ``[N, *trail]`` tensor. ``tokens`` is N for
+    a field of zero width (its column holds no values, so it cannot tell N)."""
     trail = node["trail"]
     w = math.prod(trail)
     off, v = cols.list_parts(node["col"], node["dtype"])
-    if len(off) != n + 1 or (len(v) and int(off[-1]) - int(off[0]) != len(v)) or (w and len(v) % w):
+    if len(off) != n + 1 or (len(v) and int(off[-1]) - int(off[0]) != len(v)) or (len(v) % w if w else len(v)):
         raise FormatError(f"{cols.where}: column {node['col']!r} has inconsistent offsets")
-    return dt.as_value(v, node).reshape([-1] + trail) if w else dt.as_value(v, node).reshape([0] + trail)
+    return dt.as_value(v, node).reshape([-1 if w else tokens] + trail)
 
 
 class FillJob(NamedTuple):
@@ -177,7 +178,7 @@ def decode_padded(cols: Columns, node: TensorNode, n: int, T: int | None, side: 
     if len(off) != n + 1 or bool((rows < 0).any()):
         raise FormatError(f"{cols.where}: column {node['col']!r} has inconsistent offsets")
     lengths = rows // w
-    if bool((rows % w).any()):
+    if bool((rows % w).any()) or (not math.prod(trail) and bool(rows.any())):
         raise FormatError(f"{cols.where}: column {node['col']!r} rows are not whole tokens of {trail}")
     longest = int(lengths.max()) if len(lengths) else 0
     T = longest if T is None else T

@@ -100,6 +100,8 @@ class _Checker:
             raise _Bad(f"the spec nests deeper than {MAX_DEPTH} levels")
         t = node.get("t")
         if t == "json":
+            if "v" not in node:
+                raise _Bad("a scalar field has no value")
             return
         if t == "gtensor":
             name, size = self.dtype(node)
