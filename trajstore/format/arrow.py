@@ -75,8 +75,8 @@ def list_array(offsets: np.ndarray, values: np.ndarray, mask: np.ndarray | None 
     vals = pa.array(values)
     if mask is not None and mask.any():
         return pa.LargeListArray.from_arrays(off, vals, mask=pa.array(mask))
-    # no nulls: the values are declared non-nullable, which makes Parquet decoding cheaper
-    # (benchmarks/RESULTS.md)
+    # no nulls: the values are declared non-nullable, so Parquet has no per-value null state to
+    # record, and a reader none to decode
     return pa.LargeListArray.from_arrays(off, vals, type=pa.large_list(pa.field("element", vals.type, nullable=False)))
 
 

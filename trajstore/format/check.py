@@ -217,17 +217,18 @@ class _Walk:
         if not present:
             return Empty(path, elems)
         tens = [is_tensorlike(e) for _, e in present]
-        dicts = [isinstance(e, Mapping) for _, e in present]
         if all(tens):
             return self.cells(rows, present)
-        if all(dicts) and any(has_tensor(e) for _, e in present):
+        dicts = [isinstance(e, Mapping) for _, e in present]
+        nested = any(d and has_tensor(e) for d, (_, e) in zip(dicts, present))  # a tensor in a dict
+        if all(dicts) and nested:
             keys: dict[str, None] = {}
             for _, e in present:
                 _str_keys(e, path)
                 keys.update(dict.fromkeys(e))
             return Struct(path, elems, [(k, self.elems(path + (k,), [
                 e.get(k, MISSING) if isinstance(e, Mapping) else MISSING for e in elems])) for k in keys])
-        if any(tens) or any(d and has_tensor(e) for d, (_, e) in zip(dicts, present)):
+        if any(tens) or nested:
             raise UnsupportedTypeError(
                 f"field {where(path)!r}: mixes tensors with other values across trajectories; "
                 "use one kind of value per field (None is allowed)"
@@ -235,8 +236,12 @@ class _Walk:
         return self.values(rows, present)
 
     def cells(self, rows: _Rows, present: list) -> Cells:
-        libs, names = set(), set()
+        libs, names, seen = set(), set(), set()
         for i, e in present:
+            kind = (type(e), e.dtype, e.layout, e.device.type) if isinstance(e, torch.Tensor) else (type(e), e.dtype)
+            if kind in seen:  # described already: the same answer
+                continue
+            seen.add(kind)
             lib, name = describe(e, rows.path + (i,))
             libs.add(lib)
             names.add(name)
@@ -251,9 +256,11 @@ class _Walk:
 
     def values(self, rows: _Rows, present: list) -> Values:
         path, types = rows.path, {type(e) for _, e in present}
+        label = f"field {where(path)!r}"
         if types == {str}:
             for i, e in present:
-                check_str(e, f"field {where(path)!r} row {i}")
+                if not e.isascii():  # the message is built only where it may be needed
+                    check_str(e, f"{label} row {i}")
             ptype = "str"
         elif types == {bool}:
             ptype = "bool"
@@ -263,7 +270,7 @@ class _Walk:
             ptype = "int"
         else:
             for i, e in present:
-                check_json(e, f"field {where(path)!r} row {i}")
+                check_json(e, f"{label} row {i}")
             ptype = "json"
         self.names.claim(rows.col, path)
         return Values(path, rows.elems, ptype)

@@ -30,7 +30,7 @@ import torch
 from ..errors import BatchError, ConfigError, FormatError, MissingDependencyError, UnsupportedTypeError
 from .values import check_json
 
-__all__ = ["unwrap", "wrap", "DataProtoLike"]
+__all__ = ["unwrap", "wrap", "DataProtoLike", "is_tensordict", "is_dataproto"]
 
 
 @dataclass
@@ -54,14 +54,17 @@ def _td_base():
     return getattr(mod, "TensorDictBase", None) if mod is not None else None
 
 
-def _is_td(x: Any) -> bool:
+def is_tensordict(x: Any) -> bool:
+    """A ``tensordict.TensorDictBase`` (never imports tensordict)."""
     base = _td_base()
     return base is not None and isinstance(x, base)
 
 
-def _is_dataproto(x: Any) -> bool:
+def is_dataproto(x: Any) -> bool:
+    """A verl-style DataProto, duck typed: ``batch`` (TensorDict or None), ``non_tensor_batch`` and
+    ``meta_info`` dicts."""
     return (not isinstance(x, dict) and hasattr(x, "batch") and hasattr(x, "non_tensor_batch")
-            and hasattr(x, "meta_info") and (x.batch is None or _is_td(x.batch))
+            and hasattr(x, "meta_info") and (x.batch is None or is_tensordict(x.batch))
             and isinstance(x.non_tensor_batch, dict) and isinstance(x.meta_info, dict))
 
 
@@ -70,7 +73,7 @@ def _td_plain(td, where: str) -> tuple[dict, dict]:
     out, nested, non_tensor = {}, {}, {}
     for k in td.keys():
         v = td.get(k)
-        if _is_td(v) and not _is_non_tensor(v):
+        if is_tensordict(v) and not _is_non_tensor(v):
             out[k], nested[k] = _td_plain(v, f"{where}.{k}")
         elif isinstance(v, torch.Tensor):
             out[k] = v
@@ -124,10 +127,10 @@ def unwrap(batch: Any) -> tuple[Any, dict | None]:
     """(plain batch, container tag or None) of a batch of any supported container type."""
     if isinstance(batch, dict | list | tuple):
         return batch, None
-    if _is_td(batch):
+    if is_tensordict(batch):
         plain, tag = _td_plain(batch, "<batch>")
         return plain, {"type": "tensordict", **tag}
-    if _is_dataproto(batch):
+    if is_dataproto(batch):
         plain, tag = ({}, None) if batch.batch is None else _td_plain(batch.batch, "batch")
         for k, v in batch.non_tensor_batch.items():
             if k in plain:

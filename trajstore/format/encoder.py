@@ -41,6 +41,12 @@ def _dict_batch(enc: TableBuilder, p: Plan) -> BatchNode:
     return spec
 
 
+def _list_batch(enc: TableBuilder, p: Plan, batch: list | tuple) -> SeqNode:
+    elem: Any = sequences.encode_elems(enc, p.elem)
+    sequences.mark_list_tokens(elem, batch)
+    return {"t": "seq", "container": p.container, "elem": elem}  # type: ignore[typeddict-item]
+
+
 def encode_plain(batch: Any, container: dict | None, *, step: int, split: str, meta: dict | None = None,
                  extra: dict | None = None) -> pa.Table:
     """``encode`` of a batch already unwrapped by ``containers.unwrap`` (``container`` is its tag).
@@ -48,11 +54,7 @@ def encode_plain(batch: Any, container: dict | None, *, step: int, split: str, m
     that cannot be stored fails there with the same error."""
     p = plan(batch, read=True)
     enc = TableBuilder(p.n, p.names)
-    if p.layout is not None:
-        spec: BatchNode | SeqNode = _dict_batch(enc, p)
-    else:
-        spec = {"t": "seq", "container": p.container, "elem": sequences.encode_elems(enc, p.elem)}  # type: ignore[typeddict-item]
-        sequences.mark_list_tokens(spec["elem"], batch)  # type: ignore[arg-type]
+    spec: BatchNode | SeqNode = _dict_batch(enc, p) if p.layout is not None else _list_batch(enc, p, batch)
     if container is not None:
         spec["wrapper"] = container
     return enc.table(step, step_doc(step, split, enc.n, meta, spec, extra))

@@ -107,6 +107,8 @@ def has_tensor(v: Any) -> bool:
 
 def check_str(v: str, what: str) -> None:
     """Raise unless ``v`` encodes to UTF-8 (Arrow strings and the spec's JSON are UTF-8)."""
+    if v.isascii():  # most text; no copy made
+        return
     try:
         v.encode("utf-8")
     except UnicodeEncodeError:
@@ -115,31 +117,46 @@ def check_str(v: str, what: str) -> None:
 
 
 def check_json(v: Any, what: str, _depth: int = 0) -> None:
-    """Raise unless ``v`` survives a JSON round trip with identical types."""
-    if v is None or type(v) in (bool, int):
+    """Raise unless ``v`` survives a JSON round trip with identical types; ``what`` names ``v`` in
+    the message (the place inside it is spelled out only for an error: this runs on every value)."""
+    _json(v, what, [], _depth)
+
+
+def _at(what: str, at: list) -> str:
+    return what + "".join(f"[{p!r}]" if type(p) is str else f"[{p}]" for p in at)
+
+
+def _json(v: Any, what: str, at: list, depth: int) -> None:
+    t = type(v)
+    if v is None or t is bool or t is int or t is float:
         return
-    if type(v) is str:
-        return check_str(v, what)
-    if type(v) is float:
+    if t is str:
+        if not v.isascii():
+            check_str(v, _at(what, at))
         return
-    if _depth >= MAX_JSON_DEPTH:
-        raise BatchError(f"{what[:120]}...: a value nests more than {MAX_JSON_DEPTH} lists/dicts deep; "
+    if depth >= MAX_JSON_DEPTH:
+        raise BatchError(f"{_at(what, at)[:120]}...: a value nests more than {MAX_JSON_DEPTH} lists/dicts deep; "
                          "flatten it")
-    if type(v) is list:
+    if t is list:
         for i, x in enumerate(v):
-            check_json(x, f"{what}[{i}]", _depth + 1)
+            at.append(i)
+            _json(x, what, at, depth + 1)
+            at.pop()
         return
-    if type(v) is dict:
+    if t is dict:
         for k, x in v.items():
             if type(k) is not str:
                 raise UnsupportedTypeError(
-                    f"{what}: dict key {k!r} is a {type(k).__name__}; only str keys round-trip exactly"
+                    f"{_at(what, at)}: dict key {k!r} is a {type(k).__name__}; only str keys round-trip exactly"
                 )
-            check_str(k, f"{what} key")
-            check_json(x, f"{what}[{k!r}]", _depth + 1)
+            if not k.isascii():
+                check_str(k, f"{_at(what, at)} key")
+            at.append(k)
+            _json(x, what, at, depth + 1)
+            at.pop()
         return
     raise UnsupportedTypeError(
-        f"{what}: value of type {type(v).__name__} cannot be stored exactly; use None, bool, int, "
+        f"{_at(what, at)}: value of type {type(v).__name__} cannot be stored exactly; use None, bool, int, "
         "float, str, list or dict with str keys (or a tensor / numpy array)"
     )
 
