@@ -14,10 +14,10 @@ from ..errors import ConfigError
 from . import dtypes as dt
 
 __all__ = [
-    "FORMAT_VERSION", "RESERVED", "SHAPE_PREFIX", "PAD_PREFIX", "StepDoc", "BatchNode", "SeqNode",
+    "FORMAT_VERSION", "RESERVED", "STEP_COLUMN", "SHAPE_PREFIX", "PAD_PREFIX", "StepDoc", "BatchNode", "SeqNode",
     "TensorNode", "GTensorNode", "JsonNode", "GroupNode", "EmptyElem", "CellElem", "ValueElem", "StructElem",
     "FieldNode", "ElemNode", "step_doc", "fields", "is_token", "is_flat", "is_tokenlike", "is_plain_sample",
-    "columns_for", "where",
+    "node_columns", "columns_for", "where",
 ]
 
 FORMAT_VERSION = 1

@@ -202,6 +202,17 @@ class _Checker:
             raise _Bad(f"unknown element type {t!r}")
 
 
+def _longest(cu: dict) -> int:
+    """The longest row of a packed batch's inline ``cu_seqlens`` (checked like the encoder does)."""
+    if len(cu["shape"]) != 1 or not cu["dtype"].startswith(("int", "uint")):
+        raise _Bad("cu_seqlens is not a 1-D integer tensor")
+    c = np.frombuffer(base64.b64decode(cu["data"]), dt.storage_numpy(cu["dtype"])).astype(np.int64)
+    d = np.diff(c)
+    if not len(c) or c[0] != 0 or bool((d < 0).any()):
+        raise _Bad("cu_seqlens does not start at 0 and never decrease")
+    return int(d.max(initial=0))
+
+
 def _td_tag(tag, keys: dict, depth: int = 0) -> None:
     """A TensorDict's tag (format/containers.py) that fits the fields ``keys`` it wraps."""
     if type(tag) is not dict or depth > MAX_DEPTH:
@@ -259,9 +270,8 @@ def check(doc: dict, schema: pa.Schema, num_rows: int, where: str) -> None:
             ch.keys(spec, 0)
             keys = dict(spec["keys"])
             cu = keys.get("cu_seqlens")
-            if form == "packed" and isinstance(cu, dict) and cu.get("t") == "gtensor" and (
-                    len(cu["shape"]) != 1 or not cu["dtype"].startswith(("int", "uint"))):
-                raise _Bad("cu_seqlens is not a 1-D integer tensor")
+            if form == "packed" and isinstance(cu, dict) and cu.get("t") == "gtensor":
+                ch.add(n * _longest(cu), "the attention mask of a padded conversion")
             if spec.get("wrapper") is not None:
                 _wrapper(spec["wrapper"], keys)
         elif t == "seq":
