@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 __all__ = ["run_parallel", "serial", "is_serial", "balance", "threads", "PARALLEL_BYTES", "PIECE_BYTES"]
 
 
-def balance(items: list, size, target: int) -> list[list]:
+def balance(items: list, size: Callable[[Any], int], target: int) -> list[list]:
     """``items`` cut into consecutive groups of about ``target`` bytes (at most one per pool thread
     times two), so a round on the thread pool is a few tasks, not one per chunk."""
     total = sum(size(x) for x in items)
@@ -29,7 +31,7 @@ def threads() -> int:
 
 PARALLEL_BYTES = 1 << 20  # below this, work runs on the caller's thread
 PIECE_BYTES = 1 << 20  # a join copies in pieces of at most this, so every pool thread gets a share
-_pool = None
+_pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
 
@@ -55,7 +57,7 @@ def is_serial() -> bool:
     return getattr(_serial, "on", False)
 
 
-def run_parallel(fn, items, nbytes: int) -> None:
+def run_parallel(fn: Callable[[Any], None], items: Iterable, nbytes: int) -> None:
     """``fn(item)`` for every item: on a shared thread pool when ``nbytes`` of work is worth it
     (numpy copies and torch kernels release the GIL). The first error is raised."""
     items = list(items)

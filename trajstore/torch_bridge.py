@@ -358,8 +358,8 @@ def to_device(obj: Any, device: Any, arena: Arena | None = None) -> Any:
 def on_device(obj: Any, d: torch.device) -> Any:
     """A TensorDict (or a DataProto-like batch's) rebuilt from tensors moved to ``d`` reports
     ``d`` as its device, as ``TensorDict.to(d)`` would (its tensors are already there: no copy)."""
-    if adapters._is_td(obj):
+    if adapters.is_tensordict(obj):
         return obj.to(d)
-    if adapters._is_dataproto(obj) and obj.batch is not None:
+    if adapters.is_dataproto(obj) and obj.batch is not None:
         obj.batch = obj.batch.to(d)
     return obj

@@ -1,141 +1,317 @@
-"""Cheap checks of a batch's structure, run by ``Writer.append`` on the caller's thread.
+"""The one walk over a batch's structure, shared by ``Writer.append`` and the encoder.
 
-Encoding runs in the background, so a batch that cannot be stored would otherwise only fail at
-the next ``append``/``flush``. These checks look at types, dtypes, keys, shapes and lengths -
-never at tensor values, never a GPU sync - and raise the same errors (same messages) the encoder
-would. They are conservative: what they let through is still fully checked by ``schema.encode``
-in the background (a failure there is raised as ``WriterError`` naming the step).
+``plan(batch)`` classifies every field (which node kind it becomes, which columns it takes) and
+raises every error that types, dtypes, keys, shapes, lengths and Python values can show; it never
+reads a tensor's values and never syncs a GPU. ``check(batch)`` is that walk alone, run by
+``Writer.append`` on the caller's thread so a batch that cannot be stored fails at its own
+``append``; the encoder (``format/encoder.py``) runs the same walk first and encodes from its
+result, so the same batch gives the same error on both paths. What only values can show (an
+attention mask of other values than 0/1, a ``cu_seqlens`` on the GPU that decreases) is found by the
+encoder afterwards, in the background (raised as ``WriterError`` naming the step).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from .. import schema
-from ..errors import UnsupportedTypeError
+from ..errors import BatchError, UnsupportedTypeError
+from . import layout
+from .arrow import ColumnNames
+from .layout import Layout
+from .spec import SHAPE_PREFIX, where
+from .values import check_json, check_str, describe, has_tensor, is_tensorlike
 
-__all__ = ["check"]
+__all__ = ["check", "plan", "Plan", "Tensor", "Json", "Group", "Seq", "Empty", "Cells", "Struct", "Values",
+           "MISSING", "GLOBAL", "TOKENS", "FLAT", "SAMPLE"]
+
+MISSING = object()  # a key absent from one element of a sequence of dicts
+
+# what a tensor field becomes
+GLOBAL = "global"  # 0-d, or a packed batch's cu_seqlens: inline in the spec (gtensor)
+TOKENS = "tokens"  # [B, T, ...] of a padded batch: a token column, or stored whole where the mask has holes
+FLAT = "flat"  # leading dimension N of a packed batch: a token column
+SAMPLE = "sample"  # leading dimension B: a sample column
 
 
-_where = schema._where
+# ----------------------------------------------------------------------------- the plan
+@dataclass
+class Tensor:
+    path: tuple
+    value: Any
+    lib: str
+    dtype: str
+    role: str | None  # GLOBAL, TOKENS, FLAT, SAMPLE; None: a packed batch's N is not known yet
+
+    @property
+    def col(self) -> str:
+        return ".".join(self.path)
 
 
-def _tensor(x: Any, path: tuple) -> None:
-    if isinstance(x, torch.Tensor):
-        schema.check_tensor(x, path)
+@dataclass
+class Json:
+    value: Any
 
 
-def _keys(d: Mapping, path: tuple) -> None:
+@dataclass
+class Group:
+    keys: list[tuple[str, Any]]  # (name, field plan)
+
+
+@dataclass
+class Seq:
+    path: tuple
+    container: str  # "list", "tuple" or "ndarray"
+    np_dtype: str | None
+    elem: Any  # an element plan
+
+
+@dataclass
+class _Rows:
+    path: tuple
+    elems: list  # one value per row (None, MISSING, or the value)
+
+    @property
+    def col(self) -> str:
+        return ".".join(str(p) for p in self.path)
+
+    @property
+    def present(self) -> list[tuple[int, Any]]:
+        return [(i, e) for i, e in enumerate(self.elems) if e is not None and e is not MISSING]
+
+
+@dataclass
+class Empty(_Rows):
+    pass
+
+
+@dataclass
+class Cells(_Rows):
+    lib: str = ""
+    dtype: str = ""
+
+
+@dataclass
+class Struct(_Rows):
+    keys: list[tuple[str, Any]] = field(default_factory=list)  # (name, element plan)
+
+
+@dataclass
+class Values(_Rows):
+    ptype: str = ""  # "str", "bool", "float", "int" or "json"
+
+
+@dataclass
+class Plan:
+    """A batch classified: a dict batch (``layout``, ``keys``) or a list of trajectory dicts
+    (``container``, ``elem``); ``n`` rows; ``names`` the columns claimed."""
+
+    n: int
+    names: ColumnNames
+    layout: Layout | None = None
+    keys: list[tuple[str, Any]] = field(default_factory=list)
+    container: str | None = None
+    elem: Any = None
+
+
+# ----------------------------------------------------------------------------- errors
+def length_error(path: tuple, shape: list, lay: Layout) -> BatchError:
+    """A tensor whose leading dimension fits neither the batch size nor the token layout."""
+    B = lay.B
+    expect = f"{B} (the batch size)"
+    if lay.form == "padded":
+        expect += f", or [{B}, {lay.T}] per-token"
+    if lay.form == "packed":
+        expect += f", or {lay.N} (cu_seqlens[-1]) per-token"
+    return BatchError(
+        f"field {where(path)!r}: leading dimension is {shape[0]} (shape {shape}), expected "
+        f"{expect}; every field must have one entry per trajectory"
+    )
+
+
+def entries_error(path: tuple, n: int, B: int) -> BatchError:
+    """A per-trajectory list whose length is not the batch size."""
+    return BatchError(
+        f"field {where(path)!r}: has {n} entries, the batch has {B} trajectories; "
+        "every per-trajectory list must have one entry per trajectory"
+    )
+
+
+def _str_keys(d: Mapping, path: tuple) -> None:
     for k in d:
         if type(k) is not str:
-            raise UnsupportedTypeError(f"field {_where(path)!r}: key {k!r} is not a str")
+            raise UnsupportedTypeError(f"field {where(path)!r}: key {k!r} is not a str")
 
 
-def _ctx(batch: Mapping) -> dict:
-    """Batch size (and T / N where known without reading GPU memory) like ``schema._layout``."""
-    cu = batch.get("cu_seqlens")
-    if isinstance(cu, torch.Tensor | np.ndarray) and cu.ndim == 1 and cu.shape[0] >= 1:
-        n = None
-        if isinstance(cu, np.ndarray) or cu.device.type == "cpu":
-            n = int(cu[-1])
-        return {"form": "packed", "B": int(cu.shape[0]) - 1, "N": n}
-    m = batch.get("attention_mask")
-    if isinstance(m, torch.Tensor | np.ndarray) and m.ndim >= 2:
-        return {"form": "padded", "B": int(m.shape[0]), "T": int(m.shape[1])}
-    return {"form": "plain", "B": None}
+# ----------------------------------------------------------------------------- the walk
+class _Walk:
+    def __init__(self, n: int, lay: Layout | None) -> None:
+        self.names = ColumnNames()
+        self.lay = lay
+        self.n = n
+        self.deferred: list[Tensor] = []  # packed-batch tensors, classified once N is known
 
-
-def _field(v: Any, path: tuple, ctx: dict) -> None:
-    B = ctx["B"]
-    if isinstance(v, torch.Tensor) or (isinstance(v, np.ndarray) and v.dtype.kind in "biuf"):
-        _tensor(v, path)
-        if v.ndim == 0 or B is None or path == ("cu_seqlens",):
-            return
-        shape = list(v.shape)
-        if ctx["form"] == "padded" and v.ndim >= 2 and shape[:2] == [B, ctx["T"]]:
-            return
-        if ctx["form"] == "packed" and (ctx["N"] is None or shape[0] == ctx["N"]):
-            return
-        if shape[0] != B:
-            raise schema.length_error(path, shape, ctx)
-        return
-    if isinstance(v, Mapping):
-        _keys(v, path)
-        for k, x in v.items():
-            _field(x, path + (k,), ctx)
-        return
-    if isinstance(v, list | tuple) or (isinstance(v, np.ndarray) and v.dtype.kind == "O" and v.ndim == 1):
-        if B is not None and len(v) != B:
-            raise schema.entries_error(path, len(v), B)
-        _elems(list(v), path)
-
-
-def _elems(elems: list, path: tuple) -> None:
-    """Per-trajectory values: tensors, dicts (str keys), or JSON values of supported types."""
-    for i, e in enumerate(elems):
-        if e is None or isinstance(e, str | bool | int | float | np.generic):
-            continue
-        if isinstance(e, torch.Tensor):
-            _tensor(e, path + (i,))
-        elif isinstance(e, Mapping):
-            _keys(e, path)
-            for k, x in e.items():
-                if isinstance(x, list | dict):
-                    if not _has_tensor(x):
-                        schema.check_json(x, f"field {_where(path + (k,))!r} row {i}")
-                elif isinstance(x, torch.Tensor):
-                    _tensor(x, path + (k, i))
-                elif not (x is None or isinstance(x, str | bool | int | float | np.ndarray | np.generic)):
-                    raise UnsupportedTypeError(
-                        f"field {_where(path + (k,))!r} row {i}: value of type {type(x).__name__} "
-                        "cannot be stored exactly")
-        elif isinstance(e, list):
-            if not _has_tensor(e):
-                schema.check_json(e, f"field {_where(path)!r} row {i}")
-        elif not isinstance(e, np.ndarray | tuple):
+    def field(self, v: Any, path: tuple) -> Any:
+        if is_tensorlike(v):
+            return self.tensor(v, path)
+        if isinstance(v, Mapping):
+            _str_keys(v, path)
+            return Group([(k, self.field(x, path + (k,))) for k, x in v.items()])
+        if isinstance(v, np.ndarray) and v.dtype.kind in "OUS":
+            if v.ndim != 1:
+                raise BatchError(f"field {where(path)!r}: numpy {v.dtype} arrays must be 1-D [B], "
+                                 f"got shape {list(v.shape)}")
+            container, elems = "ndarray", [x.item() for x in v] if v.dtype.kind in "US" else list(v)
+        elif isinstance(v, list | tuple):
+            container, elems = "tuple" if isinstance(v, tuple) else "list", list(v)
+        else:
+            if v is None or type(v) in (bool, int, float, str):
+                check_json(v, f"field {where(path)!r}")
+                return Json(v)
+            kind = f" of dtype {v.dtype}" if isinstance(v, np.ndarray | np.generic) else ""
             raise UnsupportedTypeError(
-                f"field {_where(path)!r} row {i}: value of type {type(e).__name__} cannot be stored "
-                "exactly; use None, bool, int, float, str, list or dict with str keys (or a tensor / "
-                "numpy array)")
+                f"field {where(path)!r}: a {type(v).__name__}{kind} cannot be stored; use a tensor, numpy "
+                "array, list of per-trajectory values, dict, or a plain scalar"
+            )
+        if len(elems) != self.n:
+            raise entries_error(path, len(elems), self.n)
+        return Seq(path, container, v.dtype.str if container == "ndarray" else None, self.elems(path, elems))
+
+    def tensor(self, v: Any, path: tuple) -> Tensor:
+        lib, name = describe(v, path)
+        lay, shape = self.lay, list(v.shape)
+        t = Tensor(path, v, lib, name, None)
+        if not shape or (lay.form == "packed" and path == ("cu_seqlens",)):
+            t.role = GLOBAL
+            return t
+        if lay.form == "padded" and len(shape) >= 2 and shape[:2] == [lay.B, lay.T]:
+            t.role = TOKENS
+        elif lay.form == "packed":
+            self.deferred.append(t)  # per-token if its leading dimension is N
+        elif shape[0] != lay.B:
+            raise length_error(path, shape, lay)
+        else:
+            t.role = SAMPLE
+        self.names.claim(t.col, path)
+        return t
+
+    def classify_packed(self) -> None:
+        """The packed batch's tensors, once N is known: leading dimension N or B."""
+        for t in self.deferred:
+            shape = list(t.value.shape)
+            if shape[0] == self.lay.N:
+                t.role = FLAT
+            elif shape[0] != self.lay.B:
+                raise length_error(t.path, shape, self.lay)
+            else:
+                t.role = SAMPLE
+
+    def elems(self, path: tuple, elems: list) -> Any:
+        """Per-row values (one per trajectory) of one field: cells, columns or nested dicts."""
+        rows = _Rows(path, elems)
+        present = rows.present
+        if not present:
+            return Empty(path, elems)
+        tens = [is_tensorlike(e) for _, e in present]
+        if all(tens):
+            return self.cells(rows, present)
+        dicts = [isinstance(e, Mapping) for _, e in present]
+        nested = any(d and has_tensor(e) for d, (_, e) in zip(dicts, present))  # a tensor in a dict
+        if all(dicts) and nested:
+            keys: dict[str, None] = {}
+            for _, e in present:
+                _str_keys(e, path)
+                keys.update(dict.fromkeys(e))
+            return Struct(path, elems, [(k, self.elems(path + (k,), [
+                e.get(k, MISSING) if isinstance(e, Mapping) else MISSING for e in elems])) for k in keys])
+        if any(tens) or nested:
+            raise UnsupportedTypeError(
+                f"field {where(path)!r}: mixes tensors with other values across trajectories; "
+                "use one kind of value per field (None is allowed)"
+            )
+        return self.values(rows, present)
+
+    def cells(self, rows: _Rows, present: list) -> Cells:
+        libs, names, seen = set(), set(), set()
+        for i, e in present:
+            kind = (type(e), e.dtype, e.layout, e.device.type) if isinstance(e, torch.Tensor) else (type(e), e.dtype)
+            if kind in seen:  # described already: the same answer
+                continue
+            seen.add(kind)
+            lib, name = describe(e, rows.path + (i,))
+            libs.add(lib)
+            names.add(name)
+        if len(libs) > 1 or len(names) > 1:
+            raise UnsupportedTypeError(
+                f"field {where(rows.path)!r}: trajectories hold different array types {sorted(libs)} / dtypes "
+                f"{sorted(names)}; use one dtype and one library (torch or numpy) per field"
+            )
+        self.names.claim(rows.col, rows.path)
+        self.names.claim(SHAPE_PREFIX + rows.col, rows.path)
+        return Cells(rows.path, rows.elems, libs.pop(), names.pop())
+
+    def values(self, rows: _Rows, present: list) -> Values:
+        path, types = rows.path, {type(e) for _, e in present}
+        label = f"field {where(path)!r}"
+        if types == {str}:
+            for i, e in present:
+                if not e.isascii():  # the message is built only where it may be needed
+                    check_str(e, f"{label} row {i}")
+            ptype = "str"
+        elif types == {bool}:
+            ptype = "bool"
+        elif types == {float}:
+            ptype = "float"
+        elif types == {int} and all(-(2**63) <= e < 2**63 for _, e in present):
+            ptype = "int"
+        else:
+            for i, e in present:
+                check_json(e, f"{label} row {i}")
+            ptype = "json"
+        self.names.claim(rows.col, path)
+        return Values(path, rows.elems, ptype)
 
 
-def _has_tensor(v: Any) -> bool:
-    """Whether a tensor or array is anywhere inside ``v`` (iterative: values may nest deeply)."""
-    stack = [v]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, torch.Tensor | np.ndarray):
-            return True
-        if isinstance(x, Mapping):
-            stack.extend(x.values())
-        elif isinstance(x, list | tuple):
-            stack.extend(x)
-    return False
+def _list_batch_error(batch: list | tuple) -> UnsupportedTypeError:
+    return UnsupportedTypeError("a list batch must hold one dict (or None) per trajectory; "
+                                f"got {sorted({type(e).__name__ for e in batch})}")
 
 
-def check(batch: Any) -> None:
-    """Raise BatchError / UnsupportedTypeError for what can be seen without reading values."""
+def plan(batch: Any, read: bool = True) -> Plan:
+    """Classify ``batch``; raise BatchError / UnsupportedTypeError for what cannot be stored.
+    ``read``: read a packed batch's ``cu_seqlens`` wherever it is (the encoder); False reads it
+    only from CPU memory (``check``): on a GPU its values are the encoder's to check."""
     if isinstance(batch, Mapping):
         for k in batch:
             if type(k) is not str:
                 raise UnsupportedTypeError(f"batch key {k!r} is a {type(k).__name__}; keys must be str")
-        ctx = _ctx(batch)  # plain dicts (B None): the encoder infers the batch size, lengths are its job
-        for k, v in batch.items():
-            _field(v, (k,), ctx)
-    elif isinstance(batch, list | tuple):
-        for i, e in enumerate(batch):
-            if e is None:
-                continue
-            if not isinstance(e, Mapping):
-                raise UnsupportedTypeError(
-                    "a list batch must hold one dict (or None) per trajectory; "
-                    f"got {sorted({type(x).__name__ for x in batch})}")
-            _keys(e, (i,))
-    else:
-        raise UnsupportedTypeError(
-            f"batch of type {type(batch).__name__} is not supported; pass a dict of tensors, "
-            "a list of per-trajectory dicts, a TensorDict or a DataProto-like object")
+        lay = layout.structure(batch)
+        w = _Walk(lay.B, lay)
+        keys = [(k, w.field(v, (k,))) for k, v in batch.items()]
+        cu = lay.cu_seqlens
+        if lay.form == "packed" and (read or not isinstance(cu, torch.Tensor) or cu.device.type == "cpu"):
+            layout.read_cu_seqlens(lay)  # after every other field: the same first error either way
+            w.classify_packed()
+        return Plan(lay.B, w.names, layout=lay, keys=keys)
+    if isinstance(batch, list | tuple):
+        if not all(e is None or isinstance(e, Mapping) for e in batch):
+            raise _list_batch_error(batch)
+        w = _Walk(len(batch), None)
+        elem = w.elems((), list(batch))
+        if not isinstance(elem, Struct | Empty):  # dicts of plain values only: one JSON value each
+            raise _list_batch_error(batch)
+        return Plan(len(batch), w.names, container="tuple" if isinstance(batch, tuple) else "list", elem=elem)
+    raise UnsupportedTypeError(
+        f"batch of type {type(batch).__name__} is not supported; pass a dict of tensors, "
+        "a list of per-trajectory dicts, a TensorDict or a DataProto-like object"
+    )
+
+
+def check(batch: Any) -> None:
+    """Raise BatchError / UnsupportedTypeError for what can be seen without reading tensor values
+    (``Writer.append``; the encoder runs the same walk)."""
+    plan(batch, read=False)

@@ -25,7 +25,12 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["unwrap", "wrap", "DataProtoLike"]
+import torch
+
+from ..errors import BatchError, ConfigError, FormatError, MissingDependencyError, UnsupportedTypeError
+from .values import check_json
+
+__all__ = ["unwrap", "wrap", "DataProtoLike", "is_tensordict", "is_dataproto"]
 
 
 @dataclass
@@ -49,27 +54,26 @@ def _td_base():
     return getattr(mod, "TensorDictBase", None) if mod is not None else None
 
 
-def _is_td(x: Any) -> bool:
+def is_tensordict(x: Any) -> bool:
+    """A ``tensordict.TensorDictBase`` (never imports tensordict)."""
     base = _td_base()
     return base is not None and isinstance(x, base)
 
 
-def _is_dataproto(x: Any) -> bool:
+def is_dataproto(x: Any) -> bool:
+    """A verl-style DataProto, duck typed: ``batch`` (TensorDict or None), ``non_tensor_batch`` and
+    ``meta_info`` dicts."""
     return (not isinstance(x, dict) and hasattr(x, "batch") and hasattr(x, "non_tensor_batch")
-            and hasattr(x, "meta_info") and (x.batch is None or _is_td(x.batch))
+            and hasattr(x, "meta_info") and (x.batch is None or is_tensordict(x.batch))
             and isinstance(x.non_tensor_batch, dict) and isinstance(x.meta_info, dict))
 
 
 def _td_plain(td, where: str) -> tuple[dict, dict]:
     """(plain nested dict, tag describing batch sizes and non-tensor keys)."""
-    import torch
-
-    from ..errors import UnsupportedTypeError
-
     out, nested, non_tensor = {}, {}, {}
     for k in td.keys():
         v = td.get(k)
-        if _is_td(v) and not _is_non_tensor(v):
+        if is_tensordict(v) and not _is_non_tensor(v):
             out[k], nested[k] = _td_plain(v, f"{where}.{k}")
         elif isinstance(v, torch.Tensor):
             out[k] = v
@@ -94,23 +98,19 @@ def _is_non_tensor(v: Any) -> bool:
     return type(v).__name__ in ("NonTensorData", "NonTensorStack")
 
 
-def _td_build(plain: dict, tag: dict):
+def _td_build(plain: dict, tag: dict, where: str):
     try:
         from tensordict import NonTensorStack, TensorDict
     except ImportError:
-        from ..errors import MissingDependencyError
-
         raise MissingDependencyError("this step was recorded from a tensordict.TensorDict; install "
                                      "tensordict (pip install tensordict) to read it") from None
     nested = tag.get("nested", {})
     non_tensor = tag.get("non_tensor", {})
-    from ..errors import ConfigError
-
     td = TensorDict({}, batch_size=tag["batch_size"])
     for k, v in plain.items():
         try:
             if k in nested:
-                td.set(k, _td_build(v, nested[k]))
+                td.set(k, _td_build(v, nested[k], where))
             elif non_tensor.get(k) == "stack":
                 td.set(k, NonTensorStack.from_list(list(v)))
             elif k in non_tensor:
@@ -118,22 +118,19 @@ def _td_build(plain: dict, tag: dict):
             else:
                 td.set(k, v)
         except (RuntimeError, ValueError, TypeError) as e:
-            raise ConfigError(f"field {k!r} does not fit the recorded TensorDict batch_size "
+            raise ConfigError(f"{where}field {k!r} does not fit the recorded TensorDict batch_size "
                               f"{tag['batch_size']} ({e}); read without layout= to get it back as recorded") from None
     return td
 
 
 def unwrap(batch: Any) -> tuple[Any, dict | None]:
-    from ..errors import BatchError
-
+    """(plain batch, container tag or None) of a batch of any supported container type."""
     if isinstance(batch, dict | list | tuple):
         return batch, None
-    if _is_td(batch):
+    if is_tensordict(batch):
         plain, tag = _td_plain(batch, "<batch>")
         return plain, {"type": "tensordict", **tag}
-    if _is_dataproto(batch):
-        from ..schema import check_json
-
+    if is_dataproto(batch):
         plain, tag = ({}, None) if batch.batch is None else _td_plain(batch.batch, "batch")
         for k, v in batch.non_tensor_batch.items():
             if k in plain:
@@ -163,19 +160,20 @@ def _loaded_class(path: str):
     return obj if _FIELDS <= set(getattr(obj, "__dataclass_fields__", ())) else None
 
 
-def wrap(plain: Any, tag: dict | None) -> Any:
+def wrap(plain: Any, tag: dict | None, where: str = "") -> Any:
+    """The container ``tag`` describes (``unwrap``) rebuilt around ``plain``; ``where`` (the file)
+    starts error messages."""
     if tag is None:
         return plain
-    from ..errors import FormatError
-
+    where = f"{where}: " if where else ""
     kind = tag.get("type")
     if kind == "tensordict":
-        return _td_build(plain, tag)
+        return _td_build(plain, tag, where)
     if kind == "dataproto":
         keys = set(tag["non_tensor_keys"])
         non_tensor = {k: plain[k] for k in tag["non_tensor_keys"] if k in plain}
         rest = {k: v for k, v in plain.items() if k not in keys}
-        batch = None if tag["td"] is None else _td_build(rest, tag["td"])
+        batch = None if tag["td"] is None else _td_build(rest, tag["td"], where)
         cls = _loaded_class(tag.get("cls", ""))
         if cls is not None:
             try:
@@ -183,4 +181,4 @@ def wrap(plain: Any, tag: dict | None) -> Any:
             except Exception:  # noqa: BLE001 - a class of another shape: fall back to the plain one
                 pass
         return DataProtoLike(batch=batch, non_tensor_batch=non_tensor, meta_info=tag["meta_info"])
-    raise FormatError(f"unknown batch container {kind!r} in the spec; upgrade trajstore")
+    raise FormatError(f"{where}unknown batch container {kind!r} in the spec; upgrade trajstore")

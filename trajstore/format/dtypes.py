@@ -7,6 +7,8 @@ has no Arrow type and is stored as its raw bits (uint16).
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pyarrow as pa
 import torch
@@ -80,8 +82,6 @@ def to_storage(t: torch.Tensor) -> np.ndarray:
 
 def from_storage(a: np.ndarray, name: str) -> torch.Tensor:
     """A numpy array of storage dtype as a tensor of logical dtype ``name`` (no copy)."""
-    import warnings
-
     if name == "bfloat16":
         a = a.view(np.int16)
     with warnings.catch_warnings():  # Arrow buffers are read-only but owned by this result

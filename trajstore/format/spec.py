@@ -1,15 +1,173 @@
-"""The spec: the JSON description of a step's batch stored in each step file's schema metadata
-(docs/FORMAT.md section 4), and the one format version."""
+"""The spec as typed data: the JSON description of a step's batch stored in each step file's schema
+metadata (docs/FORMAT.md sections 3.6 and 3.7), the step envelope around it, the one format version,
+the column-name rules, and the predicates other modules ask of spec nodes.
+
+Nodes are plain dicts (they are read from files as JSON); the ``TypedDict`` classes below name their
+keys and types. ``format/validate.py`` checks a stored spec against these before anything decodes it.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict
 
+from ..errors import ConfigError
 from . import dtypes as dt
 
-__all__ = ["FORMAT_VERSION", "is_plain_sample", "where"]
+__all__ = [
+    "FORMAT_VERSION", "RESERVED", "STEP_COLUMN", "SHAPE_PREFIX", "PAD_PREFIX", "StepDoc", "BatchNode", "SeqNode",
+    "TensorNode", "GTensorNode", "JsonNode", "GroupNode", "EmptyElem", "CellElem", "ValueElem", "StructElem",
+    "FieldNode", "ElemNode", "step_doc", "fields", "is_token", "is_flat", "is_tokenlike", "is_plain_sample",
+    "node_columns", "columns_for", "where",
+]
 
 FORMAT_VERSION = 1
+RESERVED = ("step",)  # column names a batch field may not take
+STEP_COLUMN = "step"
+SHAPE_PREFIX = "__shape__."  # per-row shapes of a cell column
+PAD_PREFIX = "__pad__."  # the values at padded positions of a token column
+
+
+# ----------------------------------------------------------------------------- field nodes
+class TensorNode(TypedDict):
+    """A batched tensor in column ``col``: per-token (``kind`` token) or per-trajectory (sample)."""
+
+    t: Literal["tensor"]
+    col: str
+    lib: Literal["torch", "numpy"]
+    dtype: str
+    kind: Literal["token", "sample"]
+    trail: list[int]  # the shape after [B] (sample) or after the token dimension (token)
+    pad: NotRequired[int | None]  # token, padded batch: the padded positions' bits, one value for all
+    pad_col: NotRequired[str]  # token, padded batch: the padded positions' values, row by row
+    tokenlike: NotRequired[bool]  # sample: a [B, T, 0...] field of a padded batch, stored whole
+
+
+class GTensorNode(TypedDict):
+    """An unbatched tensor (0-d, or ``cu_seqlens``) inline: base64 of its little-endian storage bytes."""
+
+    t: Literal["gtensor"]
+    lib: Literal["torch", "numpy", "np_scalar"]
+    dtype: str
+    shape: list[int]
+    data: str
+
+
+class JsonNode(TypedDict):
+    """An unbatched Python scalar."""
+
+    t: Literal["json"]
+    v: None | bool | int | float | str
+
+
+class GroupNode(TypedDict):
+    """A nested dict of fields with the batch's size."""
+
+    t: Literal["group"]
+    keys: list[list]  # [[name, FieldNode], ...]
+
+
+class SeqNode(TypedDict):
+    """A per-trajectory list, tuple or 1-D numpy object/str array (also the top level of a list batch)."""
+
+    t: Literal["seq"]
+    container: Literal["list", "tuple", "ndarray"]
+    np_dtype: NotRequired[str]  # ndarray: numpy's dtype.str
+    elem: ElemNode
+    wrapper: NotRequired[dict]  # top level only
+
+
+# ----------------------------------------------------------------------------- element nodes (one value per row)
+class _Rows(TypedDict, total=False):
+    none: list[int]  # rows whose value is None
+    missing: list[int]  # inside a struct: rows whose dict lacks the key
+
+
+class EmptyElem(_Rows):
+    t: Literal["empty"]
+
+
+class CellElem(_Rows):
+    """Per-row tensors of varying shape: values in ``col``, each row's shape in ``shape_col``."""
+
+    t: Literal["cell"]
+    col: str
+    shape_col: str
+    lib: Literal["torch", "numpy", "np_scalar"]
+    dtype: str
+    kind: NotRequired[Literal["token"]]  # shaped like the row's attention_mask (list batches)
+
+
+class ValueElem(_Rows):
+    """Per-row Python scalars of one type; ``json`` rows are compact JSON text."""
+
+    t: Literal["value"]
+    col: str
+    ptype: Literal["str", "bool", "int", "float", "json"]
+
+
+class StructElem(_Rows):
+    """Per-row dicts built from their children."""
+
+    t: Literal["struct"]
+    keys: list[list]  # [[name, ElemNode], ...]
+
+
+FieldNode = TensorNode | GTensorNode | JsonNode | GroupNode | SeqNode
+ElemNode = EmptyElem | CellElem | ValueElem | StructElem
+
+
+# ----------------------------------------------------------------------------- the top level
+class BatchNode(TypedDict):
+    """A dict batch; ``T`` and ``side`` only for the padded form."""
+
+    t: Literal["batch"]
+    form: Literal["padded", "packed", "plain"]
+    B: int
+    T: NotRequired[int]
+    side: NotRequired[Literal["right", "left"] | None]
+    keys: list[list]  # [[name, FieldNode], ...], in the batch's order
+    wrapper: NotRequired[dict]  # the container the batch came in (format/containers.py)
+
+
+class StepDoc(TypedDict):
+    """The step envelope: the JSON object under the ``trajstore`` key of a step file's metadata."""
+
+    format_version: int
+    step: int
+    split: str
+    num_rows: int
+    meta: dict
+    batch: BatchNode | SeqNode
+
+
+def step_doc(step: int, split: str, num_rows: int, meta: dict | None, batch: BatchNode | SeqNode,
+             extra: dict | None = None) -> StepDoc:
+    """The envelope of one step's spec, at the current format version."""
+    return {"format_version": FORMAT_VERSION, "step": step, "split": split, "num_rows": num_rows,
+            "meta": meta or {}, "batch": batch, **(extra or {})}  # type: ignore[typeddict-item]
+
+
+# ----------------------------------------------------------------------------- predicates
+def fields(spec: BatchNode | SeqNode) -> dict[str, Any]:
+    """The top-level fields of a step: a dict batch's keys, or a list batch's per-row dict keys."""
+    return dict(spec["keys"] if spec["t"] == "batch" else spec["elem"].get("keys", []))
+
+
+def is_token(node: Any) -> bool:
+    """A per-token tensor field (a token column)."""
+    return isinstance(node, dict) and node.get("t") == "tensor" and node.get("kind") == "token"
+
+
+def is_flat(node: Any) -> bool:
+    """A tensor field stored as a ``large_list`` column (token, or sample with trailing dims)."""
+    return (isinstance(node, dict) and node.get("t") == "tensor" and isinstance(node.get("col"), str)
+            and (node.get("kind") == "token" or bool(node.get("trail"))))
+
+
+def is_tokenlike(node: Any) -> bool:
+    """A tensor field with one entry per token: a token column, or a ``[B, T, 0...]`` one stored whole."""
+    return isinstance(node, dict) and node.get("t") == "tensor" and (
+        node.get("kind") == "token" or bool(node.get("tokenlike")))
 
 
 def is_plain_sample(node: Any) -> bool:
@@ -20,6 +178,31 @@ def is_plain_sample(node: Any) -> bool:
     d, lib = node.get("dtype"), node.get("lib")  # anything unusual takes the fully checked path
     return type(d) is str and dt.known(d) and (lib == "numpy" and d != "bfloat16" or
                                                lib == "torch" and (d == "uint8" or not d.startswith("uint")))
+
+
+# ----------------------------------------------------------------------------- columns
+def node_columns(node: dict, out: list[str]) -> None:
+    """Append every Arrow column ``node`` (and the nodes below it) is stored in to ``out``."""
+    for key in ("col", "shape_col", "pad_col"):
+        if key in node:
+            out.append(node[key])
+    for _, child in node.get("keys", []):
+        node_columns(child, out)
+    if "elem" in node:
+        node_columns(node["elem"], out)
+
+
+def columns_for(spec: BatchNode | SeqNode, columns: list[str] | None) -> list[str] | None:
+    """Arrow columns needed to decode the top-level fields ``columns`` (None: all)."""
+    if columns is None:
+        return None
+    keys = fields(spec)
+    out: list[str] = []
+    for c in columns:
+        if c not in keys:
+            raise ConfigError(f"field {c!r} is not in this step; fields: {sorted(keys)}")
+        node_columns(keys[c], out)
+    return out
 
 
 def where(path: tuple) -> str:

@@ -10,10 +10,13 @@ Everything raises FormatError naming the file.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
 import os
 import re
 
+import numpy as np
 import pyarrow as pa
 
 from ..errors import FormatError
@@ -97,6 +100,8 @@ class _Checker:
             raise _Bad(f"the spec nests deeper than {MAX_DEPTH} levels")
         t = node.get("t")
         if t == "json":
+            if "v" not in node:
+                raise _Bad("a scalar field has no value")
             return
         if t == "gtensor":
             name, size = self.dtype(node)
@@ -104,6 +109,10 @@ class _Checker:
             data = _str(node.get("data"), "gtensor data")
             if count * size != len(data) // 4 * 3 - data[-2:].count("="):
                 raise _Bad(f"an inline tensor of shape {node['shape']} {name} does not match its data")
+            try:
+                base64.b64decode(data, validate=True)
+            except binascii.Error:
+                raise _Bad(f"an inline tensor's data is not base64: {data[:40]!r}") from None
             self.add(count * size, "an inline tensor")
         elif t == "group":
             self.keys(node, depth)
@@ -134,16 +143,19 @@ class _Checker:
             self.col(node, "col", lambda t: t == dt.arrow_type(name))
             return
         self.col(node, "col", lambda t: pa.types.is_large_list(t) and t.value_type == dt.arrow_type(name))
+        spec = self.spec
         if kind == "sample":
+            if node.get("tokenlike") and (spec.get("form") != "padded" or trail[:1] != [spec.get("T")]):
+                raise _Bad(f"a tokenlike field of trailing shape {trail} in a batch that is not padded to it")
             return
         if kind != "token":
             raise _Bad(f"tensor kind {kind!r} is not 'token' or 'sample'")
         pad = node.get("pad")
-        if pad is not None and type(pad) is not int:
-            raise _Bad(f"pad {pad!r} is not an int")
+        lo, hi = (0, 1 << 8) if size == 1 else (-(1 << (8 * size - 1)), 1 << (8 * size - 1))
+        if pad is not None and (type(pad) is not int or not lo <= pad < hi):
+            raise _Bad(f"pad {pad!r} is not an int of {size * 8} bits")
         if "pad_col" in node:
             self.col(node, "pad_col", lambda t: pa.types.is_large_list(t) and t.value_type == dt.arrow_type(name))
-        spec = self.spec
         if spec.get("form") == "padded":
             self.add(self.n * spec["T"] * w * size, f"field {node['col']!r} padded to [{self.n}, {spec['T']}]")
 
@@ -155,6 +167,10 @@ class _Checker:
             s = _str(node.get("np_dtype"), "np_dtype")
             if not _NP_STR.match(s):
                 raise _Bad(f"np_dtype {s!r} is not an object, str or bytes dtype")
+            try:
+                np.dtype(s)
+            except TypeError:
+                raise _Bad(f"np_dtype {s!r} is not understood by numpy") from None
             digits = re.sub(r"\D", "", s)
             self.add(self.n * (int(digits or 0) * (4 if "U" in s else 1) + 8), "a numpy string array")
         self.elem(node.get("elem"), depth + 1)
@@ -186,6 +202,50 @@ class _Checker:
             raise _Bad(f"unknown element type {t!r}")
 
 
+def _longest(cu: dict) -> int:
+    """The longest row of a packed batch's inline ``cu_seqlens`` (checked like the encoder does)."""
+    if len(cu["shape"]) != 1 or not cu["dtype"].startswith(("int", "uint")):
+        raise _Bad("cu_seqlens is not a 1-D integer tensor")
+    c = np.frombuffer(base64.b64decode(cu["data"]), dt.storage_numpy(cu["dtype"])).astype(np.int64)
+    d = np.diff(c)
+    if not len(c) or c[0] != 0 or bool((d < 0).any()):
+        raise _Bad("cu_seqlens does not start at 0 and never decrease")
+    return int(d.max(initial=0))
+
+
+def _td_tag(tag, keys: dict, depth: int = 0) -> None:
+    """A TensorDict's tag (format/containers.py) that fits the fields ``keys`` it wraps."""
+    if type(tag) is not dict or depth > MAX_DEPTH:
+        raise _Bad("a TensorDict wrapper is not an object")
+    _shape(tag.get("batch_size"), "TensorDict batch_size")
+    nested, non_tensor = tag.get("nested", {}), tag.get("non_tensor", {})
+    if type(nested) is not dict or type(non_tensor) is not dict:
+        raise _Bad("a TensorDict wrapper's nested / non_tensor entries are not objects")
+    for k, sub in nested.items():
+        node = keys.get(k)
+        if type(node) is not dict or node.get("t") != "group":
+            raise _Bad(f"the TensorDict wrapper nests field {k!r}, which is not a group of fields")
+        _td_tag(sub, dict(node["keys"]), depth + 1)
+    if any(v not in ("stack", "data") for v in non_tensor.values()):
+        raise _Bad("a TensorDict wrapper's non-tensor entry is neither 'stack' nor 'data'")
+
+
+def _wrapper(w, keys: dict) -> None:
+    """The container tag of a dict batch (an unknown type is left to ``containers.wrap``)."""
+    if type(w) is not dict:
+        raise _Bad("wrapper is not an object")
+    if w.get("type") == "tensordict":
+        _td_tag(w, keys)
+    elif w.get("type") == "dataproto":
+        names = w.get("non_tensor_keys")
+        if type(names) is not list or any(type(k) is not str for k in names):
+            raise _Bad("a DataProto wrapper's non_tensor_keys is not a list of names")
+        if type(w.get("meta_info")) is not dict or type(w.get("cls", "")) is not str:
+            raise _Bad("a DataProto wrapper's meta_info or class name is malformed")
+        if w.get("td") is not None:
+            _td_tag(w["td"], {k: v for k, v in keys.items() if k not in names})
+
+
 def check(doc: dict, schema: pa.Schema, num_rows: int, where: str) -> None:
     """Raise FormatError unless ``doc`` (a step's trajstore metadata) fits the file."""
     try:
@@ -207,13 +267,18 @@ def check(doc: dict, schema: pa.Schema, num_rows: int, where: str) -> None:
                 _int(spec.get("T"), "T")
                 if spec.get("side") not in ("right", "left", None):
                     raise _Bad(f"padding side {spec.get('side')!r} is unknown")
-            w = spec.get("wrapper")
-            if w is not None and type(w) is not dict:
-                raise _Bad("wrapper is not an object")
             ch.keys(spec, 0)
+            keys = dict(spec["keys"])
+            cu = keys.get("cu_seqlens")
+            if form == "packed" and isinstance(cu, dict) and cu.get("t") == "gtensor":
+                ch.add(n * _longest(cu), "the attention mask of a padded conversion")
+            if spec.get("wrapper") is not None:
+                _wrapper(spec["wrapper"], keys)
         elif t == "seq":
             if spec.get("container") not in ("list", "tuple"):
                 raise _Bad(f"a list batch has container {spec.get('container')!r}")
+            if "wrapper" in spec:
+                raise _Bad("a list batch has a container wrapper")
             ch.elem(spec.get("elem"), 1)
         else:
             raise _Bad(f"batch node type {t!r} is unknown")

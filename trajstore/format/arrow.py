@@ -1,0 +1,235 @@
+"""Arrow <-> numpy for the codecs: building a step's table (``TableBuilder``, ``ColumnNames``,
+``list_array``) and reading a decoded table's columns back as checked numpy arrays (``Columns``).
+
+Reading treats the table as untrusted input: what pyarrow raises is mapped to ``FormatError``
+naming the file (``errors.foreign_errors``), and every value array is checked against the dtype
+the spec names before it is used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from .._threads import PIECE_BYTES, balance, run_parallel
+from ..errors import BatchError, FormatError, foreign_errors
+from . import dtypes as dt
+from .spec import RESERVED, STEP_COLUMN, where
+from .values import check_str, dumps
+
+__all__ = ["ColumnNames", "TableBuilder", "list_array", "Columns", "empty", "to_numpy"]
+
+Alloc = Callable[[int, Any], np.ndarray]  # (count, numpy dtype) -> uninitialized 1-D array
+
+
+# ----------------------------------------------------------------------------- writing
+class ColumnNames:
+    """The column names a step's fields take, claimed in the order the encoder adds them."""
+
+    def __init__(self) -> None:
+        self.used: set[str] = set()
+
+    def claim(self, name: str, path: tuple) -> None:
+        check_str(name, f"field {where(path)!r} name")
+        if name in RESERVED or name in self.used:
+            raise BatchError(
+                f"field {where(path)!r}: column name {name!r} is reserved or already used; rename the field"
+            )
+        self.used.add(name)
+
+
+_NULLABLE_KINDS = ("value", "json", "cell", "shape")
+
+
+class TableBuilder:
+    """The columns of one step's table, in order, each with its trajstore field metadata."""
+
+    def __init__(self, n: int, names: ColumnNames) -> None:
+        self.n = n
+        self.names = names  # pad columns are claimed while encoding (they depend on values)
+        self.fields: list[pa.Field] = []
+        self.arrays: list[pa.Array] = []
+
+    def add(self, name: str, arr: pa.Array, meta: dict[str, str], path: tuple) -> None:
+        """Append column ``name`` (claimed beforehand) of one row per trajectory."""
+        if len(arr) != self.n:
+            raise BatchError(f"field {where(path)!r}: has {len(arr)} rows, the batch has {self.n}")
+        nullable = arr.null_count > 0 or meta.get("kind") in _NULLABLE_KINDS
+        self.fields.append(pa.field(name, arr.type, nullable=nullable,
+                                    metadata={f"trajstore.{k}": v for k, v in meta.items()}))
+        self.arrays.append(arr)
+
+    def table(self, step: int, doc: dict) -> pa.Table:
+        """The step's table: the ``step`` column, then every field column; ``doc`` in the metadata."""
+        step_col = pa.array(np.full(self.n, step, dtype=np.int64))
+        schema = pa.schema([pa.field(STEP_COLUMN, pa.int64())] + self.fields, metadata={"trajstore": dumps(doc)})
+        return pa.Table.from_arrays([step_col] + self.arrays, schema=schema)
+
+
+def list_array(offsets: np.ndarray, values: np.ndarray, mask: np.ndarray | None = None) -> pa.Array:
+    """A ``large_list`` array of ``values`` cut at ``offsets``; rows where ``mask`` is set are null."""
+    off = pa.array(np.asarray(offsets, dtype=np.int64))
+    vals = pa.array(values)
+    if mask is not None and mask.any():
+        return pa.LargeListArray.from_arrays(off, vals, mask=pa.array(mask))
+    # no nulls: the values are declared non-nullable, so Parquet has no per-value null state to
+    # record, and a reader none to decode
+    return pa.LargeListArray.from_arrays(off, vals, type=pa.large_list(pa.field("element", vals.type, nullable=False)))
+
+
+# ----------------------------------------------------------------------------- reading
+def empty(n: int, dtype: Any) -> np.ndarray:
+    """An uninitialized numpy array in memory from Arrow's allocator, which hands out pages it
+    freed earlier still mapped: filling a fresh ``np.empty`` page-faults on every page
+    (measured on the GPU host: benchmarks/RESULTS.md)."""
+    dtype = np.dtype(dtype)
+    return np.frombuffer(pa.allocate_buffer(max(1, n * dtype.itemsize)), dtype, count=n)
+
+
+def to_numpy(a: pa.Array) -> np.ndarray:
+    """A null-free Arrow array as numpy: zero-copy for numbers; bools are unpacked from the bitmap
+    with ``np.unpackbits``, much faster than Arrow's conversion (benchmarks/RESULTS.md)."""
+    if pa.types.is_boolean(a.type) and not a.null_count and len(a):
+        bits = np.frombuffer(a.buffers()[1], np.uint8)
+        return np.unpackbits(bits, count=a.offset + len(a), bitorder="little")[a.offset:].view(np.bool_)
+    return a.to_numpy(zero_copy_only=False)
+
+
+def _offsets(chunks: list) -> np.ndarray:
+    """The row offsets of a chunked large_list column, counted from 0 across its chunks."""
+    rows = sum(len(c) for c in chunks)
+    off = np.empty(rows + 1, np.int64)
+    off[0] = r = p = 0
+    for c in chunks:
+        o = c.offsets.to_numpy()
+        off[r + 1:r + len(o)] = o[1:] - o[0] + p
+        r, p = r + len(o) - 1, p + int(o[-1] - o[0])
+    return off
+
+
+def _checked(vals: pa.Array, dtype: str, name: str, where: str) -> np.ndarray:
+    """A tensor's values as numpy (``to_numpy``), checked: no nulls, the storage dtype the spec names."""
+    if vals.null_count:
+        raise FormatError(f"{where}: column {name!r} holds null values inside a tensor")
+    v = to_numpy(vals)
+    if v.dtype != dt.storage_numpy(dtype):
+        raise FormatError(f"{where}: column {name!r} stores {v.dtype}, spec says {dtype}")
+    return v
+
+
+def _values(c: pa.Array, dtype: str, name: str, where: str) -> np.ndarray:
+    """The values of one large_list chunk, as numpy (zero-copy but for bools), checked."""
+    o = c.offsets.to_numpy()
+    a, b = (int(o[0]), int(o[-1])) if len(o) else (0, 0)
+    return _checked(c.values.slice(a, b - a), dtype, name, where)
+
+
+class Columns:
+    """Access to a decoded table's columns: zero-copy where a column is one chunk. ``alloc(n,
+    dtype)`` gives the numpy buffer a multi-chunk column is joined into (default ``empty``, Arrow's
+    allocator; the GPU path passes pinned staging memory, so the join is the only host copy)."""
+
+    def __init__(self, table: pa.Table, where: str, alloc: Alloc | None = None) -> None:
+        self.table, self.where = table, where
+        self.alloc = alloc or empty
+        self._parts: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def has(self, name: str) -> bool:
+        """Whether the table holds column ``name`` (the reader may have left it out)."""
+        return name in self.table.column_names
+
+    def col(self, name: str) -> pa.ChunkedArray:
+        """Column ``name``; FormatError if the file lacks it."""
+        try:
+            return self.table.column(name)
+        except KeyError:
+            raise FormatError(f"{self.where}: column {name!r} named in the spec is missing from the file") from None
+
+    def arr(self, name: str) -> pa.Array:
+        """Column ``name`` as one Arrow array (its chunks combined)."""
+        col = self.col(name)
+        with foreign_errors(self.where, f"reading column {name!r}"):
+            return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+
+    def pylist(self, name: str) -> list:
+        """Column ``name`` as Python values."""
+        a = self.arr(name)
+        with foreign_errors(self.where, f"reading column {name!r}"):
+            try:
+                return a.to_pylist()
+            except UnicodeDecodeError as e:  # pyarrow does not check a string column's bytes
+                raise FormatError(f"{self.where}: column {name!r} holds text that is not UTF-8 ({e}); "
+                                  "the file is damaged or was not written by trajstore") from None
+
+    def _list_col(self, name: str) -> pa.ChunkedArray:
+        col = self.col(name)
+        if not pa.types.is_large_list(col.type):
+            raise FormatError(f"{self.where}: column {name!r} is {col.type}, expected large_list")
+        return col
+
+    def chunks(self, name: str, dtype: str) -> tuple[np.ndarray, list[tuple[int, np.ndarray]]]:
+        """(offsets of every row, counted from 0; [(first row, values)] per chunk) of a large_list
+        column, without joining the chunks."""
+        col = self._list_col(name)
+        with foreign_errors(self.where, f"reading column {name!r}"):
+            off, parts, r = _offsets(col.chunks), [], 0
+            for c in col.chunks:
+                parts.append((r, _values(c, dtype, name, self.where)))
+                r += len(c)
+        return off, parts
+
+    def join(self, names: list[tuple[str, str]]) -> None:
+        """Join the chunks of the large_list columns ``[(name, dtype)]`` into one buffer each,
+        every chunk of every column copied in one round on the thread pool."""
+        with foreign_errors(self.where, "reading its columns"):
+            self._join(names)
+
+    def _join(self, names: list[tuple[str, str]]) -> None:
+        copies: list = []
+        for name, dtype in names:
+            if name in self._parts or not self.has(name):
+                continue
+            col = self._list_col(name)
+            if col.num_chunks == 1:
+                c = col.chunk(0)
+                o = c.offsets.to_numpy()
+                self._parts[name] = (o - o[0], _values(c, dtype, name, self.where))
+                continue
+            off = _offsets(col.chunks)
+            out = self.alloc(int(off[-1]), dt.storage_numpy(dtype))
+            self._parts[name] = (off, out)
+            r = 0
+            for c in col.chunks:
+                dst = out[off[r]:off[r + len(c)]]
+                r += len(c)
+                if dtype == "bool":  # unpacked from its bitmap on the pool thread
+                    copies.append((c, dtype, name, dst))
+                    continue
+                src = _values(c, dtype, name, self.where)
+                step = max(1, PIECE_BYTES // max(1, src.itemsize))
+                copies += [(src[i:i + step], None, name, dst[i:i + step]) for i in range(0, len(src), step)]
+
+        def copy(group: list) -> None:
+            for src, dtype, name, dst in group:
+                dst[...] = src if dtype is None else _values(src, dtype, name, self.where)
+
+        run_parallel(copy, balance(copies, lambda x: x[3].nbytes, PIECE_BYTES),
+                     sum(x[3].nbytes for x in copies))
+
+    def list_parts(self, name: str, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+        """(offsets, values) of a large_list column, its chunks joined (``join``)."""
+        if name not in self._parts:
+            self.join([(name, dtype)])
+        off, v = self._parts[name]
+        if v.dtype != dt.storage_numpy(dtype):
+            raise FormatError(f"{self.where}: column {name!r} stores {v.dtype}, spec says {dtype}")
+        return off, v
+
+    def prim(self, name: str, dtype: str) -> np.ndarray:
+        """A primitive column's values, checked (no nulls, the storage dtype of ``dtype``)."""
+        a = self.arr(name)
+        with foreign_errors(self.where, f"reading column {name!r}"):
+            return _checked(a, dtype, name, self.where)

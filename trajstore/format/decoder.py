@@ -1,0 +1,182 @@
+"""Arrow table -> batch: dispatch over the spec's nodes to each kind's decoder
+(``format/tensors.py``, ``format/sequences.py``), conversion between the packed and padded
+layouts, and the parallel fill of padded outputs.
+
+The spec was checked against the file by ``format/validate.py`` before this runs. What the decoder
+still finds inconsistent in the data (offsets, lengths, shapes, values of the wrong type) raises
+``FormatError`` naming the file; what pyarrow raises is mapped the same way (``errors.foreign_errors``);
+anything else is a bug of trajstore's and surfaces as itself.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from .._threads import run_parallel
+from ..errors import ConfigError, FormatError
+from . import containers
+from . import dtypes as dt
+from . import sequences, tensors
+from .arrow import Alloc, Columns
+from .layout import padded_mask
+from .spec import BatchNode, SeqNode, is_flat, is_token
+from .tensors import FillJob
+from .values import bits
+
+__all__ = ["decode"]
+
+_LAYOUT_KEYS = ("cu_seqlens", "max_seqlen", "attention_mask")  # replaced by a layout conversion
+
+
+class Decoder:
+    """Decodes one step's table along its spec; ``layout`` converts a dict batch to "padded" or
+    "packed" (None: as stored)."""
+
+    def __init__(self, cols: Columns, spec: BatchNode | SeqNode, layout: str | None) -> None:
+        self.c, self.spec, self.layout = cols, spec, layout
+        self.n: int = spec.get("B", 0)  # type: ignore[assignment]
+        self._masks: dict = {}  # (T, side, lengths) -> [B, T] mask, shared by the padded fields
+        self._jobs: list[FillJob] = []  # padded outputs still to fill
+
+    # -- dict batches
+    def batch(self, keys: list[str] | None) -> Any:
+        """The batch (its fields ``keys``, None: all), in the layout asked for."""
+        spec: Any = self.spec
+        if spec["t"] == "seq":
+            if self.layout:
+                raise ConfigError(f"{self.c.where}: layout conversion applies to dict batches, "
+                                  "this step is a list of trajectories")
+            return sequences.decode_seq(self.c, spec, self.c.table.num_rows, keys)
+        chosen = [(k, n) for k, n in spec["keys"] if keys is None or k in keys]
+        want = self.layout or spec["form"]
+        if self.layout and spec["form"] not in ("padded", "packed"):
+            raise ConfigError(
+                f"{self.c.where}: layout={self.layout!r} needs a batch stored with attention_mask or "
+                f"cu_seqlens; this one is {spec['form']!r}"
+            )
+        if want == "packed":  # every flat field joined in one parallel round
+            self.c.join([(n["col"], n["dtype"]) for _, n in chosen if is_flat(n)])
+        out = {}
+        for k, node in chosen:
+            if want != spec["form"] and k in _LAYOUT_KEYS:
+                continue
+            out[k] = self.field(node, want)
+        if want != spec["form"]:
+            lengths = self.lengths(chosen)
+            if want == "packed":
+                cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+                torch.cumsum(torch.as_tensor(lengths), 0, out=cu[1:])
+                out["cu_seqlens"] = cu
+                out["max_seqlen"] = int(max(lengths)) if len(lengths) else 0
+            else:
+                T = int(max(lengths)) if len(lengths) else 0
+                out["attention_mask"] = torch.arange(T)[None, :] < torch.as_tensor(lengths)[:, None]
+        self.fill_padded()
+        return out
+
+    def lengths(self, chosen: list) -> np.ndarray:
+        """Tokens per row, for a layout conversion: from any per-token field that was read (the
+        reader may leave out the attention_mask column when it converts a padded batch to
+        packed), else from the stored ``cu_seqlens``."""
+        for _, node in list(chosen) + list(self.spec["keys"]):  # type: ignore[typeddict-item]
+            if is_token(node) and math.prod(node["trail"]) and self.c.has(node["col"]):
+                off, _ = self.c.list_parts(node["col"], node["dtype"])
+                return np.diff(off) // math.prod(node["trail"])
+        cu = dict(self.spec["keys"]).get("cu_seqlens")  # type: ignore[typeddict-item]
+        if cu is not None and cu.get("t") == "gtensor":
+            return np.diff(np.asarray(tensors.decode_global(cu), dtype=np.int64))
+        raise ConfigError(
+            f"{self.c.where}: converting the layout needs a per-token field; include one in columns"
+        )
+
+    def field(self, node: Any, want: str) -> Any:
+        """One field's value, its token fields in layout ``want``."""
+        t = node["t"]
+        if t == "json":
+            return node["v"]
+        if t == "gtensor":
+            return tensors.decode_global(node)
+        if t == "group":
+            return {k: self.field(n, want) for k, n in node["keys"]}
+        if t == "seq":
+            return sequences.decode_seq(self.c, node, self.n)
+        if t != "tensor":
+            raise FormatError(f"{self.c.where}: unknown node type {t!r} in the spec")
+        if node["kind"] == "sample":
+            x = tensors.decode_sample(self.c, node, self.n)
+            if node.get("tokenlike") and want == "packed":
+                mask = self.mask_from_rows()
+                b = bits(x if isinstance(x, np.ndarray) else x.contiguous())[mask].contiguous()
+                return tensors.as_lib(b.view(tensors.alloc([0], node).dtype), node)
+            return x
+        spec: Any = self.spec
+        empty = not math.prod(node["trail"])  # a [N, 0, ...] field: its column cannot tell the lengths
+        if want == "packed":
+            return tensors.decode_flat(self.c, node, self.n, int(self.lengths([]).sum()) if empty else 0)
+        T = spec["T"] if spec["form"] == "padded" else None
+        if T is None and empty:
+            lengths = self.lengths([])
+            T = int(lengths.max()) if len(lengths) else 0
+        out, jobs = tensors.decode_padded(self.c, node, self.n, T, spec.get("side") or "right", self.mask)
+        self._jobs += jobs
+        return out
+
+    def mask(self, lengths: np.ndarray, T: int, side: str) -> torch.Tensor:
+        """The [B, T] mask of ``lengths``, built once per step for every padded field alike."""
+        key = (T, side, lengths.tobytes())
+        m = self._masks.get(key)
+        if m is None:
+            m = self._masks[key] = padded_mask(lengths, T, side)
+        return m
+
+    def mask_from_rows(self) -> torch.Tensor:
+        """The token mask of a padded batch, from the row lengths of a per-token field."""
+        spec: Any = self.spec
+        for _, node in spec["keys"]:
+            if is_token(node) and math.prod(node["trail"]) and self.c.has(node["col"]):
+                off, _ = self.c.list_parts(node["col"], node["dtype"])
+                w = math.prod(node["trail"])
+                return padded_mask(np.diff(off) // w, spec["T"], spec.get("side") or "right")
+        raise ConfigError(f"{self.c.where}: cannot convert to packed without a per-token field")
+
+    def fill_padded(self) -> None:
+        """Fill every padded output: pad value, then the row values (numpy boolean assignment in
+        row-major order, as ``masked_scatter_`` but faster: benchmarks/RESULTS.md). Each output is
+        split into row ranges, filled on the shared thread pool."""
+        jobs, total = [], 0
+        for out, mask, src, off, pad, r0, r1, pv in self._jobs:
+            nbytes = out[r0:r1].numel() * out.element_size()
+            total += nbytes
+            k = max(1, min(r1 - r0, nbytes // (4 << 20)))
+            bounds = np.linspace(r0, r1, k + 1).astype(np.int64)
+            jobs += [(out, mask, src, off, pad, int(a), int(b), pv)
+                     for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+        self._jobs = []
+
+        def fill(job: tuple) -> None:
+            out, mask, src, off, pad, a, b, pv = job
+            o = dt.bits_view(out[a:b]).numpy()  # numpy: one thread per job, no torch pool
+            m = mask[a:b].numpy()
+            mm = np.broadcast_to(m.reshape(m.shape + (1,) * (o.ndim - 2)), o.shape)
+            if pv is None:
+                o.fill(pad)
+            else:  # the recorded padded values
+                o[~mm] = pv[1][pv[0][a]:pv[0][b]].numpy()
+            o[mm] = src[off[a]:off[b]].numpy()  # row-major order, as masked_scatter_
+
+        run_parallel(fill, jobs, total)
+
+
+def decode(table: pa.Table, spec: BatchNode | SeqNode, *, where: str, columns: list[str] | None = None,
+           layout: str | None = None, alloc: Alloc | None = None) -> Any:
+    """Rebuild the batch from ``table`` (already restricted to the needed columns); ``alloc(n,
+    numpy dtype)`` provides the buffers multi-chunk columns are joined into (see ``Columns``)."""
+    if layout not in (None, "padded", "packed"):
+        raise ConfigError(f"layout must be 'padded', 'packed' or None, got {layout!r}")
+    out = Decoder(Columns(table, where, alloc), spec, layout).batch(columns)
+    return containers.wrap(out, spec.get("wrapper"), where=where)

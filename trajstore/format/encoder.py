@@ -1,0 +1,60 @@
+"""Batch -> Arrow table: the walk that turns a classified batch (``format.check.plan``) into one
+column set per field and the spec that rebuilds it (each node kind's encoder: ``format/tensors.py``,
+``format/sequences.py``), wrapped in the step envelope (``format.spec.step_doc``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from . import layout, sequences, tensors
+from .arrow import TableBuilder
+from .check import Group, Json, Plan, Seq, Tensor, plan
+from .layout import Layout
+from .spec import BatchNode, FieldNode, SeqNode, step_doc
+
+__all__ = ["encode_plain"]
+
+
+def _field(enc: TableBuilder, lay: Layout, f: Any) -> FieldNode:
+    if isinstance(f, Tensor):
+        return tensors.encode(enc, lay, f)
+    if isinstance(f, Group):
+        return {"t": "group", "keys": [[k, _field(enc, lay, child)] for k, child in f.keys]}
+    if isinstance(f, Seq):
+        return sequences.encode_seq(enc, f)
+    assert isinstance(f, Json)
+    return {"t": "json", "v": f.value}
+
+
+def _dict_batch(enc: TableBuilder, p: Plan) -> BatchNode:
+    lay = p.layout
+    assert lay is not None
+    if lay.form == "padded":
+        layout.read_padding(lay)  # the mask's values: 0/1, which side, the row lengths
+    spec: Any = {"t": "batch", "form": lay.form, "B": lay.B}
+    if lay.form == "padded":
+        spec.update(T=lay.T, side=lay.side)
+    spec["keys"] = [[k, _field(enc, lay, f)] for k, f in p.keys]
+    return spec
+
+
+def _list_batch(enc: TableBuilder, p: Plan, batch: list | tuple) -> SeqNode:
+    elem: Any = sequences.encode_elems(enc, p.elem)
+    sequences.mark_list_tokens(elem, batch)
+    return {"t": "seq", "container": p.container, "elem": elem}  # type: ignore[typeddict-item]
+
+
+def encode_plain(batch: Any, container: dict | None, *, step: int, split: str, meta: dict | None = None,
+                 extra: dict | None = None) -> pa.Table:
+    """``encode`` of a batch already unwrapped by ``containers.unwrap`` (``container`` is its tag).
+    The batch is first walked by ``format.check.plan``, the walk ``Writer.append`` runs: a batch
+    that cannot be stored fails there with the same error."""
+    p = plan(batch, read=True)
+    enc = TableBuilder(p.n, p.names)
+    spec: BatchNode | SeqNode = _dict_batch(enc, p) if p.layout is not None else _list_batch(enc, p, batch)
+    if container is not None:
+        spec["wrapper"] = container
+    return enc.table(step, step_doc(step, split, enc.n, meta, spec, extra))

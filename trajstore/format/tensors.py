@@ -1,0 +1,211 @@
+"""Tensor fields of a dict batch, encode and decode side by side (docs/FORMAT.md 3.3, 3.4, 3.7):
+
+* ``gtensor``: an unbatched tensor (0-d, or ``cu_seqlens``), inline in the spec as base64;
+* ``tensor`` kind ``sample``: one fixed-shape entry per trajectory (``tokenlike``: a ``[B, T, 0...]``
+  field of a padded batch, stored whole);
+* ``tensor`` kind ``token``: one entry per token, each row holding its trajectory's tokens; in a
+  padded batch the padded positions hold one recorded ``pad`` value, or their own values in the
+  ``pad_col`` column.
+
+Decoding a token field padded allocates the output and returns the fill jobs; the decoder runs
+them, every padded field at once, on the thread pool (``format/decoder.py``).
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from ..errors import FormatError
+from . import dtypes as dt
+from .arrow import Columns, TableBuilder, empty, list_array
+from .check import FLAT, GLOBAL, TOKENS, Tensor
+from .layout import Layout
+from .spec import PAD_PREFIX, GTensorNode, TensorNode
+from .values import as_cpu, bits, dumps, storage
+
+__all__ = ["encode", "decode_global", "decode_sample", "decode_flat", "decode_padded", "FillJob", "as_lib",
+           "alloc"]
+
+
+# ----------------------------------------------------------------------------- encode
+def encode(enc: TableBuilder, lay: Layout, f: Tensor) -> TensorNode | GTensorNode:
+    """The spec node of tensor field ``f`` (classified by ``format.check``); its columns go to ``enc``."""
+    lib, name, x = as_cpu(f.value, f.path)
+    if f.role == GLOBAL:
+        raw = np.ascontiguousarray(storage(x)).reshape(-1)
+        return {"t": "gtensor", "lib": lib, "dtype": name, "shape": list(x.shape),
+                "data": base64.b64encode(raw.tobytes()).decode()}
+    node: Any = {"t": "tensor", "col": f.col, "lib": lib, "dtype": name}
+    B = lay.B
+    if f.role == TOKENS and lay.side:
+        xt = torch.from_numpy(x) if isinstance(x, np.ndarray) else x
+        mask = lay.mask
+        pad = None
+        if not bool(mask.all()):
+            # every padded element must hold the bits of the first one: compared in place, without
+            # extracting the padded region (which is most of a long-tail batch)
+            b, nm, w = bits(x), ~mask, math.prod(x.shape[2:])
+            p = b.reshape(-1)[int(torch.argmax(nm.reshape(-1).to(torch.uint8))) * w] if w else None
+            if not w:
+                return _encode_sample(enc, node, f.path, x, B, tokenlike=True)
+            if bool(((b != p) & nm.reshape(list(nm.shape) + [1] * (x.ndim - 2))).any()):
+                # padded positions hold different values (e.g. -0.0 and 0.0, or garbage computed
+                # past the end): keep them, unpadded tokens stay a token column
+                _encode_padvals(enc, node, f.path, x, nm, B, lay.T - lay.lengths, w)
+            else:
+                pad = int(p)
+        return _encode_token(enc, node, f.path, xt[mask], lay.lengths, list(x.shape[2:]), pad, lib)
+    if f.role == FLAT:
+        xt = torch.from_numpy(x) if isinstance(x, np.ndarray) else x
+        return _encode_token(enc, node, f.path, xt, lay.lengths, list(x.shape[1:]), None, lib)
+    return _encode_sample(enc, node, f.path, x, B)
+
+
+def _encode_padvals(enc: TableBuilder, node: dict, path: tuple, x: Any, nm: torch.Tensor, B: int,
+                    npad: torch.Tensor, w: int) -> None:
+    """The values at padded positions, row by row in position order: column ``__pad__.<col>``."""
+    xt = torch.from_numpy(x) if isinstance(x, np.ndarray) else x
+    values = storage(xt[nm] if node["lib"] == "torch" else xt[nm].numpy()).reshape(-1)
+    offsets = np.zeros(B + 1, dtype=np.int64)
+    np.cumsum(np.asarray(npad, dtype=np.int64) * w, out=offsets[1:])
+    node["pad_col"] = PAD_PREFIX + node["col"]
+    enc.names.claim(node["pad_col"], path)
+    enc.add(node["pad_col"], list_array(offsets, values), {"dtype": node["dtype"], "kind": "pad"}, path)
+
+
+def _encode_token(enc: TableBuilder, node: dict, path: tuple, vals: Any, lengths: Any, trail: list[int],
+                  pad: int | None, lib: str) -> TensorNode:
+    width = math.prod(trail)
+    if isinstance(vals, torch.Tensor) and lib != "torch":
+        vals = vals.numpy()
+    values = storage(vals).reshape(-1)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(np.asarray(lengths, dtype=np.int64) * width, out=offsets[1:])
+    node.update(kind="token", trail=trail, pad=pad)
+    enc.add(node["col"], list_array(offsets, values),
+            {"dtype": node["dtype"], "kind": "token", "shape": dumps(["n"] + trail)}, path)
+    return node
+
+
+def _encode_sample(enc: TableBuilder, node: dict, path: tuple, x: Any, B: int, tokenlike: bool = False) -> TensorNode:
+    trail = list(x.shape[1:])
+    values = storage(x)
+    node.update(kind="sample", trail=trail)
+    if tokenlike:
+        node["tokenlike"] = True
+    if not trail:
+        arr = pa.array(values)
+    else:
+        w = math.prod(trail)
+        arr = list_array(np.arange(B + 1, dtype=np.int64) * w, values.reshape(-1))
+    enc.add(node["col"], arr, {"dtype": node["dtype"], "kind": "sample", "shape": dumps(trail)}, path)
+    return node
+
+
+# ----------------------------------------------------------------------------- decode
+def as_lib(t: torch.Tensor, node: dict) -> Any:
+    """A decoded tensor as the library the node names (a numpy view for numpy fields)."""
+    return t if node["lib"] == "torch" else t.numpy()
+
+
+def alloc(shape: list[int], node: dict) -> torch.Tensor:
+    """An uninitialized output of ``shape`` and the node's dtype, from Arrow's allocator (``empty``):
+    a padded output is filled faster there than in ``np.empty`` or ``torch.empty``
+    (benchmarks/RESULTS.md)."""
+    a = empty(math.prod(shape), dt.storage_numpy(node["dtype"])).reshape(shape)
+    return dt.from_storage(a, node["dtype"])
+
+
+def decode_global(node: GTensorNode) -> Any:
+    """An inline tensor (``validate`` checked that its data is base64 of its shape and dtype)."""
+    raw = base64.b64decode(node["data"], validate=True)
+    a = np.frombuffer(raw, dtype=dt.storage_numpy(node["dtype"])).copy().reshape(node["shape"])
+    return dt.as_value(a, node)
+
+
+def decode_sample(cols: Columns, node: TensorNode, n: int) -> Any:
+    """A sample field as stored: ``[n, *trail]``."""
+    if not node["trail"]:
+        return dt.as_value(cols.prim(node["col"], node["dtype"]), node)
+    _, v = cols.list_parts(node["col"], node["dtype"])
+    if len(v) != n * math.prod(node["trail"]):
+        raise FormatError(f"{cols.where}: column {node['col']!r} holds {len(v)} values, "
+                          f"not {n} rows of {node['trail']}")
+    return dt.as_value(v, node).reshape([n] + node["trail"])
+
+
+def decode_flat(cols: Columns, node: TensorNode, n: int, tokens: int = 0) -> Any:
+    """A token field packed: every row's tokens in one ``[N, *trail]`` tensor. ``tokens`` is N for
+    a field of zero width (its column holds no values, so it cannot tell N)."""
+    trail = node["trail"]
+    w = math.prod(trail)
+    off, v = cols.list_parts(node["col"], node["dtype"])
+    if len(off) != n + 1 or (len(v) and int(off[-1]) - int(off[0]) != len(v)) or (len(v) % w if w else len(v)):
+        raise FormatError(f"{cols.where}: column {node['col']!r} has inconsistent offsets")
+    return dt.as_value(v, node).reshape([-1 if w else tokens] + trail)
+
+
+class FillJob(NamedTuple):
+    """Rows ``r0:r1`` of a padded output to fill from one chunk's values: ``src`` (raw bits) at the
+    positions of ``mask``, with ``off`` the row offsets into ``src``; the other positions get
+    ``pad``, or ``pv`` (offsets, raw bits) of the recorded padded values."""
+
+    out: torch.Tensor
+    mask: torch.Tensor
+    src: torch.Tensor
+    off: np.ndarray
+    pad: int
+    r0: int
+    r1: int
+    pv: tuple[np.ndarray, torch.Tensor] | None
+
+
+def decode_padded(cols: Columns, node: TensorNode, n: int, T: int | None, side: str,
+                  mask_for: Callable[[np.ndarray, int, str], torch.Tensor]) -> tuple[Any, list[FillJob]]:
+    """A token field padded to ``[n, T, *trail]`` (``T`` None: the longest row): the output, still
+    unfilled, and its fill jobs, scattered straight from each row group's values (no joined copy)."""
+    trail = node["trail"]
+    w = max(1, math.prod(trail))
+    off, parts = cols.chunks(node["col"], node["dtype"])
+    rows = np.diff(off)
+    if len(off) != n + 1 or bool((rows < 0).any()):
+        raise FormatError(f"{cols.where}: column {node['col']!r} has inconsistent offsets")
+    lengths = rows // w
+    if bool((rows % w).any()) or (not math.prod(trail) and bool(rows.any())):
+        raise FormatError(f"{cols.where}: column {node['col']!r} rows are not whole tokens of {trail}")
+    longest = int(lengths.max()) if len(lengths) else 0
+    T = longest if T is None else T
+    if longest > T:
+        raise FormatError(f"{cols.where}: column {node['col']!r} has a row of {longest} "
+                          f"tokens, longer than the padded length {T}")
+    mask = mask_for(lengths, T, side)
+    out = alloc([n, T] + trail, node)
+    pads = _padvals(cols, node, n, lengths, T, w, parts)
+    jobs = []
+    for i, ((r0, v), r1) in enumerate(zip(parts, [r for r, _ in parts[1:]] + [n])):
+        x = dt.as_value(v, node)
+        src = bits(x if isinstance(x, np.ndarray) else x.contiguous()).reshape(-1)
+        pv = None if pads is None else (pads[0] - pads[0][r0], pads[1][i])
+        jobs.append(FillJob(out, mask, src, off - off[r0], node.get("pad") or 0, r0, r1, pv))
+    return as_lib(out, node), jobs
+
+
+def _padvals(cols: Columns, node: TensorNode, n: int, lengths: np.ndarray, T: int, w: int,
+             parts: list) -> tuple[np.ndarray, list[torch.Tensor]] | None:
+    """Offsets and per-chunk bits of the ``pad_col`` values, checked against the lengths."""
+    if "pad_col" not in node:
+        return None
+    poff, pparts = cols.chunks(node["pad_col"], node["dtype"])
+    if len(poff) != n + 1 or not np.array_equal(np.diff(poff), (T - lengths) * w) \
+            or [r for r, _ in pparts] != [r for r, _ in parts]:
+        raise FormatError(f"{cols.where}: column {node['pad_col']!r} does not hold the padded "
+                          f"positions of {node['col']!r}")
+    return poff, [bits(dt.as_value(v, node) if node["lib"] != "torch" else dt.as_value(v, node).contiguous()
+                       ).reshape(-1) for _, v in pparts]
