@@ -17,11 +17,11 @@ from . import _threads, schema, tables, torch_bridge
 from .format import containers as adapters
 from .format import dtypes as dt
 from .format import validate as _validate
-from .format.spec import FORMAT_VERSION, is_plain_sample
+from .format.spec import check_version, is_dict_batch, is_plain_sample, is_token
 from .prefetch import iterate
 from .store import checksums, paths
 from .store.index import Index
-from .errors import (ConfigError, DumpNotFoundError, FormatError, FormatVersionError, StepNotFoundError,
+from .errors import (ConfigError, DumpNotFoundError, FormatError, StepNotFoundError,
                      foreign_errors)
 
 __all__ = ["Reader"]
@@ -154,13 +154,7 @@ class Reader:
             raise FormatError(f"{f}: trajstore metadata is not valid JSON ({e})") from None
         if not isinstance(doc, dict) or not isinstance(doc.get("batch"), dict):
             raise FormatError(f"{f}: trajstore metadata has no batch spec")
-        v = doc.get("format_version")
-        if type(v) is not int or v < 1:
-            raise FormatError(f"{f}: format version {v!r} is not a positive int; the step is damaged")
-        if v > FORMAT_VERSION:
-            raise FormatVersionError(
-                f"{f}: format version {v!r}; this trajstore reads up to {FORMAT_VERSION}; upgrade trajstore"
-            )
+        check_version(doc.get("format_version"), str(f), "the step")
         if doc.get("step") != step:
             raise FormatError(f"{f}: the file says it holds step {doc.get('step')!r}, its name says {step}")
         if check:
@@ -204,9 +198,9 @@ class Reader:
             cols = schema.columns_for(spec, columns)
         except ConfigError as e:
             raise ConfigError(f"{f}: {e}") from None
-        if layout and cols is not None and spec.get("t") == "batch":
+        if layout and cols is not None and is_dict_batch(spec):
             cols = cols + [c for c in _token_cols(spec) if c not in cols][:1]
-        if (cols is None and layout == "packed" and spec.get("t") == "batch" and spec.get("form") == "padded"
+        if (cols is None and layout == "packed" and is_dict_batch(spec) and spec.get("form") == "padded"
                 and spec.get("side")):
             # the attention mask is dropped by the conversion: decode it only if it is the one
             # per-token field (its lengths are then needed)
@@ -256,7 +250,7 @@ class Reader:
         sf = self._open(step, check=False)
         pf, doc, f = sf.pf, sf.doc, sf.path
         spec = doc["batch"]
-        node = dict(spec.get("keys") or []).get(name) if spec.get("t") == "batch" else None
+        node = dict(spec["keys"]).get(name) if is_dict_batch(spec) else None
         if is_plain_sample(node):
             with foreign_errors(str(f), f"reading field {name!r} of step {step}", "the step is damaged"):
                 return _read_sample(pf, node, doc, f)
@@ -357,4 +351,4 @@ def _flat_nbytes(table: pa.Table) -> int:
 
 
 def _token_cols(spec: dict) -> list[str]:
-    return [n["col"] for _, n in spec["keys"] if n.get("kind") == "token"]
+    return [n["col"] for _, n in spec["keys"] if is_token(n)]

@@ -25,8 +25,9 @@ import numpy as np
 import torch
 
 from .layout import token_mask
+from .spec import is_tokenlike
 
-__all__ = ["rows", "row_mask", "is_token", "to_numpy"]
+__all__ = ["rows", "row_mask", "to_numpy"]
 
 _LAYOUT = ("cu_seqlens", "max_seqlen")
 
@@ -60,11 +61,6 @@ def _names(spec_keys: list, pick: Callable[[dict], bool], prefix: str = "") -> s
         elif pick(node):
             out.add(name)
     return out
-
-
-def is_token(node: dict) -> bool:
-    """A spec node of a per-token tensor field (stored per token, or shaped like the mask)."""
-    return node.get("t") == "tensor" and (node.get("kind") == "token" or bool(node.get("tokenlike")))
 
 
 def _is_global(node: dict) -> bool:
@@ -112,7 +108,7 @@ def rows(batch: Any, spec: dict) -> list[dict | None]:
     B = int(spec.get("B", 0))
     flat: dict = {}
     _flat("", batch, flat)
-    tokens = _names(spec.get("keys", []), is_token)
+    tokens = _names(spec.get("keys", []), is_tokenlike)
     skip = _names(spec.get("keys", []), _is_global)
     form = spec.get("form")
     out: list[dict] = [{} for _ in range(B)]

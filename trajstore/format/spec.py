@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, NotRequired, TypedDict
 
-from ..errors import ConfigError
+from ..errors import ConfigError, FormatError, FormatVersionError
 from . import dtypes as dt
 
 __all__ = [
@@ -147,7 +147,23 @@ def step_doc(step: int, split: str, num_rows: int, meta: dict | None, batch: Bat
             "meta": meta or {}, "batch": batch, **(extra or {})}  # type: ignore[typeddict-item]
 
 
+def check_version(v: Any, where: str, what: str) -> int:
+    """The format version ``v`` read from ``what`` (a step file, the manifest) at ``where``: a positive
+    int this library reads, else FormatError (FormatVersionError when written by a newer version)."""
+    if type(v) is not int or v < 1:
+        raise FormatError(f"{where}: format version {v!r} is missing or not a positive int; {what} is damaged")
+    if v > FORMAT_VERSION:
+        raise FormatVersionError(f"{where}: written with format version {v}; this trajstore reads up to "
+                                 f"{FORMAT_VERSION}; upgrade trajstore")
+    return v
+
+
 # ----------------------------------------------------------------------------- predicates
+def is_dict_batch(spec: Any) -> bool:
+    """A step appended as a dict (form padded, packed or plain), not as a list of trajectories."""
+    return isinstance(spec, dict) and spec.get("t") == "batch" and isinstance(spec.get("keys"), list)
+
+
 def fields(spec: BatchNode | SeqNode) -> dict[str, Any]:
     """The top-level fields of a step: a dict batch's keys, or a list batch's per-row dict keys."""
     return dict(spec["keys"] if spec["t"] == "batch" else spec["elem"].get("keys", []))
@@ -156,6 +172,11 @@ def fields(spec: BatchNode | SeqNode) -> dict[str, Any]:
 def is_token(node: Any) -> bool:
     """A per-token tensor field (a token column)."""
     return isinstance(node, dict) and node.get("t") == "tensor" and node.get("kind") == "token"
+
+
+def is_token_cell(node: Any) -> bool:
+    """In a list batch, a per-row tensor shaped like the row's attention mask (a token cell)."""
+    return isinstance(node, dict) and node.get("t") == "cell" and node.get("kind") == "token"
 
 
 def is_flat(node: Any) -> bool:

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable
 
 import pyarrow.parquet as pq
 
-from ..format.rows import is_token
+from ..format.spec import is_dict_batch, is_token, is_token_cell, is_tokenlike
 from ..reader import Reader
 from ..store import paths
 
@@ -41,10 +41,10 @@ def fields_of(spec: dict) -> list[dict]:
         elif t == "seq":
             walk(name, node["elem"], True)
         elif t == "tensor":
-            kind = "token" if is_token(node) else "sample"
+            kind = "token" if is_tokenlike(node) else "sample"
             out.append({"name": name, "dtype": node["dtype"], "kind": kind, "shape": node.get("trail", [])})
         elif t == "cell":
-            out.append({"name": name, "dtype": node["dtype"], "kind": "token" if node.get("kind") == "token"
+            out.append({"name": name, "dtype": node["dtype"], "kind": "token" if is_token_cell(node)
                         else "cell", "shape": None})
         elif t == "value":
             out.append({"name": name, "dtype": node["ptype"], "kind": "json" if node["ptype"] == "json"
@@ -56,7 +56,7 @@ def fields_of(spec: dict) -> list[dict]:
         elif t == "empty":
             out.append({"name": name, "dtype": "none", "kind": "sample", "shape": []})
 
-    if spec.get("t") == "batch":
+    if is_dict_batch(spec):
         for k, node in spec["keys"]:
             walk(k, node, False)
     else:
@@ -66,9 +66,9 @@ def fields_of(spec: dict) -> list[dict]:
 
 def _tokens(f: Path, spec: dict) -> int | None:
     """Token count of a step: the lengths of its first per-token column."""
-    if spec.get("t") == "batch":
+    if is_dict_batch(spec):
         for _, node in spec["keys"]:
-            if node.get("t") == "tensor" and node.get("kind") == "token":
+            if is_token(node):
                 col = pq.read_table(f, columns=[node["col"]]).column(0).combine_chunks()
                 w = max(1, math.prod(node["trail"]))
                 off = col.offsets.to_numpy()
@@ -80,7 +80,7 @@ def _tokens(f: Path, spec: dict) -> int | None:
             return int((col.values.to_numpy(zero_copy_only=False) != 0).sum())
         return None
     for _, node in spec.get("elem", {}).get("keys", []):
-        if node.get("t") == "cell" and node.get("kind") == "token":
+        if is_token_cell(node):
             shapes = pq.read_table(f, columns=[node["shape_col"]]).column(0).to_pylist()
             return int(sum(s[1] if len(s) > 1 and s[0] == 1 else s[0] for s in shapes if s))
     return None

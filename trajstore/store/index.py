@@ -32,7 +32,7 @@ from ..errors import FormatError
 from ..format import dtypes as dt
 from ..format import validate
 from ..format.dtypes import as_value
-from ..format.spec import is_plain_sample
+from ..format.spec import is_dict_batch, is_plain_sample
 from . import files, paths
 
 DIR = "_index"
@@ -49,7 +49,7 @@ rlog = logging.getLogger("trajstore.reader")
 
 def fields(spec: Any) -> list[list]:
     """``[[name, node], ...]``: the top-level plain per-trajectory tensor fields of a step spec."""
-    if not isinstance(spec, dict) or spec.get("t") != "batch" or not isinstance(spec.get("keys"), list):
+    if not is_dict_batch(spec):
         return []
     return [[k, n] for k, n in spec["keys"] if is_plain_sample(n) and n["col"] not in RESERVED]
 

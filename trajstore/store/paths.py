@@ -10,8 +10,8 @@ from pathlib import Path
 
 from .. import fingerprint
 from .._version import __version__
-from ..errors import ConfigError, DumpNotFoundError, FormatError, FormatVersionError
-from ..format.spec import FORMAT_VERSION
+from ..errors import ConfigError, DumpNotFoundError, FormatError
+from ..format.spec import FORMAT_VERSION, check_version
 from .files import fsync, fsync_dir, stale_temps
 
 MANIFEST = "trajstore.json"
@@ -74,14 +74,7 @@ def read_manifest(root: Path) -> dict:
         raise FormatError(f"{f}: the manifest cannot be read ({e})") from None
     if not isinstance(doc, dict) or doc.get("format") != "trajstore":
         raise FormatError(f"{f}: not a trajstore manifest (missing \"format\": \"trajstore\")")
-    v = doc.get("format_version")
-    if type(v) is not int or v < 1:
-        raise FormatError(f"{f}: format_version is missing or not a positive int; the manifest is damaged")
-    if v > FORMAT_VERSION:
-        raise FormatVersionError(
-            f"{f}: written with format version {v}; this trajstore reads up to {FORMAT_VERSION}; "
-            "upgrade trajstore"
-        )
+    check_version(doc.get("format_version"), str(f), "the manifest")
     return doc
 
 
