@@ -26,9 +26,6 @@ Nothing else is translated, so a bug of trajstore's own surfaces as itself.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import pyarrow as pa
 
 __all__ = [
@@ -121,17 +118,27 @@ class MissingDependencyError(TrajstoreError, ImportError):
     """An optional package is needed; the message names the extra to install."""
 
 
-@contextlib.contextmanager
-def foreign_errors(where: str, doing: str = "reading it",
-                   then: str = "the file is damaged or was not written by trajstore") -> Iterator[None]:
-    """Map what pyarrow and the file system raise inside the block to :class:`FormatError`
-    ``"<where>: <doing> failed (<error>); <then>"``. trajstore's own errors pass through, and so does
-    anything else (a ``KeyError`` or ``TypeError`` of ours is a bug, not a damaged file)."""
-    try:
-        yield
-    except TrajstoreError:
-        raise
+class foreign_errors:
+    """A context manager mapping what pyarrow and the file system raise inside the block to
+    :class:`FormatError` ``"<where>: <doing> failed (<error>); <then>"``, where ``doing`` is
+    ``doing.format(*args)``: the message is built only on failure, so the block costs nothing on
+    the hot path. trajstore's own errors pass through, and so does anything else (a ``KeyError``
+    or ``TypeError`` of ours is a bug, not a damaged file)."""
+
+    __slots__ = ("where", "doing", "args", "then")
     # pyarrow's ArrowIOError is OSError; a damaged footer can hold names that are not UTF-8, which
     # pyarrow decodes with Python's codec (UnicodeDecodeError)
-    except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
-        raise FormatError(f"{where}: {doing} failed ({type(e).__name__}: {e}); {then}") from None
+    MAPPED = (pa.ArrowException, OSError, UnicodeDecodeError)
+
+    def __init__(self, where: object, doing: str = "reading it", *args: object,
+                 then: str = "the file is damaged or was not written by trajstore"):
+        self.where, self.doing, self.args, self.then = where, doing, args, then
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, tp: type[BaseException] | None, e: BaseException | None, tb: object) -> bool:
+        if tp is None or issubclass(tp, TrajstoreError) or not issubclass(tp, self.MAPPED):
+            return False
+        doing = self.doing.format(*self.args)
+        raise FormatError(f"{self.where}: {doing} failed ({tp.__name__}: {e}); {self.then}") from None

@@ -141,7 +141,7 @@ class Reader:
         """The step's Parquet file and its trajstore description; ``check=False`` skips the walk of
         the whole spec (``_validate``), for callers that check the one node they decode."""
         f = self.file(step)
-        with foreign_errors(str(f), "reading it as a Parquet file", "the step is damaged"):
+        with foreign_errors(f, "reading it as a Parquet file", then="the step is damaged"):
             src = pa.BufferReader(checksums.read_verified(f, step)) if self.verify else f
             pf = pq.ParquetFile(src, memory_map=False)
             kv = pf.metadata.metadata or {}  # the footer's key-value pairs (no Arrow schema build)
@@ -208,7 +208,7 @@ class Reader:
             cols = schema.columns_for(spec, keep)
             if not any(c in cols for c in _token_cols(spec)):
                 cols = None
-        with foreign_errors(str(f), f"reading step {step}", "the step is damaged"):
+        with foreign_errors(f, "reading step {}", step, then="the step is damaged"):
             table = _read_columns(sf.pf, sf.src, cols)
         if table.num_rows != doc.get("num_rows", table.num_rows):
             raise FormatError(f"{f}: holds {table.num_rows} rows, its metadata says {doc.get('num_rows')}")
@@ -252,7 +252,7 @@ class Reader:
         spec = doc["batch"]
         node = dict(spec["keys"]).get(name) if is_dict_batch(spec) else None
         if is_plain_sample(node):
-            with foreign_errors(str(f), f"reading field {name!r} of step {step}", "the step is damaged"):
+            with foreign_errors(f, "reading field {!r} of step {}", name, step, then="the step is damaged"):
                 return _read_sample(pf, node, doc, f)
         _validate.check(doc, pf.schema_arrow, pf.metadata.num_rows, str(f))
         batch = self._decode(sf, step, [name], None)

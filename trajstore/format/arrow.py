@@ -151,13 +151,13 @@ class Columns:
     def arr(self, name: str) -> pa.Array:
         """Column ``name`` as one Arrow array (its chunks combined)."""
         col = self.col(name)
-        with foreign_errors(self.where, f"reading column {name!r}"):
+        with foreign_errors(self.where, "reading column {!r}", name):
             return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
 
     def pylist(self, name: str) -> list:
         """Column ``name`` as Python values."""
         a = self.arr(name)
-        with foreign_errors(self.where, f"reading column {name!r}"):
+        with foreign_errors(self.where, "reading column {!r}", name):
             try:
                 return a.to_pylist()
             except UnicodeDecodeError as e:  # pyarrow does not check a string column's bytes
@@ -174,7 +174,7 @@ class Columns:
         """(offsets of every row, counted from 0; [(first row, values)] per chunk) of a large_list
         column, without joining the chunks."""
         col = self._list_col(name)
-        with foreign_errors(self.where, f"reading column {name!r}"):
+        with foreign_errors(self.where, "reading column {!r}", name):
             off, parts, r = _offsets(col.chunks), [], 0
             for c in col.chunks:
                 parts.append((r, _values(c, dtype, name, self.where)))
@@ -231,5 +231,5 @@ class Columns:
     def prim(self, name: str, dtype: str) -> np.ndarray:
         """A primitive column's values, checked (no nulls, the storage dtype of ``dtype``)."""
         a = self.arr(name)
-        with foreign_errors(self.where, f"reading column {name!r}"):
+        with foreign_errors(self.where, "reading column {!r}", name):
             return _checked(a, dtype, name, self.where)

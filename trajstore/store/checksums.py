@@ -78,7 +78,7 @@ def read_verified(f: Path, step: int) -> pa.Buffer:
     """The bytes of step file ``f`` (an Arrow buffer: decoded arrays may point into it, and it must
     not be owned by a Python object), after checking them against the recorded checksum."""
     for attempt in range(3):
-        with foreign_errors(str(f), f"reading step {step}", "check the file and the file system"):
+        with foreign_errors(f, "reading step {}", step, then="check the file and the file system"):
             before = os.stat(f)
             with pa.OSFile(str(f)) as src:
                 data = src.read_buffer()
