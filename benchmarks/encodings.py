@@ -2,7 +2,7 @@
 
 Each option writes the step's flat values (as the writer stores them: the leaf values of a
 ``large_list`` column, one row per trajectory, 8 row groups) to memory with zstd, then reads
-them back on one thread; we report bytes, write and read time. ``trajstore.writer.parquet_options`` follows
+them back on one thread; we report bytes, write and read time. ``trajstore.format.parquet.parquet_options`` follows
 the result (see RESULTS.md).
 """
 

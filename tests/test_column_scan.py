@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import trajstore
-from trajstore import _threads, schema, writer
+from trajstore import _threads, schema
+from trajstore.format import parquet
 from trajstore.errors import ConfigError, FormatError, StepNotFoundError
 from trajstore.testing import assert_batch_equal, batches, padded_batches
 
@@ -114,7 +115,7 @@ def test_many_row_groups_and_parallel_fill_round_trip(batch):
     """Tiny thresholds: every step is split into row groups (joined in parallel) and every padded
     output is filled by row ranges on the thread pool."""
     mp = pytest.MonkeyPatch()
-    mp.setattr(writer, "ROW_GROUP_BYTES", 1)
+    mp.setattr(parquet, "ROW_GROUP_BYTES", 1)
     mp.setattr(_threads, "PARALLEL_BYTES", 0)
     try:
         with tempfile.TemporaryDirectory() as d:
@@ -135,14 +136,14 @@ def test_many_row_groups_and_parallel_fill_round_trip(batch):
 
 def test_row_groups_follow_step_size(tmp_path):
     small = {"input_ids": torch.zeros(4, 8, dtype=torch.int64), "attention_mask": torch.ones(4, 8, dtype=torch.bool)}
-    big_n = (writer.ROW_GROUP_BYTES * 3) // 8 // 64 + 1
+    big_n = (parquet.ROW_GROUP_BYTES * 3) // 8 // 64 + 1
     big = {"input_ids": torch.zeros(64, big_n, dtype=torch.int64), "rewards": torch.zeros(64)}
     with trajstore.Writer(tmp_path) as w:
         w.append(0, small)
         w.append(1, big)
     r = trajstore.Reader(tmp_path)
     assert pq.ParquetFile(r.file(0)).metadata.num_row_groups == 1
-    assert 2 <= pq.ParquetFile(r.file(1)).metadata.num_row_groups <= writer.ROW_GROUPS
+    assert 2 <= pq.ParquetFile(r.file(1)).metadata.num_row_groups <= parquet.ROW_GROUPS
     assert_batch_equal(big, r[1])
 
 

@@ -69,7 +69,7 @@ def test_a_raising_on_commit_is_logged_and_never_stops_the_writer(tmp_path, capl
 
 
 def test_on_commit_is_not_called_for_failed_steps_and_must_be_callable(tmp_path, monkeypatch):
-    real = writer_mod._commit.commit
+    real = writer_mod.commit.commit
 
     def commit_but_step_1(tmp, final, overwrite):
         if final.name == "step_00000001.parquet":

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 import trajstore
 from trajstore import torch_bridge
+from trajstore.format import parquet
 from trajstore.testing import assert_batch_equal, batches, packed_batches, padded_batches
 
 
@@ -147,7 +148,7 @@ def test_decode_into_arena_equals_plain_read_and_stages_in_place(batch, layout, 
     already there. Runs on the CPU too (the pool hands out unpinned memory without CUDA)."""
     mp = pytest.MonkeyPatch()
     if many_groups:  # every step split into row groups: the joins land in the arena
-        mp.setattr(trajstore.writer, "ROW_GROUP_BYTES", 1)
+        mp.setattr(parquet, "ROW_GROUP_BYTES", 1)
         mp.setattr(trajstore.reader, "PARALLEL_READ_BYTES", 0)  # read as one chunk per row group
     try:
         with tempfile.TemporaryDirectory() as d:
@@ -186,7 +187,7 @@ def test_decode_into_arena_equals_plain_read_and_stages_in_place(batch, layout, 
 
 
 def test_big_packed_step_is_joined_into_the_arena(tmp_path, monkeypatch):
-    monkeypatch.setattr(trajstore.writer, "ROW_GROUP_BYTES", 1 << 10)
+    monkeypatch.setattr(parquet, "ROW_GROUP_BYTES", 1 << 10)
     monkeypatch.setattr(trajstore.reader, "PARALLEL_READ_BYTES", 0)
     write_steps(tmp_path, n=1)
     g = torch.Generator().manual_seed(0)

@@ -14,9 +14,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import _threads, schema, tables, torch_bridge
-from .format import containers as adapters
+from .format import containers
 from .format import dtypes as dt
-from .format import validate as _validate
+from .format import validate
 from .format.spec import check_version, is_dict_batch, is_plain_sample, is_token
 from .prefetch import iterate
 from .store import checksums, paths
@@ -158,7 +158,7 @@ class Reader:
         if doc.get("step") != step:
             raise FormatError(f"{f}: the file says it holds step {doc.get('step')!r}, its name says {step}")
         if check:
-            _validate.check(doc, pf.schema_arrow, pf.metadata.num_rows, str(f))
+            validate.check(doc, pf.schema_arrow, pf.metadata.num_rows, str(f))
         return _StepFile(pf, src, doc, f)
 
     def meta(self, step: int) -> dict:
@@ -254,11 +254,11 @@ class Reader:
         if is_plain_sample(node):
             with foreign_errors(f, "reading field {!r} of step {}", name, step, then="the step is damaged"):
                 return _read_sample(pf, node, doc, f)
-        _validate.check(doc, pf.schema_arrow, pf.metadata.num_rows, str(f))
+        validate.check(doc, pf.schema_arrow, pf.metadata.num_rows, str(f))
         batch = self._decode(sf, step, [name], None)
         if isinstance(batch, list | tuple):
             return [None if e is None else e.get(name) for e in batch]
-        return adapters.unwrap(batch)[0][name] if "wrapper" in spec else batch[name]
+        return containers.unwrap(batch)[0][name] if "wrapper" in spec else batch[name]
 
     def iter(self, steps: list[int] | None = None, device: Any = None, prefetch: int = 2,
              columns: list[str] | None = None, layout: str | None = None) -> Iterator[tuple[int, Any]]:

@@ -46,10 +46,10 @@ from . import fingerprint, torch_bridge
 from ._text import human_bytes
 from .config import DumpReplayConfig, location
 from .errors import ConfigError, EnvironmentMismatchError
-from .format import containers as adapters
+from .format import containers
 from .format.layout import token_mask
 from .reader import Reader
-from .store import index as _index
+from .store import index
 from .store import paths
 from .writer import Committed, Writer
 
@@ -239,7 +239,7 @@ class Recorder:
             raise ConfigError(f"record(step={step}): this Recorder is in {self.mode!r} mode, not 'dump'")
         step = paths.check_step(step)
         w = self._open_writer()
-        self._dumped.appending(step, _tokens(adapters.unwrap(batch)[0]))
+        self._dumped.appending(step, _tokens(containers.unwrap(batch)[0]))
         try:
             w.append(step, batch, meta)
         except BaseException:
@@ -262,7 +262,7 @@ class Recorder:
             rows = pq.read_metadata(f).num_rows
         except Exception:  # noqa: BLE001 - only for the log line
             rows = None
-        _log_step("replay", step, f, rows, _tokens(adapters.unwrap(b)[0])(), size)
+        _log_step("replay", step, f, rows, _tokens(containers.unwrap(b)[0])(), size)
         if self.cfg.device is not None:
             b = torch_bridge.to_device(b, self.cfg.device)
         return b
@@ -382,7 +382,7 @@ class Recorder:
             self._kept.remove(s)
             log.info("trajstore dump step=%d removed (max_keep=%d) path=%s", s, c.max_keep, f)
         if gone:
-            _index.prune(self._writer.dir)  # index segments none of whose steps is left
+            index.prune(self._writer.dir)  # index segments none of whose steps is left
 
     def _open_replay(self) -> None:
         self._reader = Reader(self.path, split=self.split)

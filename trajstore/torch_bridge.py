@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from .errors import ConfigError
-from .format import containers as adapters
+from .format import containers
 
 __all__ = ["PinnedPool", "Arena", "Staged", "snapshot_cuda", "host_arena", "stage", "launch", "to_device",
            "as_device", "on_device", "map_tree", "map_tensors"]
@@ -64,9 +64,9 @@ def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
             return fn(x)
         if x is None or isinstance(x, str | int | float | bool | np.ndarray | np.generic):
             return x
-        plain, tag = adapters.unwrap(x)
+        plain, tag = containers.unwrap(x)
         if tag is not None:
-            return adapters.wrap(map_tree(plain, leaf), tag)
+            return containers.wrap(map_tree(plain, leaf), tag)
         if isinstance(x, Mapping):
             return {k: map_tree(v, leaf) for k, v in x.items()}
         return x
@@ -358,8 +358,8 @@ def to_device(obj: Any, device: Any, arena: Arena | None = None) -> Any:
 def on_device(obj: Any, d: torch.device) -> Any:
     """A TensorDict (or a DataProto-like batch's) rebuilt from tensors moved to ``d`` reports
     ``d`` as its device, as ``TensorDict.to(d)`` would (its tensors are already there: no copy)."""
-    if adapters.is_tensordict(obj):
+    if containers.is_tensordict(obj):
         return obj.to(d)
-    if adapters.is_dataproto(obj) and obj.batch is not None:
+    if containers.is_dataproto(obj) and obj.batch is not None:
         obj.batch = obj.batch.to(d)
     return obj

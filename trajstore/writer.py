@@ -34,10 +34,11 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from . import schema, torch_bridge
-from .format import check as _batchcheck
-from .format import containers as adapters
-from .store import commit as _commit
-from .store import index as _index
+from .format import check
+from .format import containers
+from .format.parquet import parquet_options
+from .store import commit
+from .store import index
 from .store import paths
 from .errors import ConfigError, StepExistsError, TrajstoreError, WriterError
 from .snapshot import Snapshot
@@ -46,39 +47,7 @@ __all__ = ["Writer", "Committed"]
 
 log = logging.getLogger("trajstore.writer")
 MAX_META_BYTES = 1 << 20
-ROW_GROUPS = 16  # at most this many row groups per step file: a reader decodes them on several cores
-ROW_GROUP_BYTES = 4 << 20  # ...of at least this much Arrow data each (a small step is one row group)
-ZSTD_LEVEL = 3
 LOG_EVERY_S = 60.0  # at most one 'append waited' warning a minute per writer
-
-
-def parquet_options(table) -> dict:
-    """The Parquet options of a step's table: BYTE_STREAM_SPLIT for 16/32/64-bit tensor values
-    (log-probs and token ids come out small for little write time), dictionary encoding for
-    everything else (masks, strings, JSON), zstd at ``ZSTD_LEVEL``, and up to ``ROW_GROUPS`` row
-    groups of at least ``ROW_GROUP_BYTES``, so a reader decodes a large step on several cores
-    while a small step stays one row group (a smaller footer and one page per column, which keeps
-    reading one column of many steps cheap). The measurements behind each choice are in
-    benchmarks/RESULTS.md (encoding benchmark)."""
-    bss, dic = [], []
-    for f in table.schema:
-        t = f.type.value_type if hasattr(f.type, "value_type") else f.type
-        # Parquet options name leaf columns: a list column's values are "<name>.list.element"
-        names = [f.name, f"{f.name}.list.element"] if hasattr(f.type, "value_type") else [f.name]
-        if (f.metadata or {}).get(b"trajstore.kind") in (b"token", b"sample", b"cell") and (
-            t.bit_width in (16, 32, 64) and str(t) not in ("bool",)
-        ):
-            bss += names
-        else:
-            dic += names
-    return {
-        "compression": "zstd",
-        "compression_level": ZSTD_LEVEL,
-        "use_dictionary": dic,
-        "use_byte_stream_split": bss,
-        "write_statistics": ["step"],
-        "row_group_size": max(1, -(-table.num_rows // max(1, min(ROW_GROUPS, table.nbytes // ROW_GROUP_BYTES)))),
-    }
 
 
 def check_meta(meta: Any, step: int) -> dict:
@@ -145,7 +114,7 @@ class Writer:
     The first append of CUDA tensors allocates pinned host memory; later steps reuse it.
     Plain per-trajectory fields (``rewards``...) of the steps written are also kept in the split's
     index for ``Reader.column`` (``<split>/_index/``, docs/FORMAT.md section 6): a segment every
-    ``_index.INDEX_EVERY`` steps and on ``flush``/``close``; an index error is only logged.
+    ``index.INDEX_EVERY`` steps and on ``flush``/``close``; an index error is only logged.
     ``on_commit`` is called on the background thread with a :class:`Committed` record once each
     step is committed, before ``flush`` returns; an error it raises is logged, never raised.
     """
@@ -171,9 +140,9 @@ class Writer:
         self.dir.mkdir(exist_ok=True)
         with _live_lock:  # another open Writer of this process on this split may be mid-write
             busy = any(w.dir == self.dir and not w._closed for w in _live)
-        _commit.clean_temp(self.dir, keep_own=busy)
-        _index.clean_temp(self.dir, keep_own=busy)
-        self._index = _index.Collector(self.dir, self.split)  # Reader.column's index (trajstore/_index.py)
+        commit.clean_temp(self.dir, keep_own=busy)
+        index.clean_temp(self.dir, keep_own=busy)
+        self._index = index.Collector(self.dir, self.split)  # Reader.column's index (trajstore/store/index.py)
         self._closed = False
         self._lock = threading.Lock()          # one append at a time
         self._cond = threading.Condition()     # guards everything below
@@ -219,8 +188,8 @@ class Writer:
                     f"step {step} already exists in {self.dir} ({final.name}); pass overwrite=True to "
                     "replace it, or write to another path or split"
                 )
-            plain, tag = adapters.unwrap(batch)
-            _batchcheck.check(plain)  # types, keys, shapes, lengths: errors now, not one step later
+            plain, tag = containers.unwrap(batch)
+            check.check(plain)  # types, keys, shapes, lengths: errors now, not one step later
             job = _Job(step, Snapshot(plain, copy, self._pool), tag, meta, ow)
             self._admit(job, queued and len(self._threads) > 1)
             self._queue.put(job)
@@ -343,7 +312,7 @@ class Writer:
                         log.warning("trajstore: step %d was not written (on_error='warn', the run goes on; "
                                     "the step is recorded as skipped in %s): %s", job.step, self.dir, err)
             if err is not None:  # best effort: readers then say why the step is missing
-                _commit.record_skipped(self.dir, job.step, f"{type(err).__name__}: {err}")
+                commit.record_skipped(self.dir, job.step, f"{type(err).__name__}: {err}")
             elif self.on_commit is not None:
                 self._report(Committed(job.step, self.dir / paths.step_name(job.step), nbytes, rows, dt))
             with self._cond:
@@ -376,7 +345,7 @@ class Writer:
             snap.check(step)  # the values may have changed while they were being encoded
             st = tmp.stat()
             size = st.st_size
-            _commit.commit(tmp, final, job.overwrite)
+            commit.commit(tmp, final, job.overwrite)
             self._index.add(step, index_rows, st, final)  # never raises
             return size, rows
         except FileExistsError:
