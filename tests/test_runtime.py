@@ -76,7 +76,7 @@ def test_on_commit_is_not_called_for_failed_steps_and_must_be_callable(tmp_path,
             raise OSError(28, "No space left on device")
         real(tmp, final, overwrite)
 
-    monkeypatch.setattr(writer_mod._commit, "commit", commit_but_step_1)
+    monkeypatch.setattr(writer_mod.commit, "commit", commit_but_step_1)
     got = []
     w = trajstore.Writer(tmp_path, on_commit=lambda c: got.append(c.step))
     for s in range(3):
