@@ -52,6 +52,11 @@ class TableBuilder:
         self.names = names  # pad columns are claimed while encoding (they depend on values)
         self.fields: list[pa.Field] = []
         self.arrays: list[pa.Array] = []
+        self.version = 1  # the lowest format version that reads what was added (``needs``)
+
+    def needs(self, version: int) -> None:
+        """Record that the step uses a construct of format ``version`` (docs/FORMAT.md section 5)."""
+        self.version = max(self.version, version)
 
     def add(self, name: str, arr: pa.Array, meta: dict[str, str], path: tuple) -> None:
         """Append column ``name`` (claimed beforehand) of one row per trajectory."""

@@ -57,4 +57,4 @@ def encode_plain(batch: Any, container: dict | None, *, step: int, split: str, m
     spec: BatchNode | SeqNode = _dict_batch(enc, p) if p.layout is not None else _list_batch(enc, p, batch)
     if container is not None:
         spec["wrapper"] = container
-    return enc.table(step, step_doc(step, split, enc.n, meta, spec, extra))
+    return enc.table(step, step_doc(step, split, enc.n, meta, spec, extra, enc.version))

@@ -14,13 +14,14 @@ from ..errors import ConfigError, FormatError, FormatVersionError
 from . import dtypes as dt
 
 __all__ = [
-    "FORMAT_VERSION", "RESERVED", "STEP_COLUMN", "SHAPE_PREFIX", "PAD_PREFIX", "StepDoc", "BatchNode", "SeqNode",
+    "FORMAT_VERSION", "MANIFEST_VERSION", "RESERVED", "STEP_COLUMN", "SHAPE_PREFIX", "PAD_PREFIX", "StepDoc", "BatchNode", "SeqNode",
     "TensorNode", "GTensorNode", "JsonNode", "GroupNode", "EmptyElem", "CellElem", "ValueElem", "StructElem",
     "FieldNode", "ElemNode", "step_doc", "fields", "is_token", "is_flat", "is_tokenlike", "is_plain_sample",
     "node_columns", "columns_for", "where",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # the newest step-file version this library reads and writes
+MANIFEST_VERSION = 1  # the dump layout (trajstore.json, folders, names); steps carry their own version
 RESERVED = ("step",)  # column names a batch field may not take
 STEP_COLUMN = "step"
 SHAPE_PREFIX = "__shape__."  # per-row shapes of a cell column
@@ -141,20 +142,24 @@ class StepDoc(TypedDict):
 
 
 def step_doc(step: int, split: str, num_rows: int, meta: dict | None, batch: BatchNode | SeqNode,
-             extra: dict | None = None) -> StepDoc:
-    """The envelope of one step's spec, at the current format version."""
-    return {"format_version": FORMAT_VERSION, "step": step, "split": split, "num_rows": num_rows,
+             extra: dict | None = None, version: int = 1) -> StepDoc:
+    """The envelope of one step's spec. ``version`` is the lowest format version that can read this
+    step (the encoder raises it only when the step uses something newer readers alone know), so a
+    step that needs nothing new stays readable by older trajstore versions."""
+    assert 1 <= version <= FORMAT_VERSION
+    return {"format_version": version, "step": step, "split": split, "num_rows": num_rows,
             "meta": meta or {}, "batch": batch, **(extra or {})}  # type: ignore[typeddict-item]
 
 
-def check_version(v: Any, where: str, what: str) -> int:
-    """The format version ``v`` read from ``what`` (a step file, the manifest) at ``where``: a positive
-    int this library reads, else FormatError (FormatVersionError when written by a newer version)."""
+def check_version(v: Any, where: str, what: str, newest: int = FORMAT_VERSION) -> int:
+    """The format version ``v`` read from ``what`` (a step file; the manifest with ``newest=
+    MANIFEST_VERSION``) at ``where``: a positive int up to ``newest``, else FormatError
+    (FormatVersionError when written by a newer version)."""
     if type(v) is not int or v < 1:
         raise FormatError(f"{where}: format version {v!r} is missing or not a positive int; {what} is damaged")
-    if v > FORMAT_VERSION:
+    if v > newest:
         raise FormatVersionError(f"{where}: written with format version {v}; this trajstore reads up to "
-                                 f"{FORMAT_VERSION}; upgrade trajstore")
+                                 f"{newest}; upgrade trajstore")
     return v
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from .. import fingerprint
 from .._version import __version__
 from ..errors import ConfigError, DumpNotFoundError, FormatError
-from ..format.spec import FORMAT_VERSION, check_version
+from ..format.spec import MANIFEST_VERSION, check_version
 from .files import fsync, fsync_dir, stale_temps
 
 MANIFEST = "trajstore.json"
@@ -74,7 +74,7 @@ def read_manifest(root: Path) -> dict:
         raise FormatError(f"{f}: the manifest cannot be read ({e})") from None
     if not isinstance(doc, dict) or doc.get("format") != "trajstore":
         raise FormatError(f"{f}: not a trajstore manifest (missing \"format\": \"trajstore\")")
-    check_version(doc.get("format_version"), str(f), "the manifest")
+    check_version(doc.get("format_version"), str(f), "the manifest", MANIFEST_VERSION)
     return doc
 
 
@@ -87,7 +87,7 @@ def create_manifest(root: Path) -> dict:
         return read_manifest(root)
     doc = {
         "format": "trajstore",
-        "format_version": FORMAT_VERSION,
+        "format_version": MANIFEST_VERSION,
         "library_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "environment": fingerprint.collect(),
