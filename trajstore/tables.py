@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import FormatError, MissingDependencyError
+from .format import containers
 from .format.rows import rows
 from .store import paths
 
@@ -32,8 +33,10 @@ __all__ = ["step_rows", "to_pandas", "duckdb_connect"]
 
 
 def step_rows(reader: Any, step: int) -> list[dict | None]:
-    """The trajectories of ``step`` of ``reader`` (a Reader): one dict each, None for a rejected one."""
-    return rows(reader.read(step), reader.info(step)["batch"])
+    """The trajectories of ``step`` of ``reader`` (a Reader): one dict each, None for a rejected one.
+    A TensorDict or DataProto-like step is read through its plain form (``format.containers``),
+    the dict its spec describes."""
+    return rows(containers.unwrap(reader.read(step))[0], reader.info(step)["batch"])
 
 
 def to_pandas(reader: Any, step: int | None = None) -> pd.DataFrame:

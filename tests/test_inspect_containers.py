@@ -1,0 +1,51 @@
+"""Every inspection tool works on TensorDict and DataProto-like dumps (they read the plain form)."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import trajstore
+from trajstore.cli import run
+
+tensordict = pytest.importorskip("tensordict")
+
+
+def _dataproto(seed):
+    from trajstore.format.containers import DataProtoLike
+
+    g = torch.Generator().manual_seed(seed)
+    m = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]], dtype=torch.bool)
+    td = tensordict.TensorDict({"input_ids": torch.randint(0, 50, (3, 4), generator=g).masked_fill(~m, 0),
+                                "attention_mask": m, "rewards": torch.tensor([1.0, 0.0, -1.0])}, batch_size=[3])
+    return DataProtoLike(batch=td, non_tensor_batch={"uid": np.array(["a", "b", "c"], dtype=object)},
+                         meta_info={"temperature": 1.0})
+
+
+@pytest.fixture(scope="module", params=["dataproto", "tensordict"])
+def dump(request, tmp_path_factory):
+    d = tmp_path_factory.mktemp(request.param) / "run"
+    with trajstore.Writer(d) as w:
+        for s in range(2):
+            b = _dataproto(s)
+            w.append(s, b if request.param == "dataproto" else b.batch)
+    return d
+
+
+def test_to_pandas_counts_trajectories_and_cuts_padding(dump):
+    df = trajstore.Reader(dump).to_pandas()
+    assert len(df) == 6 and list(df["step"]) == [0, 0, 0, 1, 1, 1]
+    assert [len(x) for x in df["input_ids"][:3]] == [3, 2, 4]
+
+
+def test_diff_show_export_run(dump, capsys):
+    assert trajstore.diff(dump, dump).identical
+    assert run(["show", str(dump), "--step", "1", "--sample", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["index"] == 2
+    assert run(["export", str(dump)]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 6
+    assert run(["diff", str(dump), str(dump)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "identical"
+    assert run(["info", str(dump), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["splits"]["train"]["rows"] == 6
