@@ -148,7 +148,7 @@ def _split_of(src: Path, p: Path, default: str) -> str:
 
 
 def _scan_pt(src: Path, split: str, skipped: list[Skipped]) -> list[_Item]:
-    files = [p for s in PT_SUFFIXES for p in _files(src, f"*{s}")]
+    files = _files(src, "*.pt") + ([] if src.is_file() else _files(src, "*.pth"))
     items = []
     for p in sorted(files):
         name, where = p.stem, _split_of(src, p, split)
@@ -203,25 +203,24 @@ SCANS = {"pt": _scan_pt, "verl": _scan_verl, "roll": _scan_roll}
 
 
 # ----------------------------------------------------------------------------- reading one file
-def _load(item: _Item, kind: str, trust: bool) -> tuple[Any, dict]:
-    """(batch, step metadata) of one source file."""
+def _load(item: _Item, kind: str, trust: bool) -> Any:
+    """The batch one source file holds, as saved (slime's ``{"rollout_id", "samples", "metadata"}`` too)."""
     if kind == "pt":
         try:
-            obj = load_weights_only(item.path)
+            return load_weights_only(item.path)
         except NeedsTrust as e:
             if not trust:
                 raise ConfigError(f"{e}; {TRUST_HINT.replace('these files', 'this file')}") from None
-            obj = unpickle_trusted(item.path)
-        if type(obj) is dict and isinstance(obj.get("samples"), list) and "rollout_id" in obj:
-            # slime: {"rollout_id": id, "samples": [Sample.to_dict(), ...], "metadata": {...}}
-            return obj["samples"], {k: v for k, v in obj.items() if k != "samples"}
-        return obj, {}
+        except FormatError:
+            if not trust:
+                raise
+        return unpickle_trusted(item.path)
     obj = unpickle_trusted(item.path)
     if not isinstance(obj, PickledDataProto):
         raise BatchError(f"holds a {type(obj).__module__}.{type(obj).__qualname__}, not a DataProto")
     if getattr(obj, "remote_batch", None) is not None:
         raise BatchError("its DataProto has a remote_batch (fields held elsewhere), which the file does not contain")
-    return obj, {}
+    return obj
 
 
 # ----------------------------------------------------------------------------- the import
@@ -245,7 +244,7 @@ def import_dump(src: str | Path, dst: str | Path, *, kind: str | None = None, tr
     kind = kind or detect(src_p)
     if kind != "pt" and not trust_pickle:
         what = "verl RolloutSkip dump (gen_batch.dp)" if kind == "verl" else "ROLL rollout-mock dump (.pkl)"
-        raise ConfigError(f"{src} is a {what}: its files are Python pickles; nothing was read. {TRUST_HINT}")
+        raise ConfigError(f"{src} is a {what}: its files are Python pickles and nothing was read; {TRUST_HINT}")
     report = ImportReport(str(src), str(dst), kind)
     items = SCANS[kind](src_p, split, report.skipped)
     seen: dict[tuple[str, int], str] = {}
@@ -276,7 +275,7 @@ def _convert(item: _Item, kind: str, trust: bool, rel: str, writers: dict[str, W
              committed: dict, dst: Path, overwrite: bool) -> tuple[str, type] | None:
     """Write one file as one step; None, or why it was skipped and the error class ``strict`` raises."""
     try:
-        batch, meta = _load(item, kind, trust)
+        batch = _load(item, kind, trust)
     except (ConfigError, NeedsTrust):
         raise
     except BatchError as e:
@@ -288,7 +287,7 @@ def _convert(item: _Item, kind: str, trust: bool, rel: str, writers: dict[str, W
             committed[(split, c.step)] = c
         writers[item.split] = Writer(dst, item.split, overwrite=overwrite, on_commit=on_commit)
     w = writers[item.split]
-    meta = {**item.meta, **meta, "imported_from": {"kind": kind, "file": rel}}
+    meta = {**item.meta, "imported_from": {"kind": kind, "file": rel}}
     try:
         w.append(item.step, batch, meta=meta)
     except (BatchError, ConfigError) as e:  # the batch, or its metadata, cannot be stored exactly

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ..errors import TrajstoreError
+from ..errors import FormatError, TrajstoreError
 
 __all__ = ["NeedsTrust", "PickledDataProto", "STAND_INS", "load_weights_only", "unpickle_trusted"]
 
@@ -61,13 +61,17 @@ STAND_INS = {(m, "DataProto"): _stand_in(m, "DataProto")
 
 
 def load_weights_only(path: Path) -> Any:
-    """``torch.load(path, weights_only=True)`` on CPU; :class:`NeedsTrust` if the file needs more."""
+    """``torch.load(path, weights_only=True)`` on CPU; :class:`NeedsTrust` if the file holds classes it
+    does not build, :class:`FormatError` if it is no pickle it understands."""
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         m = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
-        what = f"it holds {m.group(1)}" if m else str(e).splitlines()[0]
-        raise NeedsTrust(f"{path}: torch.load(weights_only=True) cannot read it: {what}") from None
+        if m is None:  # not a pickle torch.load(weights_only=True) understands (or a damaged file)
+            why = re.search(r"WeightsUnpickler error:\s*(.+)", str(e))
+            raise FormatError(f"{path}: not readable by torch.load(weights_only=True) "
+                              f"({why.group(1) if why else str(e).splitlines()[0]})") from None
+        raise NeedsTrust(f"{path}: torch.load(weights_only=True) cannot read it: it holds {m.group(1)}") from None
 
 
 def unpickle_trusted(path: Path) -> Any:
