@@ -62,6 +62,9 @@ class DataProto:
     meta_info: dict = field(default_factory=dict)
 
     def __getstate__(self):
+        if os.getenv("VERL_DATAPROTO_SERIALIZATION_METHOD") == "numpy":
+            return (None if self.batch is None else _serialize_tensordict(self.batch),
+                    self.non_tensor_batch, self.meta_info)
         batch = self.batch
         if batch is not None and len(batch.keys()) > 0:
             batch = batch.contiguous().consolidate()
@@ -72,6 +75,13 @@ class DataProto:
     def save_to_disk(self, filepath):
         with open(filepath, "wb") as f:
             pickle.dump(self, f)
+
+
+def _serialize_tensordict(batch: TensorDict) -> tuple:
+    """verl's serialize_tensordict / serialize_single_tensor (protocol.py L241-L259), non-nested tensors."""
+    items = {k: (str(v.dtype).removeprefix("torch."), v.shape, v.flatten().contiguous().view(torch.uint8).numpy())
+             for k, v in batch.items()}
+    return tuple(batch.batch_size), str(batch.device) if batch.device is not None else None, items
 
 
 def write_verl_rollout_skip(dump_dir: Path, steps: dict[int, Any], *, exp="exp", project="proj", gbs=2, n=2,

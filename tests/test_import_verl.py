@@ -63,6 +63,17 @@ def test_rollout_skip_dump(tmp_path, capsys):
             assert type(trajstore.Reader(tmp_path / "out")[1]) is DataProto
 
 
+def test_numpy_serialization(tmp_path, monkeypatch):
+    """verl's VERL_DATAPROTO_SERIALIZATION_METHOD=numpy pickles the TensorDict as raw bytes per field."""
+    dp = _dp(7)
+    dp.batch["logp_bf16"] = torch.randn(4, 6).to(torch.bfloat16)
+    monkeypatch.setenv("VERL_DATAPROTO_SERIALIZATION_METHOD", "numpy")
+    write_verl_rollout_skip(tmp_path / "d", {3: dp})
+    monkeypatch.delenv("VERL_DATAPROTO_SERIALIZATION_METHOD")
+    import_dump(tmp_path / "d", tmp_path / "out", trust_pickle=True)
+    _same(trajstore.Reader(tmp_path / "out")[3], dp)
+
+
 def test_incomplete_step_and_unstorable_batch_are_skipped(tmp_path):
     odd = _dp(3)
     odd.non_tensor_batch["extras"] = np.array([Fraction(1, 3)] * 4, dtype=object)  # no exact representation

@@ -90,12 +90,9 @@ def unpickle_trusted(path: Path) -> Any:
         obj = Unpickler(f).load()
     if isinstance(obj, PickledDataProto) and hasattr(obj, "_state"):
         state = obj.__dict__.pop("_state")
-        if isinstance(state, dict):  # a DataProto pickled without __getstate__
-            obj.__dict__.update(state)
-            obj.batch = state.get("batch", state.get("_batch"))
-            obj.non_tensor_batch = state.get("non_tensor_batch", state.get("_non_tensor_batch", {}))
-            obj.meta_info = state.get("meta_info", {})
-            return obj
+        if not (isinstance(state, tuple) and len(state) in (3, 4)):
+            raise TrajstoreError(f"{path}: a DataProto whose pickled state is a {type(state).__name__}, not the "
+                                 "(batch, non_tensor_batch, [remote_batch,] meta_info) tuple verl and ROLL write")
         raw, obj.non_tensor_batch, obj.meta_info = state[0], state[1], state[-1]
         obj.remote_batch = state[2] if len(state) == 4 else None  # ROLL's newer DataProto adds it
         if isinstance(raw, tuple):  # VERL_DATAPROTO_SERIALIZATION_METHOD=numpy
@@ -117,5 +114,8 @@ def _numpy_serialized(raw: tuple) -> Any:
         if len(v) != 3:
             raise TrajstoreError(f"field {k!r}: nested tensors of verl's numpy serialization are not supported")
         dtype, shape, data = v
-        out[k] = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(getattr(torch, dtype)).view(shape)
+        dt = getattr(torch, dtype, None)
+        if not isinstance(dt, torch.dtype):
+            raise TrajstoreError(f"field {k!r}: {dtype!r} is not a torch dtype")
+        out[k] = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dt).view(shape)
     return TensorDict(out, batch_size=batch_size)
