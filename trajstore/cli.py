@@ -7,10 +7,11 @@
     trajstore sql PATH "SELECT step, avg(rewards) FROM train GROUP BY step"
     trajstore export PATH --format jsonl [--tokenizer T] [--max-per-step K] [-o FILE]
     trajstore verify PATH [--split S] [--deep] [--json]   checksums of every step (docs/RELIABILITY.md)
+    trajstore import SRC DST [--kind pt|verl|roll] [--trust-pickle] [--strict]   other tools' dumps (docs/IMPORT.md)
 
 Exit status: 0 success; 1 ``diff`` found a difference beyond tolerance, or ``verify`` a damaged
 step; 2 an error (bad arguments, no such dump/step/field, a damaged file, a missing optional
-package).
+package, an ``import`` that converted nothing or met a file that needs ``--trust-pickle``).
 
 Adding a subcommand: write one function ``def cmd_x(args) -> int`` and register it with one
 ``@command("x", "help", arg(...), ...)`` line.
@@ -319,6 +320,34 @@ def cmd_verify(args: argparse.Namespace) -> int:
     else:
         print(rep.summary())
     return 0 if rep.ok else 1
+
+
+# ----------------------------------------------------------------------------- import
+@command("import", "convert another tool's dump (.pt folders; verl RolloutSkip, ROLL with --trust-pickle)",
+         arg("src", help="the folder (or file) the framework wrote: .pt/.pth files, a verl RolloutSkip run, "
+                         "a ROLL rollout-mock dump"),
+         arg("dst", help="trajstore dump directory to write (created if missing)"),
+         arg("--kind", choices=("pt", "verl", "roll"), help="source kind (default: detected from the files)"),
+         arg("--trust-pickle", action="store_true",
+             help="allow unpickling (verl gen_batch.dp, ROLL .pkl, .pt files torch.load(weights_only=True) "
+                  "refuses). Unpickling runs code named by the file: only for files you made yourself"),
+         arg("--split", default="train", help="split for files whose folder or name gives none (default: train)"),
+         arg("--strict", action="store_true", help="stop with an error at the first file that cannot be imported "
+                                                   "(default: skip it and report why)"),
+         arg("--overwrite", action="store_true", help="replace steps already in DST"), JSON)
+def cmd_import(args: argparse.Namespace) -> int:
+    from .inspection.importers import import_dump
+
+    rep = import_dump(args.src, args.dst, kind=args.kind, trust_pickle=args.trust_pickle, split=args.split,
+                      strict=args.strict, overwrite=args.overwrite, progress=lambda s: out.progress(s, "importing"))
+    if args.json:
+        print(json.dumps(rep.to_dict(), indent=2))
+    else:
+        print(rep.summary())
+    if not rep.imported:
+        print(f"trajstore import: error: no step of {args.src} could be imported", file=sys.stderr)
+        return 2
+    return 0
 
 
 # ----------------------------------------------------------------------------- entry point
