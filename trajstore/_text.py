@@ -7,7 +7,7 @@ from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["parse_steps", "human_bytes"]
+__all__ = ["parse_steps", "format_ranges", "runs", "human_bytes"]
 
 _ALL = ("", "none", "null", "all")
 _RANGE = re.compile(r"^([0-9]+)(?:[-:]([0-9]+))?$")
@@ -42,6 +42,22 @@ def _step(v: Any, what: str, whole: Any) -> int:
     if i is None or i < 0:
         raise ConfigError(f"{what}: {v!r} in {whole!r} is not a step; steps are ints >= 0")
     return i
+
+
+def runs(steps: list[int]) -> list[list[int]]:
+    """Sorted steps as inclusive ranges: ``[0, 1, 2, 7]`` -> ``[[0, 2], [7, 7]]``."""
+    out: list[list[int]] = []
+    for s in steps:
+        if out and s == out[-1][1] + 1:
+            out[-1][1] = s
+        else:
+            out.append([s, s])
+    return out
+
+
+def format_ranges(ranges: list[list[int]]) -> str:
+    """``[[0, 2], [7, 7]]`` -> ``"0-2, 7"`` (the form ``parse_steps`` reads); ``"none"`` if empty."""
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges) or "none"
 
 
 def human_bytes(n: float | None) -> str:

@@ -27,7 +27,7 @@ import sys
 from typing import Any, Callable
 
 from . import _console as out
-from ._text import human_bytes, parse_steps
+from ._text import format_ranges, human_bytes, parse_steps
 from .errors import ConfigError, TrajstoreError
 
 __all__ = ["main", "command", "arg"]
@@ -61,10 +61,6 @@ def _fields(args: argparse.Namespace) -> dict:
     return {k[2:]: v for k, v in vars(args).items() if k.startswith("f_") and v}
 
 
-def _ranges(gaps: list) -> str:
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in gaps) or "none"
-
-
 # ----------------------------------------------------------------------------- info
 @command("info", "splits, steps, sizes, fields and environment of a dump", PATH,
          arg("--split", default=None, help="only this split (default: all)"),
@@ -82,7 +78,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         st = sp["steps"]
         out.heading(f"split {name}")
         rng = f"{st['first']}..{st['last']}" if st["count"] else "none"
-        print(f"steps {rng}  count {st['count']}  gaps {_ranges(st['gaps'])}")
+        print(f"steps {rng}  count {st['count']}  gaps {format_ranges(st['gaps'])}")
         print(f"rows {sp['rows']}  tokens {sp['tokens'] if sp['tokens'] is not None else '-'}  "
               f"bytes {human_bytes(sp['bytes'])}")
         per = sp["per_step"]

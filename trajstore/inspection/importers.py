@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._text import human_bytes
+from .._text import format_ranges, human_bytes, runs
 from ..errors import BatchError, ConfigError, DumpNotFoundError, FormatError, TrajstoreError, WriterError
 from ..store import commit, paths
 from ..writer import Committed, Writer
@@ -90,22 +90,12 @@ class ImportReport:
         lines = [f"imported {len(self.imported)} step(s) from {self.src} ({self.kind}) into {self.dst}"]
         for name, steps in self.splits().items():
             mine = [i for i in self.imported if i.split == name]
-            lines.append(f"  split {name}: steps {_ranges(steps)}  rows {sum(i.rows for i in mine)}  "
+            lines.append(f"  split {name}: steps {format_ranges(runs(steps))}  rows {sum(i.rows for i in mine)}  "
                          f"bytes {human_bytes(sum(i.bytes for i in mine))}")
         if self.skipped:
             lines.append(f"skipped {len(self.skipped)} file(s):")
             lines += [f"  {s.source}: {s.reason}" for s in self.skipped]
         return "\n".join(lines)
-
-
-def _ranges(steps: list[int]) -> str:
-    out: list[list[int]] = []
-    for s in steps:
-        if out and s == out[-1][1] + 1:
-            out[-1][1] = s
-        else:
-            out.append([s, s])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in out) or "none"
 
 
 @dataclass
