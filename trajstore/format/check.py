@@ -164,11 +164,7 @@ class _Walk:
         if isinstance(v, Mapping):
             if all(type(k) is str for k in v):
                 return Group([(k, self.field(x, path + (k,))) for k, x in v.items()])
-            if has_tensor(v):
-                raise UnsupportedTypeError(
-                    f"field {where(path)!r}: a dict of per-trajectory tensors needs str keys, got "
-                    f"{next(k for k in v if type(k) is not str)!r}; use str keys (e.g. str(key))")
-            needs_typed(v, f"field {where(path)!r}")
+            needs_typed(v, f"field {where(path)!r}")  # not str keys: a batch-wide value, typed
             return TValue(v)
         trail = None
         if isinstance(v, np.ndarray) and v.ndim >= 1:  # not tensor-like: object, str, bytes, datetime64...

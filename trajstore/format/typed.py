@@ -140,7 +140,8 @@ def encode(v: Any) -> Any:
     if t is bytes:
         return {TAG: "bytes", "v": _b64(v)}
     if isinstance(v, np.generic):
-        return {TAG: "np", "dtype": v.dtype.str, "v": _b64(np.asarray(v).tobytes())}
+        raw = np.asarray(v).tobytes() if v.dtype.itemsize else b""  # np.bytes_(b"") is |S0
+        return {TAG: "np", "dtype": v.dtype.str, "v": _b64(raw)}
     if isinstance(v, np.ndarray):
         out = {TAG: "ndarray", "dtype": v.dtype.str, "shape": list(v.shape)}
         if v.dtype.kind == "O":
@@ -226,7 +227,7 @@ def _dec(d: Any, depth: int) -> Any:
         raw = _raw(v)
         if dtype.kind == "O" or len(raw) != dtype.itemsize:
             raise _Bad(f"a numpy {dtype} scalar holds {len(raw)} bytes")
-        return np.frombuffer(raw, dtype)[0]
+        return np.frombuffer(raw, dtype)[0] if raw else dtype.type()  # the empty str_ / bytes_
     if tag == "ndarray":
         dtype, shape = _dtype(d.get("dtype")), _shape(d.get("shape"))
         n = math.prod(shape)
