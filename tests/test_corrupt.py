@@ -451,6 +451,6 @@ def test_fuzzed_manifest(tmp_path_factory, content):
         _count(f"manifest_error:{type(e).__name__}")
         return
     assert r.manifest.get("format") == "trajstore" and type(r.manifest["format_version"]) is int
-    assert 1 <= r.manifest["format_version"] <= paths.FORMAT_VERSION
+    assert 1 <= r.manifest["format_version"] <= paths.MANIFEST_VERSION
     assert_batch_equal(r[0], BATCHES[1])
     _count("manifest_ok")

@@ -33,7 +33,7 @@ def test_typed_document_roundtrip(v):
 
 
 @SETTINGS
-@given(typed_batches())
+@given(typed_batches(dataproto=True))
 def test_typed_batches_roundtrip_writer_reader(tmp_path_factory, batch):
     d = tmp_path_factory.mktemp("typed")
     with trajstore.Writer(d) as w:
@@ -42,7 +42,7 @@ def test_typed_batches_roundtrip_writer_reader(tmp_path_factory, batch):
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
-@given(typed_batches())
+@given(typed_batches(dataproto=True))
 def test_typed_batches_roundtrip_recorder(tmp_path_factory, batch):
     d = tmp_path_factory.mktemp("rec")
     with trajstore.Recorder(dump=True, path=str(d)) as rec:

@@ -260,10 +260,10 @@ def _object_array(vals: list) -> np.ndarray:
 
 
 @st.composite
-def typed_batches(draw: st.DrawFn, max_batch: int = 4) -> Any:
+def typed_batches(draw: st.DrawFn, max_batch: int = 4, dataproto: bool = False) -> Any:
     """Batches whose non-tensor fields hold ``typed_values``: per trajectory (object arrays of one and
     two dimensions, lists, datetime64 / bytes / str arrays of any shape), batch-wide values, and
-    the ``meta_info`` of a DataProto-like batch (format/containers.py)."""
+    with ``dataproto``, sometimes the ``meta_info`` of a DataProto-like batch (format/containers.py)."""
     B = draw(st.integers(1, max_batch))
     vals = st.lists(typed_values(), min_size=B, max_size=B)
     batch: dict[str, Any] = {"rewards": draw(tensors((B,), [torch.float32])),
@@ -275,7 +275,7 @@ def typed_batches(draw: st.DrawFn, max_batch: int = 4) -> Any:
     for i, v in enumerate(draw(st.lists(typed_values(), min_size=2 * B, max_size=2 * B))):
         obj2.reshape(-1)[i] = v
     batch["nt2"] = obj2
-    if not draw(st.booleans()):
+    if not dataproto or not draw(st.booleans()):
         return batch
     meta = draw(st.dictionaries(st.text(max_size=4) | st.integers(0, 3), typed_values(), max_size=3))
     return DataProtoLike(batch=None, non_tensor_batch={k: v for k, v in batch.items() if isinstance(v, np.ndarray)
