@@ -113,7 +113,9 @@ class _Checker:
                 raise _Bad("a scalar field has no value")
             return
         if t == "tvalue":
-            _typed(node.get("v"), "a batch-wide typed value")
+            if "v" not in node:
+                raise _Bad("a typed value field has no value")
+            _typed(node["v"], "a batch-wide typed value")
             return
         if t == "gtensor":
             name, size = self.dtype(node)
