@@ -7,7 +7,8 @@ reads a tensor's values and never syncs a GPU. ``check(batch)`` is that walk alo
 ``append``; the encoder (``format/encoder.py``) runs the same walk first and encodes from its
 result, so the same batch gives the same error on both paths. What only values can show (an
 attention mask of other values than 0/1, a ``cu_seqlens`` on the GPU that decreases) is found by the
-encoder afterwards, in the background (raised as ``WriterError`` naming the step).
+encoder afterwards, in the background (raised as ``BatchWriteError``, a ``WriterError`` and a
+``BatchError``, naming the step).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from . import layout
 from .arrow import ColumnNames
 from .layout import Layout
 from .spec import SHAPE_PREFIX, where
-from .typed import needs_typed
+from .typed import check_np_dtype, needs_typed
 from .values import check_json, check_str, describe, has_tensor, is_tensorlike
 
 __all__ = ["check", "plan", "Plan", "Tensor", "Json", "TValue", "Group", "Seq", "Empty", "Cells", "Struct", "Values",
@@ -168,7 +169,7 @@ class _Walk:
             return TValue(v)
         trail = None
         if isinstance(v, np.ndarray) and v.ndim >= 1:  # not tensor-like: object, str, bytes, datetime64...
-            needs_typed(v, f"field {where(path)!r}")  # its dtype, and what an object array holds
+            check_np_dtype(v, f"field {where(path)!r}")  # an object array's items: checked per row below
             if v.ndim == 1 and v.dtype.kind in "US":
                 elems = [x.item() for x in v]
             else:

@@ -37,7 +37,7 @@ from ..errors import BatchError, FormatError, UnsupportedTypeError
 from . import dtypes as dt
 from .values import check_tensor
 
-__all__ = ["needs_typed", "encode", "decode", "STORABLE", "MAX_DEPTH"]
+__all__ = ["needs_typed", "check_np_dtype", "encode", "decode", "STORABLE", "MAX_DEPTH"]
 
 MAX_DEPTH = 200
 TAG = "$t"
@@ -96,9 +96,7 @@ def _walk(v: Any, what: str, at: list, depth: int) -> bool:
         if isinstance(v, np.ma.MaskedArray):
             raise UnsupportedTypeError(f"{_at(what, at)}: numpy masked arrays are not supported (the mask would "
                                        "be lost); store .filled() values and the mask separately")
-        if not _np_dtype_ok(v.dtype) or (v.dtype.kind == "O" and isinstance(v, np.generic)):
-            raise UnsupportedTypeError(f"{_at(what, at)}: numpy dtype {v.dtype} cannot be stored; convert it "
-                                       "to a bool, integer, float, complex, str, bytes, datetime64 or object dtype")
+        check_np_dtype(v, _at(what, at))
         if v.dtype.kind == "O":
             for i, x in enumerate(v.reshape(-1)):
                 at.append(i)
@@ -110,6 +108,13 @@ def _walk(v: Any, what: str, at: list, depth: int) -> bool:
         return True
     raise UnsupportedTypeError(f"{_at(what, at)}: a value of type {t.__module__}.{t.__qualname__} cannot be "
                                f"stored; convert it to {STORABLE} (e.g. dataclasses.asdict, or str)")
+
+
+def check_np_dtype(v: np.ndarray | np.generic, what: str) -> None:
+    """Raise unless a numpy array's (or scalar's) dtype is one a typed value keeps."""
+    if not _np_dtype_ok(v.dtype) or (v.dtype.kind == "O" and isinstance(v, np.generic)):
+        raise UnsupportedTypeError(f"{what}: numpy dtype {v.dtype} cannot be stored; convert it to a bool, "
+                                   "integer, float, complex, str, bytes, datetime64 or object dtype")
 
 
 def _utf8(s: str, what: str, at: list) -> None:
