@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -105,3 +106,23 @@ def test_lying_typed_file_raises_format_error(tmp_path):
     pq.write_table(t.replace_schema_metadata({b"trajstore": json.dumps(doc).encode()}), f)
     with pytest.raises(FormatError, match="typed value"):
         trajstore.Reader(tmp_path, verify=False).read(0)
+
+
+def test_lying_typed_row_raises_format_error(tmp_path):
+    with trajstore.Writer(tmp_path) as w:
+        w.append(0, {"x": torch.arange(2), "v": [(1, 2), None]})
+    f = trajstore.Reader(tmp_path).file(0)
+    t = pq.read_table(f)
+    lie = pa.array(['{"$t": "np", "dtype": "<f8", "v": "AAAA"}', None], type=pa.string())
+    pq.write_table(t.set_column(t.schema.get_field_index("v"), "v", lie), f)
+    with pytest.raises(FormatError, match="column 'v'.*typed value is malformed"):
+        trajstore.Reader(tmp_path, verify=False).read(0)
+
+
+def test_old_reader_refuses_typed_steps_by_version(tmp_path):
+    with trajstore.Writer(tmp_path) as w:
+        w.append(0, {"x": torch.arange(2), "when": np.datetime64("2024-01-01")})
+    doc = json.loads(pq.read_schema(trajstore.Reader(tmp_path).file(0)).metadata[b"trajstore"])
+    assert doc["format_version"] == 2 and dict(doc["batch"]["keys"])["when"]["t"] == "tvalue"
+    with pytest.raises(trajstore.errors.FormatVersionError):
+        trajstore.format.spec.check_version(doc["format_version"], "f", "a step file", newest=1)

@@ -26,7 +26,7 @@ from . import typed
 MAX_DECODED_BYTES = int(os.environ.get("TRAJSTORE_MAX_DECODED_BYTES", 16 << 30))
 MAX_DEPTH = 64
 MAX_DIMS = 32
-_NP_STR = re.compile(r"^[<>|=]?(O|U\d{1,9}|S\d{1,9}|[Mm]8(\[\d{0,4}[a-zA-Z]{1,2}\])?|c(8|16)|f2)$")
+_NP_STR = re.compile(r"^[<>|=]?(O|U\d{1,9}|S\d{1,9}|[Mm]8(\[\d{0,4}[a-zA-Z]{1,2}\])?|c(8|16))$")
 _LIBS = ("torch", "numpy", "np_scalar")
 
 
