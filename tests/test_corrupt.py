@@ -54,7 +54,11 @@ def _batches():
     import numpy as np
     nt = {"rewards": torch.randn(3, generator=g), "uid": np.array(["u0", "u1", "u2"]),
           "obj": np.array([{"a": 1}, None, [1, "x"]], dtype=object), "flag": True}
-    return [padded, packed, rows, mm, nt]
+    o2 = np.empty((3, 2), dtype=object)
+    o2[:] = [[np.int64(7), (1, "a")], [{3: b"x"}, None], [np.datetime64("2024-01-01"), torch.ones(2)]]
+    typed = {"rewards": torch.randn(3, generator=g), "o2": o2, "when": np.array(["2024", "NaT", "1970"], dtype="M8[D]"),
+             "vals": [(1, 2), {1: np.float32(0.5)}, b"raw"], "wide": {0: np.float16(1.5)}, "s": np.float32(1.25)}
+    return [padded, packed, rows, mm, nt, typed]
 
 
 BATCHES = _batches()

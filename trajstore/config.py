@@ -78,8 +78,9 @@ class DumpReplayConfig:
     Steps dumped: every ``every``-th (step % every == 0), or exactly ``steps`` when given,
     plus ``pin_steps`` always.  ``max_keep``: keep at most this many unpinned steps,
     deleting the oldest; ``pin_steps`` are never deleted.  ``resume``: continue a dump
-    that already holds steps.  ``strict``: an environment difference at replay is an
-    error, not a warning.  ``device``: where replayed tensors go (default CPU).
+    that already holds steps.  ``strict``: raise what would otherwise be logged and
+    gone past: an environment difference at replay, a batch that cannot be dumped (by default
+    its step is recorded as skipped and training goes on).  ``device``: where replayed tensors go (default CPU).
     ``run_id``: names the default path.  ``total_steps``: for the disk estimate.
     ``prefetch``: at replay, read the next recorded step in the background while the
     current one trains (one extra batch in memory).

@@ -13,6 +13,7 @@ catch, so ``except KeyError`` around ``reader[step]`` keeps working::
     │   ├── FormatVersionError            written by a newer format version
     │   └── ChecksumError                 a step file does not match its recorded checksum
     ├── WriterError(RuntimeError)         a background write failed
+    │   └── BatchWriteError(BatchError)   ... because of the batch (what only its values show)
     ├── ConfigError(ValueError)           an invalid option or argument
     ├── EnvironmentMismatchError(RuntimeError)  replay environment differs from the dump's (strict mode)
     └── MissingDependencyError(ImportError)  an optional package (an extra) is not installed
@@ -39,6 +40,7 @@ __all__ = [
     "FormatVersionError",
     "ChecksumError",
     "WriterError",
+    "BatchWriteError",
     "ConfigError",
     "EnvironmentMismatchError",
     "MissingDependencyError",
@@ -104,6 +106,12 @@ class WriterError(TrajstoreError, RuntimeError):
         super().__init__(message)
         self.step = step
         self.steps = steps if steps is not None else (None if step is None else [step])
+
+
+class BatchWriteError(WriterError, BatchError):
+    """A step failed in the background because of its batch (what only tensor values show, such
+    as an attention mask of other values than 0 and 1): both a ``WriterError`` (it arrives at a
+    later call) and a ``BatchError``, so ``except BatchError`` catches every batch problem."""
 
 
 class ConfigError(TrajstoreError, ValueError):

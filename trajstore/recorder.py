@@ -8,7 +8,9 @@
 
 * **off** (neither ``dump`` nor ``replay``): ``batch`` returns ``fn()``; nothing else runs.
 * **dump**: ``batch`` calls ``fn``, records the result when the step is selected
-  (``every``/``steps``/``pin_steps``) and returns it unchanged.  Steps beyond ``max_keep``
+  (``every``/``steps``/``pin_steps``) and returns it unchanged.  A batch that cannot be stored
+  never stops training: the step is recorded as skipped with the reason (``Reader.skipped``,
+  ``trajstore verify``) and logged at ERROR naming the field; ``strict`` raises instead.  Steps beyond ``max_keep``
   (oldest first, pinned steps never) are deleted.  A dump that already holds steps is
   continued (``resume=True``): they count towards ``max_keep`` and a step recorded again
   replaces the old one, which is what a run restarted from a checkpoint needs.
@@ -45,11 +47,11 @@ import torch
 from . import fingerprint, torch_bridge
 from ._text import human_bytes
 from .config import DumpReplayConfig, location
-from .errors import ConfigError, EnvironmentMismatchError
+from .errors import BatchError, ConfigError, EnvironmentMismatchError
 from .format import containers
 from .format.layout import token_mask
 from .reader import Reader
-from .store import index
+from .store import commit, index
 from .store import paths
 from .writer import Committed, Writer
 
@@ -239,12 +241,20 @@ class Recorder:
             raise ConfigError(f"record(step={step}): this Recorder is in {self.mode!r} mode, not 'dump'")
         step = paths.check_step(step)
         w = self._open_writer()
-        self._dumped.appending(step, _tokens(containers.unwrap(batch)[0]))
+        landing = False
         try:
+            self._dumped.appending(step, _tokens(containers.unwrap(batch)[0]))
+            landing = True
             w.append(step, batch, meta)
-        except BaseException:
-            self._dumped.forget(step)
-            raise
+        except BaseException as e:
+            if landing:
+                self._dumped.forget(step)
+            if self.cfg.strict or not isinstance(e, BatchError):
+                raise
+            commit.record_skipped(w.dir, step, f"{type(e).__name__}: {e}")  # Reader.skipped, verify
+            log.error("trajstore dump step=%d was not recorded, training goes on (strict=True raises): %s: %s",
+                      step, type(e).__name__, e)
+            return
         if step in self._kept:
             self._kept.remove(step)
         self._kept.append(step)
@@ -353,7 +363,8 @@ class Recorder:
                 raise ConfigError(f"dump {self.path} split {self.split!r} already holds {len(existing)} step(s) "
                                   f"({existing[0]}..{existing[-1]}); set resume=True to continue it, or "
                                   "choose another path or split")
-            self._writer = Writer(self.path, split=self.split, overwrite=True, on_commit=self._dumped.committed)
+            self._writer = Writer(self.path, split=self.split, overwrite=True, on_commit=self._dumped.committed,
+                                  on_error="raise" if self.cfg.strict else "warn")  # dumping never stops training
         except BaseException:
             with _active_lock:
                 _active.discard(key)

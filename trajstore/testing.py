@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
+from .format.containers import DataProtoLike
 from .format.dtypes import bits_view
 
 __all__ = [
@@ -33,6 +34,8 @@ __all__ = [
     "multimodal_batches",
     "non_tensor_values",
     "non_tensor_batches",
+    "typed_values",
+    "typed_batches",
     "batches",
     "assert_batch_equal",
 ]
@@ -203,10 +206,86 @@ def non_tensor_batches(draw: st.DrawFn, max_batch: int = 5) -> dict[str, Any]:
     return batch
 
 
+_NP_SCALAR_DTYPES = ["?", "u1", "i1", "<i2", "<i4", "<i8", "<u8", "<f2", "<f4", "<f8", "<c16", "<M8[ns]",
+                     "<M8[D]", "<m8[s]", "S4", "<U3"]
+
+
+@st.composite
+def _np_arrays(draw: st.DrawFn, shape: tuple) -> np.ndarray:
+    """A numpy array of a non-object dtype (datetime64, bytes, str, complex included), arbitrary bits
+    for the fixed-width numeric ones."""
+    d = np.dtype(draw(st.sampled_from(_NP_SCALAR_DTYPES)))
+    n = math.prod(shape)
+    if d.kind in "SU":
+        chars = st.characters(min_codepoint=1, max_codepoint=0x7F if d.kind == "S" else 0x2FFF,
+                              exclude_categories=("Cs",))
+        text = st.text(chars, max_size=d.itemsize // (4 if d.kind == "U" else 1))
+        vals = [draw(text) for _ in range(n)]
+        return np.array([v.encode() if d.kind == "S" else v for v in vals], dtype=d).reshape(shape)
+    raw = draw(st.binary(min_size=n * d.itemsize, max_size=n * d.itemsize))
+    if d.kind == "b":
+        return np.frombuffer(raw, dtype=np.uint8).reshape(shape) != 0
+    return np.frombuffer(raw, dtype=d).reshape(shape).copy()
+
+
+def typed_values(max_leaves: int = 8) -> st.SearchStrategy[Any]:
+    """Any non-tensor value a batch may hold: JSON scalars, bytes, numpy scalars and arrays of any
+    dtype trajstore keeps (object arrays of any shape included), tensors, and lists, tuples and dicts
+    with str, int, tuple or None keys (``"$t"`` too) nested in each other."""
+    keys = st.text(max_size=4) | st.just("$t") | st.integers(-5, 5) | st.none() | st.tuples(st.integers(0, 3))
+    scalar_arrays = st.builds(lambda a: a[()], _np_arrays(()))
+    leaf = (st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=6)
+            | st.binary(max_size=6) | scalar_arrays
+            | st.lists(st.integers(0, 3), max_size=2).map(tuple).flatmap(_np_arrays)
+            | tensors((2,), [torch.float32, torch.bfloat16, torch.int64]))
+
+    def extend(children: st.SearchStrategy) -> st.SearchStrategy:
+        def obj_array(items: list) -> np.ndarray:
+            a = np.empty(len(items), dtype=object)
+            for i, x in enumerate(items):
+                a[i] = x
+            return a.reshape((len(items) // 2, 2)) if len(items) % 2 == 0 and items else a
+
+        return (st.lists(children, max_size=3) | st.lists(children, max_size=3).map(tuple)
+                | st.dictionaries(keys, children, max_size=3) | st.lists(children, max_size=4).map(obj_array))
+
+    return st.recursive(leaf, extend, max_leaves=max_leaves)
+
+
+def _object_array(vals: list) -> np.ndarray:
+    a = np.empty(len(vals), dtype=object)
+    for i, v in enumerate(vals):
+        a[i] = v
+    return a
+
+
+@st.composite
+def typed_batches(draw: st.DrawFn, max_batch: int = 4, dataproto: bool = False) -> Any:
+    """Batches whose non-tensor fields hold ``typed_values``: per trajectory (object arrays of one and
+    two dimensions, lists, datetime64 / bytes / str arrays of any shape), batch-wide values, and
+    with ``dataproto``, sometimes the ``meta_info`` of a DataProto-like batch (format/containers.py)."""
+    B = draw(st.integers(1, max_batch))
+    vals = st.lists(typed_values(), min_size=B, max_size=B)
+    batch: dict[str, Any] = {"rewards": draw(tensors((B,), [torch.float32])),
+                             "nt": _object_array(draw(vals)), "lst": draw(vals),
+                             "arr": draw(st.sampled_from([(B,), (B, 2), (B, 1, 2)]).flatmap(_np_arrays)),
+                             "wide": draw(st.dictionaries(st.integers(0, 3), typed_values(), min_size=1, max_size=3)
+                                          | st.binary(max_size=4)), "scalar": draw(st.builds(lambda a: a[()], _np_arrays(())))}
+    obj2 = np.empty((B, 2), dtype=object)
+    for i, v in enumerate(draw(st.lists(typed_values(), min_size=2 * B, max_size=2 * B))):
+        obj2.reshape(-1)[i] = v
+    batch["nt2"] = obj2
+    if not dataproto or not draw(st.booleans()):
+        return batch
+    meta = draw(st.dictionaries(st.text(max_size=4) | st.integers(0, 3), typed_values(), max_size=3))
+    return DataProtoLike(batch=None, non_tensor_batch={k: v for k, v in batch.items() if isinstance(v, np.ndarray)
+                                                       and v.ndim and len(v) == B}, meta_info=meta)
+
+
 def batches() -> st.SearchStrategy[Any]:
     """Any batch form trajstore accepts."""
     return st.one_of(padded_batches(), trajectory_lists(), packed_batches(), multimodal_batches(),
-                     non_tensor_batches())
+                     non_tensor_batches(), typed_batches())
 
 
 # ----------------------------------------------------------------------------- comparison
@@ -217,7 +296,13 @@ def _float_bits(x: float) -> bytes:
 def assert_batch_equal(a: Any, b: Any, path: str = "batch") -> None:
     """Assert ``a`` and ``b`` are the same structure with bit-identical contents."""
     assert type(a) is type(b), f"{path}: type {type(a).__name__} != {type(b).__name__}"
-    if isinstance(a, torch.Tensor):
+    if all(hasattr(a, k) for k in ("batch", "non_tensor_batch", "meta_info")) and not isinstance(a, Mapping):
+        for k in ("batch", "non_tensor_batch", "meta_info"):  # a DataProto-like batch
+            assert_batch_equal(getattr(a, k), getattr(b, k), f"{path}.{k}")
+    elif hasattr(a, "batch_size") and hasattr(a, "to_dict"):  # a TensorDict
+        assert list(a.batch_size) == list(b.batch_size), f"{path}: batch_size {a.batch_size} != {b.batch_size}"
+        assert_batch_equal(dict(a.items()), dict(b.items()), path)
+    elif isinstance(a, torch.Tensor):
         assert a.dtype == b.dtype, f"{path}: dtype {a.dtype} != {b.dtype}"
         assert a.shape == b.shape, f"{path}: shape {tuple(a.shape)} != {tuple(b.shape)}"
         ac, bc = a.detach().cpu().contiguous(), b.detach().cpu().contiguous()

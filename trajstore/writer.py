@@ -40,7 +40,7 @@ from .format.parquet import parquet_options
 from .store import commit
 from .store import index
 from .store import paths
-from .errors import ConfigError, StepExistsError, TrajstoreError, WriterError
+from .errors import BatchError, BatchWriteError, ConfigError, StepExistsError, TrajstoreError, WriterError
 from .snapshot import Snapshot
 
 __all__ = ["Writer", "Committed"]
@@ -105,7 +105,7 @@ class Writer:
     ...     w.append(0, batch, meta={"lr": 1e-6})     # returns at once; written in the background
 
     ``on_error="raise"`` (default) raises a step that failed in the background into the next
-    ``append``/``flush``/``close``; ``on_error="warn"`` logs a warning and goes on. Either way the
+    ``append``/``flush``/``close``; ``on_error="warn"`` logs it (at ERROR) and goes on. Either way the
     failed step is recorded as ``step_N.skipped.json`` (``Reader.skipped``).
     ``max_pending_steps`` / ``max_pending_bytes`` bound the steps not yet on disk (``append``
     waits at the limit; see ``stats``); ``workers`` background threads write steps concurrently
@@ -279,7 +279,8 @@ class Writer:
         steps = [e.step for e in errs]
         msg = f"{errs[0]}{suffix}" if len(errs) == 1 else \
             f"{len(errs)} steps failed in the background: {steps}; the first: {errs[0]}{suffix}"
-        raise WriterError(msg, step=steps[0], steps=steps) from (errs[0].__cause__ or errs[0])
+        cls = BatchWriteError if all(isinstance(e, BatchError) for e in errs) else WriterError
+        raise cls(msg, step=steps[0], steps=steps) from (errs[0].__cause__ or errs[0])
 
     # -- background side
     def _run(self) -> None:
@@ -309,7 +310,7 @@ class Writer:
                         self._errors.append(_as_writer_error(err, job.step))
                         log.error("trajstore: step %d was not written: %s", job.step, err)
                     else:
-                        log.warning("trajstore: step %d was not written (on_error='warn', the run goes on; "
+                        log.error("trajstore: step %d was not written (on_error='warn', the run goes on; "
                                     "the step is recorded as skipped in %s): %s", job.step, self.dir, err)
             if err is not None:  # best effort: readers then say why the step is missing
                 commit.record_skipped(self.dir, job.step, f"{type(err).__name__}: {err}")
@@ -375,9 +376,10 @@ class Writer:
 
 
 def _as_writer_error(e: BaseException, step: int) -> WriterError:
+    cls = BatchWriteError if isinstance(e, BatchError) else WriterError  # except BatchError catches it
     if isinstance(e, WriterError) and f"step {step}" in str(e):
-        out = WriterError(str(e), step=step)
+        out = cls(str(e), step=step)
     else:
-        out = WriterError(f"step {step} was not written: {type(e).__name__}: {e}", step=step)
+        out = cls(f"step {step} was not written: {type(e).__name__}: {e}", step=step)
     out.__cause__ = e
     return out

@@ -6,7 +6,8 @@ metadata) and back. The modules, lowest first:
 
 * ``spec`` - the spec's node kinds as typed data, the step envelope, the format version, column
   names, the predicates other modules ask of nodes; ``dtypes`` - dtype names and storage types;
-* ``values`` - checks of tensor-likes and JSON values; ``layout`` - the batch form (padded,
+* ``values`` - checks of tensor-likes and JSON values; ``typed`` - the typed encoding of the
+  non-tensor values plain JSON cannot hold exactly (numpy scalars, tuples, bytes...); ``layout`` - the batch form (padded,
   packed, plain) and token masks; ``arrow`` - building and reading Arrow columns;
 * ``check`` - the one walk over a batch's structure (``Writer.append`` and the encoder);
 * ``tensors``, ``sequences`` - each node kind's encode and decode, side by side;

@@ -7,7 +7,8 @@ reads a tensor's values and never syncs a GPU. ``check(batch)`` is that walk alo
 ``append``; the encoder (``format/encoder.py``) runs the same walk first and encodes from its
 result, so the same batch gives the same error on both paths. What only values can show (an
 attention mask of other values than 0/1, a ``cu_seqlens`` on the GPU that decreases) is found by the
-encoder afterwards, in the background (raised as ``WriterError`` naming the step).
+encoder afterwards, in the background (raised as ``BatchWriteError``, a ``WriterError`` and a
+``BatchError``, naming the step).
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from . import layout
 from .arrow import ColumnNames
 from .layout import Layout
 from .spec import SHAPE_PREFIX, where
+from .typed import check_np_dtype, needs_typed
 from .values import check_json, check_str, describe, has_tensor, is_tensorlike
 
-__all__ = ["check", "plan", "Plan", "Tensor", "Json", "Group", "Seq", "Empty", "Cells", "Struct", "Values",
+__all__ = ["check", "plan", "Plan", "Tensor", "Json", "TValue", "Group", "Seq", "Empty", "Cells", "Struct", "Values",
            "MISSING", "GLOBAL", "TOKENS", "FLAT", "SAMPLE"]
 
 MISSING = object()  # a key absent from one element of a sequence of dicts
@@ -58,6 +60,13 @@ class Json:
 
 
 @dataclass
+class TValue:
+    """A batch-wide value that plain JSON cannot hold exactly (format/typed.py)."""
+
+    value: Any
+
+
+@dataclass
 class Group:
     keys: list[tuple[str, Any]]  # (name, field plan)
 
@@ -68,6 +77,7 @@ class Seq:
     container: str  # "list", "tuple" or "ndarray"
     np_dtype: str | None
     elem: Any  # an element plan
+    trail: list[int] | None = None  # ndarray of more than one dimension: the shape of each row
 
 
 @dataclass
@@ -102,7 +112,7 @@ class Struct(_Rows):
 
 @dataclass
 class Values(_Rows):
-    ptype: str = ""  # "str", "bool", "float", "int" or "json"
+    ptype: str = ""  # "str", "bool", "float", "int", "json" or "tjson" (typed, format/typed.py)
 
 
 @dataclass
@@ -141,12 +151,6 @@ def entries_error(path: tuple, n: int, B: int) -> BatchError:
     )
 
 
-def _str_keys(d: Mapping, path: tuple) -> None:
-    for k in d:
-        if type(k) is not str:
-            raise UnsupportedTypeError(f"field {where(path)!r}: key {k!r} is not a str")
-
-
 # ----------------------------------------------------------------------------- the walk
 class _Walk:
     def __init__(self, n: int, lay: Layout | None) -> None:
@@ -159,27 +163,29 @@ class _Walk:
         if is_tensorlike(v):
             return self.tensor(v, path)
         if isinstance(v, Mapping):
-            _str_keys(v, path)
-            return Group([(k, self.field(x, path + (k,))) for k, x in v.items()])
-        if isinstance(v, np.ndarray) and v.dtype.kind in "OUS":
-            if v.ndim != 1:
-                raise BatchError(f"field {where(path)!r}: numpy {v.dtype} arrays must be 1-D [B], "
-                                 f"got shape {list(v.shape)}")
-            container, elems = "ndarray", [x.item() for x in v] if v.dtype.kind in "US" else list(v)
+            if all(type(k) is str for k in v):
+                return Group([(k, self.field(x, path + (k,))) for k, x in v.items()])
+            needs_typed(v, f"field {where(path)!r}")  # not str keys: a batch-wide value, typed
+            return TValue(v)
+        trail = None
+        if isinstance(v, np.ndarray) and v.ndim >= 1:  # not tensor-like: object, str, bytes, datetime64...
+            check_np_dtype(v, f"field {where(path)!r}")  # an object array's items: checked per row below
+            if v.ndim == 1 and v.dtype.kind in "US":
+                elems = [x.item() for x in v]
+            else:
+                elems, trail = list(v), (list(v.shape[1:]) if v.ndim > 1 else None)
+            container = "ndarray"
         elif isinstance(v, list | tuple):
             container, elems = "tuple" if isinstance(v, tuple) else "list", list(v)
         else:
             if v is None or type(v) in (bool, int, float, str):
                 check_json(v, f"field {where(path)!r}")
                 return Json(v)
-            kind = f" of dtype {v.dtype}" if isinstance(v, np.ndarray | np.generic) else ""
-            raise UnsupportedTypeError(
-                f"field {where(path)!r}: a {type(v).__name__}{kind} cannot be stored; use a tensor, numpy "
-                "array, list of per-trajectory values, dict, or a plain scalar"
-            )
+            needs_typed(v, f"field {where(path)!r}")  # raises for what cannot be stored at all
+            return TValue(v)
         if len(elems) != self.n:
             raise entries_error(path, len(elems), self.n)
-        return Seq(path, container, v.dtype.str if container == "ndarray" else None, self.elems(path, elems))
+        return Seq(path, container, v.dtype.str if container == "ndarray" else None, self.elems(path, elems), trail)
 
     def tensor(self, v: Any, path: tuple) -> Tensor:
         lib, name = describe(v, path)
@@ -221,21 +227,16 @@ class _Walk:
             return self.cells(rows, present)
         dicts = [isinstance(e, Mapping) for _, e in present]
         nested = any(d and has_tensor(e) for d, (_, e) in zip(dicts, present))  # a tensor in a dict
-        if all(dicts) and nested:
+        str_keys = all(type(k) is str for d, (_, e) in zip(dicts, present) if d for k in e)
+        if all(dicts) and nested and str_keys:
             keys: dict[str, None] = {}
             for _, e in present:
-                _str_keys(e, path)
                 keys.update(dict.fromkeys(e))
             return Struct(path, elems, [(k, self.elems(path + (k,), [
                 e.get(k, MISSING) if isinstance(e, Mapping) else MISSING for e in elems])) for k in keys])
-        if any(tens) or nested:
-            raise UnsupportedTypeError(
-                f"field {where(path)!r}: mixes tensors with other values across trajectories; "
-                "use one kind of value per field (None is allowed)"
-            )
-        return self.values(rows, present)
+        return self.values(rows, present)  # mixed kinds: typed values (format/typed.py)
 
-    def cells(self, rows: _Rows, present: list) -> Cells:
+    def cells(self, rows: _Rows, present: list) -> Cells | Values:
         libs, names, seen = set(), set(), set()
         for i, e in present:
             kind = (type(e), e.dtype, e.layout, e.device.type) if isinstance(e, torch.Tensor) else (type(e), e.dtype)
@@ -245,11 +246,8 @@ class _Walk:
             lib, name = describe(e, rows.path + (i,))
             libs.add(lib)
             names.add(name)
-        if len(libs) > 1 or len(names) > 1:
-            raise UnsupportedTypeError(
-                f"field {where(rows.path)!r}: trajectories hold different array types {sorted(libs)} / dtypes "
-                f"{sorted(names)}; use one dtype and one library (torch or numpy) per field"
-            )
+        if len(libs) > 1 or len(names) > 1:  # not one column: each row a typed value
+            return self.values(rows, present)
         self.names.claim(rows.col, rows.path)
         self.names.claim(SHAPE_PREFIX + rows.col, rows.path)
         return Cells(rows.path, rows.elems, libs.pop(), names.pop())
@@ -269,9 +267,10 @@ class _Walk:
         elif types == {int} and all(-(2**63) <= e < 2**63 for _, e in present):
             ptype = "int"
         else:
+            typed = False
             for i, e in present:
-                check_json(e, f"{label} row {i}")
-            ptype = "json"
+                typed |= needs_typed(e, f"{label} row {i}")
+            ptype = "tjson" if typed else "json"
         self.names.claim(rows.col, path)
         return Values(path, rows.elems, ptype)
 

@@ -10,7 +10,9 @@ container (None for plain batches) stored in the spec; ``wrap(plain, tag)`` rebu
   too) and the same non-tensor entries.  Reading it needs ``tensordict`` installed.
 * A verl-style ``DataProto`` (duck typed, verl is never imported): any object with a
   ``batch`` (TensorDict or None), a ``non_tensor_batch`` (dict of numpy arrays, one
-  entry per trajectory) and a ``meta_info`` (dict of JSON values).  The tensors and the
+  entry per trajectory) and a ``meta_info`` dict (plain JSON is stored as such; anything else
+  a batch may hold, numpy scalars, tuples, int keys, tensors, as a typed document under
+  ``meta_info_t``, format/typed.py, format version 2).  The tensors and the
   non-tensor arrays are stored side by side as top-level fields, so ``attention_mask``
   and friends get the unpadded per-token layout.  It comes back as the original class
   when that class's module is *already imported* by the reading process and the class
@@ -28,9 +30,9 @@ from typing import Any
 import torch
 
 from ..errors import BatchError, ConfigError, FormatError, MissingDependencyError, UnsupportedTypeError
-from .values import check_json
+from . import typed
 
-__all__ = ["unwrap", "wrap", "DataProtoLike", "is_tensordict", "is_dataproto"]
+__all__ = ["unwrap", "wrap", "version", "DataProtoLike", "is_tensordict", "is_dataproto"]
 
 
 @dataclass
@@ -136,11 +138,20 @@ def unwrap(batch: Any) -> tuple[Any, dict | None]:
             if k in plain:
                 raise BatchError(f"field {k!r} is in both batch and non_tensor_batch; rename one of them")
             plain[k] = v
-        check_json(batch.meta_info, "meta_info")
         cls = type(batch)
-        return plain, {"type": "dataproto", "td": tag, "non_tensor_keys": list(batch.non_tensor_batch),
-                       "meta_info": batch.meta_info, "cls": f"{cls.__module__}:{cls.__qualname__}"}
+        out = {"type": "dataproto", "td": tag, "non_tensor_keys": list(batch.non_tensor_batch)}
+        if typed.needs_typed(batch.meta_info, "meta_info"):  # encoded now: the caller may change it after
+            out["meta_info_t"] = typed.encode(batch.meta_info)
+        else:
+            out["meta_info"] = batch.meta_info
+        out["cls"] = f"{cls.__module__}:{cls.__qualname__}"
+        return plain, out
     return batch, None
+
+
+def version(tag: dict) -> int:
+    """The lowest format version that reads a container tag (2 for a typed ``meta_info``)."""
+    return 2 if "meta_info_t" in tag else 1
 
 
 _FIELDS = {"batch", "non_tensor_batch", "meta_info"}
@@ -174,11 +185,12 @@ def wrap(plain: Any, tag: dict | None, where: str = "") -> Any:
         non_tensor = {k: plain[k] for k in tag["non_tensor_keys"] if k in plain}
         rest = {k: v for k, v in plain.items() if k not in keys}
         batch = None if tag["td"] is None else _td_build(rest, tag["td"], where)
+        meta = typed.decode(tag["meta_info_t"], where + "meta_info") if "meta_info_t" in tag else tag["meta_info"]
         cls = _loaded_class(tag.get("cls", ""))
         if cls is not None:
             try:
-                return cls(batch=batch, non_tensor_batch=non_tensor, meta_info=tag["meta_info"])
+                return cls(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
             except Exception:  # noqa: BLE001 - a class of another shape: fall back to the plain one
                 pass
-        return DataProtoLike(batch=batch, non_tensor_batch=non_tensor, meta_info=tag["meta_info"])
+        return DataProtoLike(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
     raise FormatError(f"{where}unknown batch container {kind!r} in the spec; upgrade trajstore")

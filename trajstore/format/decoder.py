@@ -21,7 +21,7 @@ from .._threads import run_parallel
 from ..errors import ConfigError, FormatError
 from . import containers
 from . import dtypes as dt
-from . import sequences, tensors
+from . import sequences, tensors, typed
 from .arrow import Alloc, Columns
 from .layout import padded_mask
 from .spec import BatchNode, SeqNode, is_flat, is_token
@@ -101,6 +101,8 @@ class Decoder:
             return node["v"]
         if t == "gtensor":
             return tensors.decode_global(node)
+        if t == "tvalue":
+            return typed.decode(node["v"], self.c.where)
         if t == "group":
             return {k: self.field(n, want) for k, n in node["keys"]}
         if t == "seq":

@@ -9,9 +9,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from . import layout, sequences, tensors
+from . import containers, layout, sequences, tensors, typed
 from .arrow import TableBuilder
-from .check import Group, Json, Plan, Seq, Tensor, plan
+from .check import Group, Json, Plan, Seq, Tensor, TValue, plan
 from .layout import Layout
 from .spec import BatchNode, FieldNode, SeqNode, step_doc
 
@@ -25,6 +25,9 @@ def _field(enc: TableBuilder, lay: Layout, f: Any) -> FieldNode:
         return {"t": "group", "keys": [[k, _field(enc, lay, child)] for k, child in f.keys]}
     if isinstance(f, Seq):
         return sequences.encode_seq(enc, f)
+    if isinstance(f, TValue):  # format/typed.py; older readers refuse the node type
+        enc.needs(2)
+        return {"t": "tvalue", "v": typed.encode(f.value)}
     assert isinstance(f, Json)
     return {"t": "json", "v": f.value}
 
@@ -57,4 +60,5 @@ def encode_plain(batch: Any, container: dict | None, *, step: int, split: str, m
     spec: BatchNode | SeqNode = _dict_batch(enc, p) if p.layout is not None else _list_batch(enc, p, batch)
     if container is not None:
         spec["wrapper"] = container
+        enc.needs(containers.version(container))
     return enc.table(step, step_doc(step, split, enc.n, meta, spec, extra, enc.version))

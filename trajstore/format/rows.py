@@ -64,7 +64,7 @@ def _names(spec_keys: list, pick: Callable[[dict], bool], prefix: str = "") -> s
 
 
 def _is_global(node: dict) -> bool:
-    return node.get("t") in ("json", "gtensor")
+    return node.get("t") in ("json", "gtensor", "tvalue")
 
 
 def row_mask(m: Any) -> np.ndarray:
@@ -119,7 +119,8 @@ def rows(batch: Any, spec: dict) -> list[dict | None]:
         cu = np.asarray(to_numpy(flat["cu_seqlens"]), dtype=np.int64)
     P, R = _split_widths(flat, mask)
     for name, v in flat.items():
-        if name in skip or (form == "packed" and name in _LAYOUT):
+        if name in skip or (form == "packed" and name in _LAYOUT) or (
+                "." in name and any(name.startswith(g + ".") for g in skip)):  # inside a batch-wide dict
             continue
         v = to_numpy(v)
         if mask is not None and (name in tokens or (isinstance(v, np.ndarray) and v.ndim >= 2

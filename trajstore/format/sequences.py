@@ -3,7 +3,8 @@
 list batch) and its element kinds, one value per row:
 
 * ``cell``: tensors whose shape varies by row (values in ``col``, shapes in ``__shape__.<col>``);
-* ``value``: Python scalars of one type, or JSON text (``ptype`` json);
+* ``value``: Python scalars of one type, JSON text (``ptype`` json), or typed JSON text (``ptype``
+  tjson, format/typed.py) for what plain JSON cannot hold exactly;
 * ``struct``: dicts holding tensors somewhere, one child element node per key;
 * ``empty``: every row None or absent.
 """
@@ -20,6 +21,7 @@ import pyarrow as pa
 
 from ..errors import FormatError
 from . import dtypes as dt
+from . import typed
 from .arrow import Columns, TableBuilder, list_array
 from .check import MISSING, Cells, Empty, Seq, Struct, Values
 from .spec import SHAPE_PREFIX, ElemNode, SeqNode
@@ -36,6 +38,9 @@ def encode_seq(enc: TableBuilder, f: Seq) -> SeqNode:
     node: Any = {"t": "seq", "container": f.container, "elem": encode_elems(enc, f.elem)}
     if f.np_dtype is not None:
         node["np_dtype"] = f.np_dtype
+    if f.trail is not None:  # an N-D numpy array: each row has shape ``trail``
+        node["trail"] = f.trail
+        enc.needs(2)
     return node
 
 
@@ -81,10 +86,13 @@ def _encode_values(enc: TableBuilder, node: dict, p: Values) -> None:
     vals = [None if (e is None or e is MISSING) else e for e in p.elems]
     if p.ptype == "json":
         arr = pa.array([None if v is None else dumps(v) for v in vals], type=pa.string())
+    elif p.ptype == "tjson":
+        arr = pa.array([None if v is None else dumps(typed.encode(v)) for v in vals], type=pa.string())
+        enc.needs(2)
     else:
         arr = pa.array(vals, type=_ARROW[p.ptype])
     node.update(t="value", col=p.col, ptype=p.ptype)
-    enc.add(p.col, arr, {"kind": "json" if p.ptype == "json" else "value"}, p.path)
+    enc.add(p.col, arr, {"kind": "json" if p.ptype in ("json", "tjson") else "value"}, p.path)
 
 
 def mark_list_tokens(elem: dict, batch: list | tuple) -> None:
@@ -112,6 +120,8 @@ def decode_seq(cols: Columns, node: SeqNode, n: int, keys: list[str] | None = No
     if c == "tuple":
         return tuple(elems)
     dtype = np.dtype(node["np_dtype"])
+    if "trail" in node:
+        return _rows_array(cols, elems, dtype, [n, *node["trail"]])
     if dtype.kind == "O":
         arr = np.empty(n, dtype=object)
         for i, e in enumerate(elems):
@@ -119,8 +129,19 @@ def decode_seq(cols: Columns, node: SeqNode, n: int, keys: list[str] | None = No
         return arr
     try:
         return np.array(elems, dtype=dtype).reshape(n)
-    except ValueError as e:  # e.g. text that a bytes dtype cannot hold
+    except (ValueError, TypeError) as e:  # e.g. text that a bytes dtype cannot hold
         raise FormatError(f"{cols.where}: the values do not fit numpy dtype {dtype} ({e})") from None
+
+
+def _rows_array(cols: Columns, elems: list, dtype: np.dtype, shape: list[int]) -> np.ndarray:
+    """An N-D numpy array from its rows (each an array of shape ``shape[1:]``)."""
+    arr = np.empty(shape, dtype=dtype)
+    for i, e in enumerate(elems):
+        if not isinstance(e, np.ndarray) or list(e.shape) != shape[1:] or e.dtype != dtype:
+            raise FormatError(f"{cols.where}: row {i} of a numpy {dtype} array of shape {shape} is not an "
+                              f"array of shape {shape[1:]}")
+        arr[i] = e
+    return arr
 
 
 def decode_elems(cols: Columns, node: ElemNode, n: int, keys: list[str] | None = None) -> list:
@@ -171,9 +192,13 @@ def _decode_cells(cols: Columns, node: dict, n: int) -> list:
 
 def _decode_values(cols: Columns, node: dict) -> list:
     vals = cols.pylist(node["col"])
-    if node["ptype"] != "json":
+    if node["ptype"] not in ("json", "tjson"):
         return vals
     try:
-        return [None if x is None else json.loads(x) for x in vals]
+        out = [None if x is None else json.loads(x) for x in vals]
     except (ValueError, RecursionError) as e:
         raise FormatError(f"{cols.where}: column {node['col']!r} holds text that is not JSON ({e})") from None
+    if node["ptype"] == "tjson":
+        w = f"{cols.where}: column {node['col']!r}"
+        out = [None if x is None else typed.decode(x, w) for x in out]
+    return out

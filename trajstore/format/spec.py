@@ -15,12 +15,12 @@ from . import dtypes as dt
 
 __all__ = [
     "FORMAT_VERSION", "MANIFEST_VERSION", "RESERVED", "STEP_COLUMN", "SHAPE_PREFIX", "PAD_PREFIX", "StepDoc", "BatchNode", "SeqNode",
-    "TensorNode", "GTensorNode", "JsonNode", "GroupNode", "EmptyElem", "CellElem", "ValueElem", "StructElem",
+    "TensorNode", "GTensorNode", "JsonNode", "TValueNode", "GroupNode", "EmptyElem", "CellElem", "ValueElem", "StructElem",
     "FieldNode", "ElemNode", "step_doc", "fields", "is_token", "is_flat", "is_tokenlike", "is_plain_sample",
     "node_columns", "columns_for", "where",
 ]
 
-FORMAT_VERSION = 1  # the newest step-file version this library reads and writes
+FORMAT_VERSION = 2  # the newest step-file version this library reads and writes
 MANIFEST_VERSION = 1  # the dump layout (trajstore.json, folders, names); steps carry their own version
 RESERVED = ("step",)  # column names a batch field may not take
 STEP_COLUMN = "step"
@@ -60,6 +60,14 @@ class JsonNode(TypedDict):
     v: None | bool | int | float | str
 
 
+class TValueNode(TypedDict):
+    """An unbatched value plain JSON cannot hold exactly, as a typed document (format/typed.py;
+    format version 2)."""
+
+    t: Literal["tvalue"]
+    v: Any
+
+
 class GroupNode(TypedDict):
     """A nested dict of fields with the batch's size."""
 
@@ -73,6 +81,7 @@ class SeqNode(TypedDict):
     t: Literal["seq"]
     container: Literal["list", "tuple", "ndarray"]
     np_dtype: NotRequired[str]  # ndarray: numpy's dtype.str
+    trail: NotRequired[list[int]]  # ndarray of more than one dimension: each row's shape (version 2)
     elem: ElemNode
     wrapper: NotRequired[dict]  # top level only
 
@@ -103,7 +112,7 @@ class ValueElem(_Rows):
 
     t: Literal["value"]
     col: str
-    ptype: Literal["str", "bool", "int", "float", "json"]
+    ptype: Literal["str", "bool", "int", "float", "json", "tjson"]  # tjson: typed JSON, version 2
 
 
 class StructElem(_Rows):
@@ -113,7 +122,7 @@ class StructElem(_Rows):
     keys: list[list]  # [[name, ElemNode], ...]
 
 
-FieldNode = TensorNode | GTensorNode | JsonNode | GroupNode | SeqNode
+FieldNode = TensorNode | GTensorNode | JsonNode | TValueNode | GroupNode | SeqNode
 ElemNode = EmptyElem | CellElem | ValueElem | StructElem
 
 

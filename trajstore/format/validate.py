@@ -21,11 +21,12 @@ import pyarrow as pa
 
 from ..errors import FormatError
 from . import dtypes as dt
+from . import typed
 
 MAX_DECODED_BYTES = int(os.environ.get("TRAJSTORE_MAX_DECODED_BYTES", 16 << 30))
 MAX_DEPTH = 64
 MAX_DIMS = 32
-_NP_STR = re.compile(r"^[<>|=]?(O|U\d{1,9}|S\d{1,9})$")
+_NP_STR = re.compile(r"^[<>|=]?(O|U\d{1,9}|S\d{1,9}|[Mm]8(\[\d{0,4}[a-zA-Z]{1,2}\])?|c(8|16))$")
 _LIBS = ("torch", "numpy", "np_scalar")
 
 
@@ -51,6 +52,14 @@ def _str(v, what: str) -> str:
     if type(v) is not str:
         raise _Bad(f"{what} is {v!r}, expected a string")
     return v
+
+
+def _typed(doc, what: str):
+    """A typed document (format/typed.py) decoded: its size bounds what it allocates."""
+    try:
+        return typed.decode(doc, what)
+    except FormatError as e:
+        raise _Bad(str(e).split("; the file")[0]) from None
 
 
 class _Checker:
@@ -102,6 +111,11 @@ class _Checker:
         if t == "json":
             if "v" not in node:
                 raise _Bad("a scalar field has no value")
+            return
+        if t == "tvalue":
+            if "v" not in node:
+                raise _Bad("a typed value field has no value")
+            _typed(node["v"], "a batch-wide typed value")
             return
         if t == "gtensor":
             name, size = self.dtype(node)
@@ -171,8 +185,12 @@ class _Checker:
                 np.dtype(s)
             except TypeError:
                 raise _Bad(f"np_dtype {s!r} is not understood by numpy") from None
-            digits = re.sub(r"\D", "", s)
+            digits = re.sub(r"\D", "", s) if s.lstrip("<>|=")[:1] in "USO" else ""
             self.add(self.n * (int(digits or 0) * (4 if "U" in s else 1) + 8), "a numpy string array")
+        if "trail" in node:
+            if c != "ndarray":
+                raise _Bad(f"a {c} has a row shape")
+            self.add(self.n * math.prod(_shape(node["trail"], "trail shape")) * 16, "a numpy array's rows")
         self.elem(node.get("elem"), depth + 1)
 
     def elem(self, node, depth: int) -> None:
@@ -191,7 +209,7 @@ class _Checker:
             self.col(node, "shape_col", lambda t: t == pa.list_(pa.int64()))
         elif t == "value":
             p = node.get("ptype")
-            want = {"str": pa.string(), "json": pa.string(), "bool": pa.bool_(), "float": pa.float64(),
+            want = {"str": pa.string(), "json": pa.string(), "tjson": pa.string(), "bool": pa.bool_(), "float": pa.float64(),
                     "int": pa.int64()}.get(p) if type(p) is str else None
             if want is None:
                 raise _Bad(f"value type {p!r} is unknown")
@@ -240,7 +258,10 @@ def _wrapper(w, keys: dict) -> None:
         names = w.get("non_tensor_keys")
         if type(names) is not list or any(type(k) is not str for k in names):
             raise _Bad("a DataProto wrapper's non_tensor_keys is not a list of names")
-        if type(w.get("meta_info")) is not dict or type(w.get("cls", "")) is not str:
+        if "meta_info_t" in w:
+            if "meta_info" in w or type(_typed(w["meta_info_t"], "meta_info")) is not dict:
+                raise _Bad("a DataProto wrapper's typed meta_info is not a dict")
+        elif type(w.get("meta_info")) is not dict or type(w.get("cls", "")) is not str:
             raise _Bad("a DataProto wrapper's meta_info or class name is malformed")
         if w.get("td") is not None:
             _td_tag(w["td"], {k: v for k, v in keys.items() if k not in names})

@@ -77,7 +77,8 @@ def as_cpu(x: Any, path: tuple) -> tuple[str, str, torch.Tensor | np.ndarray]:
         if t.device.type != "cpu":
             t = t.cpu()
         return lib, name, t.resolve_conj().resolve_neg().contiguous()
-    return lib, name, np.ascontiguousarray(np.asarray(x))
+    a = np.asarray(x)  # 0-d stays 0-d (np.ascontiguousarray would make it 1-d)
+    return lib, name, a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
 def storage(x: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -156,8 +157,8 @@ def _json(v: Any, what: str, at: list, depth: int) -> None:
             at.pop()
         return
     raise UnsupportedTypeError(
-        f"{_at(what, at)}: value of type {type(v).__name__} cannot be stored exactly; use None, bool, int, "
-        "float, str, list or dict with str keys (or a tensor / numpy array)"
+        f"{_at(what, at)}: value of type {type(v).__name__} is not plain JSON; use None, bool, int, "
+        "float, str, list or dict with str keys here"
     )
 
 
