@@ -15,14 +15,19 @@ container (None for plain batches) stored in the spec; ``wrap(plain, tag)`` rebu
   ``meta_info_t``, format/typed.py, format version 2).  The tensors and the
   non-tensor arrays are stored side by side as top-level fields, so ``attention_mask``
   and friends get the unpadded per-token layout.  It comes back as the original class
-  when that class's module is *already imported* by the reading process and the class
-  is a dataclass with those three fields (verl's is): nothing is ever imported, so
-  reading a file never runs code the process did not load itself.  Otherwise it comes
-  back as :class:`DataProtoLike`, a small dataclass of the same shape.
+  when that class's module is imported by the reading process and the class is a
+  dataclass with those three fields (verl's is).  The frameworks' own classes
+  (``FRAMEWORK_CLASSES``: verl's and ROLL's ``DataProto``) are imported when their package
+  is installed, whatever the import order of the reading process; a file can name no
+  other module to import.  Otherwise the step comes back as :class:`DataProtoLike`, a
+  small dataclass of the same shape.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import logging
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -155,14 +160,36 @@ def version(tag: dict) -> int:
 
 
 _FIELDS = {"batch", "non_tensor_batch", "meta_info"}
+# classes a step may come back as even if the reading process has not imported them yet: a fixed
+# list of this library's, never a name taken from a file
+FRAMEWORK_CLASSES = frozenset({"verl.protocol:DataProto", "roll.distributed.scheduler.protocol:DataProto"})
+log = logging.getLogger("trajstore.reader")
+_failed: set[str] = set()  # framework modules whose import failed once (not tried again)
+
+
+def _import_framework(mod_name: str) -> None:
+    """Import the module of one of ``FRAMEWORK_CLASSES`` if its package is installed; an import
+    that fails is logged once and the step comes back as :class:`DataProtoLike`."""
+    if mod_name in sys.modules or mod_name in _failed:
+        return
+    try:
+        if importlib.util.find_spec(mod_name.partition(".")[0]) is None:
+            return
+        importlib.import_module(mod_name)
+    except Exception as e:  # noqa: BLE001 - a broken install of the framework must not fail the read
+        _failed.add(mod_name)
+        log.warning("trajstore: %s is installed but cannot be imported (%s: %s); its steps come back as "
+                    "DataProtoLike", mod_name, type(e).__name__, e)
 
 
 def _loaded_class(path: str):
-    """The class named ``module:qualname`` if its module is already imported and it is a
-    dataclass with ``batch``, ``non_tensor_batch`` and ``meta_info`` fields, else None.
-    A file names the class, so only such already-loaded, DataProto-shaped classes are
-    ever instantiated: nothing is imported and no other constructor runs."""
+    """The class named ``module:qualname`` if its module is imported (one of ``FRAMEWORK_CLASSES``
+    is imported here if installed) and it is a dataclass with ``batch``, ``non_tensor_batch`` and
+    ``meta_info`` fields, else None. A file names the class, so only such DataProto-shaped classes
+    are ever instantiated, and only the framework modules of this library's list are imported."""
     mod_name, _, qual = path.partition(":")
+    if path in FRAMEWORK_CLASSES:
+        _import_framework(mod_name)
     obj = sys.modules.get(mod_name)
     for part in qual.split(".") if obj is not None else ():
         obj = getattr(obj, part, None)
