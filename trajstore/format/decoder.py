@@ -168,7 +168,7 @@ class Decoder:
         if node["kind"] == "sample":
             x = tensors.decode_sample(self.c, node, self.n)
             if "mask" in node and want == "packed":
-                g = spec["masks"][node["mask"]]
+                g = self.spec["masks"][node["mask"]]  # type: ignore[typeddict-item]
                 if not node.get("tokenlike"):
                     raise ConfigError(f"{self.c.where}: mask {g['src']!r} has holes (not one run of "
                                       "tokens per row); read this step padded")
