@@ -149,6 +149,8 @@ class _Checker:
             T = spec.get("T") if g is None else g["W"]
             if node.get("tokenlike") and (spec.get("form") not in ("padded", "masked") or trail[:1] != [T]):
                 raise _Bad(f"a tokenlike field of trailing shape {trail} in a batch that is not padded to it")
+            if g is not None and node.get("tokenlike") and g.get("side") is None:
+                raise _Bad(f"a tokenlike field follows mask {g['src']!r}, which has holes")
             if g is not None and trail[:1] != [g["W"]]:
                 raise _Bad(f"a field of trailing shape {trail} follows mask {g['src']!r} of width {g['W']}")
             return
@@ -163,8 +165,8 @@ class _Checker:
         if spec.get("form") == "padded":
             self.add(self.n * spec["T"] * w * size, f"field {node['col']!r} padded to [{self.n}, {spec['T']}]")
         if spec.get("form") == "masked":
-            if g is None:
-                raise _Bad(f"token field {node['col']!r} of a masked batch names no mask group")
+            if g is None or g.get("side") is None:
+                raise _Bad(f"token field {node['col']!r} of a masked batch names no mask group with a side")
             self.add(self.n * g["W"] * (w * size + 1), f"field {node['col']!r} padded to [{self.n}, {g['W']}]")
 
     def group(self, node: dict) -> dict | None:
@@ -201,6 +203,8 @@ class _Checker:
                 and type(groups[m["mask"]]) is dict else None]
             if not full or type(full[0]) is not int or lo + W > full[0]:
                 raise _Bad(f"mask group {key!r} takes columns {lo}:{lo + W} of {src!r}, wider than it")
+            if "side" not in g:
+                raise _Bad(f"mask group {key!r} has no padding side")
             side = g.get("side")
             if side not in ("right", "left", "span", None):
                 raise _Bad(f"mask group {key!r} has padding side {side!r}")
