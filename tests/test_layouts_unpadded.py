@@ -13,6 +13,7 @@ from hypothesis import given, settings
 import trajstore
 from trajstore import FormatError, Reader, Writer, schema
 from trajstore.format import validate
+from trajstore.format.spec import check_version
 from trajstore.format.rows import rows
 from trajstore.inspection.describe import describe
 from trajstore.testing import assert_batch_equal, prompt_completion_batches, two_sided_batches
@@ -247,10 +248,15 @@ def test_lying_starts_raise(tmp_path):
 
 
 def test_old_reader_refuses(tmp_path):
-    """A version-1 reader refuses the step by its format_version (section 5), and its validate
-    refuses the form 'masked' (a reader that skipped the version check)."""
+    """The step records format version 2, which a version-1 reader refuses (section 5); a file that
+    claims version 1 for a masked batch is refused as damaged."""
     with Writer(tmp_path) as w:
         w.append(0, trl_batch(B=2, P=3, C=5))
     f = tmp_path / "train" / "step_00000000.parquet"
-    doc = json.loads(pq.read_schema(f).metadata[b"trajstore"])
+    schema_ = pq.read_schema(f)
+    doc = json.loads(schema_.metadata[b"trajstore"])
     assert doc["format_version"] == 2 and doc["batch"]["form"] == "masked"
+    with pytest.raises(trajstore.FormatVersionError, match="upgrade"):
+        check_version(doc["format_version"], str(f), "step file", newest=1)
+    with pytest.raises(FormatError, match="format version 1"):
+        validate.check({**doc, "format_version": 1}, schema_, 2, str(f))

@@ -1,9 +1,11 @@
 """How the tokens of a dict batch are laid out (docs/FORMAT.md section 3.4): the batch form
-(padded by ``attention_mask``, packed by ``cu_seqlens``, or plain), which positions of a
-``[B, T, ...]`` mask hold a token, and the ``[B, T]`` mask of given row lengths.
+(padded by ``attention_mask``, masked by several masks or a two-sided one, packed by ``cu_seqlens``,
+or plain), the mask groups per-token fields follow (``MaskGroup``, ``group_of``), which positions of
+a ``[B, T, ...]`` mask hold a token, and the ``[B, T]`` mask of given row lengths (and starts).
 
-The form is decided in two steps: ``structure`` from dtypes and shapes alone (what ``Writer.append``
-may look at), then ``read_cu_seqlens`` / ``read_padding`` from the values (the encoder).
+The form is decided in two steps: ``structure`` from names, dtypes and shapes alone (what
+``Writer.append`` may look at), then ``read_cu_seqlens`` / ``read_groups`` from the values (the
+encoder, which turns a padded batch into a masked one when a mask is a span or there are several).
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from ..errors import BatchError
 from .spec import START_PREFIX
 from .values import as_cpu, describe, is_tensorlike
 
-__all__ = ["Layout", "MaskGroup", "token_mask", "structure", "batch_size", "read_cu_seqlens", "read_padding",
-           "padded_mask", "span_mask", "group_of", "read_groups"]
+__all__ = ["Layout", "MaskGroup", "token_mask", "structure", "batch_size", "read_cu_seqlens", "read_groups",
+           "padded_mask", "span_mask", "group_of", "classify"]
 
 _CU_SEQLENS = "field 'cu_seqlens': must be a non-empty 1-D integer tensor starting at 0 and non-decreasing"
 
@@ -32,13 +34,13 @@ class Layout:
     structure; ``N`` and ``lengths`` once ``cu_seqlens`` is read; ``side``, ``mask`` and ``lengths``
     once the attention mask is read (``side`` None: the mask has holes)."""
 
-    form: str  # "padded", "packed" or "plain"
+    form: str  # "padded", "masked", "packed" or "plain"
     B: int
     T: int | None = None  # padded
     cu_seqlens: Any = None  # packed: the batch's value
     attention_mask: Any = None  # padded: the batch's value
     N: int | None = None  # packed: cu_seqlens[-1]
-    side: str | None = None  # padded: "right", "left", or None (holes: [B, T] fields stored whole)
+    side: str | None = None  # padded: "right", "left", "span", or None (holes: [B, T] fields stored whole)
     mask: torch.Tensor | None = None  # padded, side known: the [B, T] token mask
     lengths: torch.Tensor | None = None  # tokens per row
     groups: list[MaskGroup] = field(default_factory=list)  # padded / masked: the masks fields follow
@@ -236,13 +238,6 @@ def classify(mask: torch.Tensor) -> tuple[str | None, torch.Tensor, torch.Tensor
     if torch.equal(mask, (ar[None, :] >= starts[:, None]) & (ar[None, :] < (starts + lengths)[:, None])):
         return "span", lengths, starts
     return None, lengths, None
-
-
-def read_padding(lay: Layout) -> None:
-    """Read a padded batch's attention mask: check its values are 0 or 1; set ``side`` (right when
-    every row's tokens are a prefix, left when a suffix, span for one run elsewhere, None for
-    holes), ``mask`` and ``lengths``."""
-    read_groups(lay, {"attention_mask": lay.attention_mask})
 
 
 def read_groups(lay: Layout, batch: Mapping) -> None:

@@ -322,6 +322,8 @@ def check(doc: dict, schema: pa.Schema, num_rows: int, where: str) -> None:
                 if spec.get("side") not in ("right", "left", None):
                     raise _Bad(f"padding side {spec.get('side')!r} is unknown")
             if form == "masked":
+                if type(doc.get("format_version")) is int and doc["format_version"] < 2:
+                    raise _Bad("a masked batch in a file of format version 1 (it needs 2)")
                 ch.masks(spec)
             ch.keys(spec, 0)
             keys = dict(spec["keys"])
