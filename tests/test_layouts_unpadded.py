@@ -170,6 +170,17 @@ def test_prompt_completion_roundtrip(batch):
         assert "tool_mask" not in batch or torch.equal(p["tool_mask"], batch["tool_mask"][cm])
 
 
+def test_mrope_position_ids_are_not_a_response_field():
+    """verl's Qwen2-VL position_ids [B, 4, T] with R == 4: only 2-D fields follow verl's parts."""
+    batch = verl_batch(B=3, P=5, R=4)
+    batch["position_ids"] = batch["position_ids"][:, None].expand(3, 4, 9).contiguous()
+    out, doc, _ = roundtrip(batch)
+    assert_batch_equal(out, batch)
+    keys = dict(doc["batch"]["keys"])
+    assert keys["position_ids"]["kind"] == "sample" and "mask" not in keys["position_ids"]
+    assert keys["old_log_probs"]["mask"] == 2
+
+
 def test_right_left_single_mask_unchanged():
     """A batch with one right- or left-aligned attention_mask keeps form padded, format version 1."""
     am = torch.tensor([[1, 1, 0], [1, 0, 0]])

@@ -190,7 +190,7 @@ def group_of(lay: Layout, path: tuple, shape: list[int]) -> int | None:
     W, name = shape[1], path[-1]
     if lay.form == "padded" and W == lay.T:
         return 0
-    parts = {g.key: i for i, g in enumerate(lay.groups) if g.part}
+    parts = {g.key: i for i, g in enumerate(lay.groups) if g.part and len(shape) == 2}  # verl's [B, P], [B, R]
     head, tail = parts.get("prompt"), parts.get("response")
     if head is not None and W == lay.groups[head].W and (col == "prompts" or tail is None
                                                             or W != lay.groups[tail].W):
