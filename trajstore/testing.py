@@ -269,6 +269,8 @@ def prompt_completion_batches(draw: st.DrawFn, max_batch: int = 5) -> dict[str, 
         out[name] = _padded_values(draw, cm, [torch.float32, torch.bfloat16])
     if draw(st.booleans()):
         out["tool_mask"] = (cm & draw(tensors((B, C), [torch.bool]))).to(torch.int64)
+    if draw(st.booleans()):  # a numpy field follows the mask as well
+        out["completion_scores"] = np.where(cm.numpy(), draw(tensors((B, C), numpy=True)), 0)
     out["advantages"] = draw(tensors((B,), [torch.float32]))
     out["num_items_in_batch"] = torch.tensor(int(cm.sum()))
     return out
