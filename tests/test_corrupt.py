@@ -56,7 +56,8 @@ def _batches():
           "obj": np.array([{"a": 1}, None, [1, "x"]], dtype=object), "flag": True}
     ar = torch.arange(9)
     am = (ar >= torch.tensor([2, 0, 4])[:, None]) & (ar < torch.tensor([6, 9, 4])[:, None])  # both sides
-    verl = {"prompts": torch.randint(0, 99, (3, 4), generator=g), "responses": torch.randint(0, 99, (3, 5), generator=g),
+    verl = {"prompts": torch.randint(0, 99, (3, 4), generator=g),
+            "responses": torch.randint(0, 99, (3, 5), generator=g),
             "attention_mask": am.to(torch.int64), "old_log_probs": torch.randn(3, 5, generator=g) * am[:, 4:]}
     cm = torch.arange(5)[None, :] < torch.tensor([5, 1, 3])[:, None]
     trl = {"prompt_ids": torch.randint(0, 99, (3, 3), generator=g), "prompt_mask": torch.ones(3, 3, dtype=torch.int64),
@@ -211,7 +212,8 @@ lies = st.one_of(
     st.sampled_from(["input_ids", "logprobs", "__shape__.pixel_values", "step", "float32", "bfloat16",
                      "uint64", "int8", "torch", "numpy", "np_scalar", "token", "sample", "cell", "value",
                      "struct", "tensor", "gtensor", "seq", "group", "json", "empty", "padded", "packed",
-                     "left", "right", "span", "masked", "__start__.attention_mask", "ndarray", "<U999999999", "|O", "V8", "AAAA", "!!!!"]),
+                     "left", "right", "span", "masked", "__start__.attention_mask", "ndarray", "<U999999999",
+                     "|O", "V8", "AAAA", "!!!!"]),
     st.lists(st.integers(-2, 2**33), max_size=4), st.just({}), st.just([]), st.just([[]]),
 )
 
@@ -459,6 +461,6 @@ def test_fuzzed_manifest(tmp_path_factory, content):
         _count(f"manifest_error:{type(e).__name__}")
         return
     assert r.manifest.get("format") == "trajstore" and type(r.manifest["format_version"]) is int
-    assert 1 <= r.manifest["format_version"] <= paths.FORMAT_VERSION
+    assert 1 <= r.manifest["format_version"] <= paths.MANIFEST_VERSION
     assert_batch_equal(r[0], BATCHES[1])
     _count("manifest_ok")

@@ -14,9 +14,11 @@ from ..errors import ConfigError, FormatError, FormatVersionError
 from . import dtypes as dt
 
 __all__ = [
-    "FORMAT_VERSION", "MANIFEST_VERSION", "RESERVED", "STEP_COLUMN", "SHAPE_PREFIX", "PAD_PREFIX", "START_PREFIX", "StepDoc", "BatchNode", "SeqNode",
-    "TensorNode", "GTensorNode", "JsonNode", "GroupNode", "EmptyElem", "CellElem", "ValueElem", "StructElem",
-    "FieldNode", "ElemNode", "step_doc", "fields", "is_token", "is_flat", "counted_masks", "is_tokenlike", "is_plain_sample",
+    "FORMAT_VERSION", "MANIFEST_VERSION", "RESERVED", "STEP_COLUMN", "SHAPE_PREFIX", "PAD_PREFIX", "START_PREFIX",
+    "StepDoc", "BatchNode", "SeqNode", "TensorNode", "GTensorNode", "JsonNode", "GroupNode", "EmptyElem",
+    "CellElem", "ValueElem", "StructElem",
+    "FieldNode", "ElemNode", "step_doc", "fields", "is_token", "is_flat", "counted_masks", "is_tokenlike",
+    "is_plain_sample",
     "node_columns", "columns_for", "where",
 ]
 

@@ -30,8 +30,8 @@ from .layout import Layout, MaskGroup, start_col
 from .spec import PAD_PREFIX, GTensorNode, TensorNode
 from .values import as_cpu, bits, dumps, storage
 
-__all__ = ["encode", "encode_starts", "decode_global", "decode_sample", "decode_flat", "decode_padded", "FillJob", "as_lib",
-           "alloc"]
+__all__ = ["encode", "encode_starts", "decode_global", "decode_sample", "decode_flat", "decode_padded", "FillJob",
+           "as_lib", "alloc"]
 
 
 # ----------------------------------------------------------------------------- encode
