@@ -58,7 +58,16 @@ def _batches():
     o2[:] = [[np.int64(7), (1, "a")], [{3: b"x"}, None], [np.datetime64("2024-01-01"), torch.ones(2)]]
     typed = {"rewards": torch.randn(3, generator=g), "o2": o2, "when": np.array(["2024", "NaT", "1970"], dtype="M8[D]"),
              "vals": [(1, 2), {1: np.float32(0.5)}, b"raw"], "wide": {0: np.float16(1.5)}, "s": np.float32(1.25)}
-    return [padded, packed, rows, mm, nt, typed]
+    ar = torch.arange(9)
+    am = (ar >= torch.tensor([2, 0, 4])[:, None]) & (ar < torch.tensor([6, 9, 4])[:, None])  # both sides
+    verl = {"prompts": torch.randint(0, 99, (3, 4), generator=g),
+            "responses": torch.randint(0, 99, (3, 5), generator=g),
+            "attention_mask": am.to(torch.int64), "old_log_probs": torch.randn(3, 5, generator=g) * am[:, 4:]}
+    cm = torch.arange(5)[None, :] < torch.tensor([5, 1, 3])[:, None]
+    trl = {"prompt_ids": torch.randint(0, 99, (3, 3), generator=g), "prompt_mask": torch.ones(3, 3, dtype=torch.int64),
+           "completion_ids": torch.randint(0, 99, (3, 5), generator=g), "completion_mask": cm.to(torch.int64),
+           "old_per_token_logps": torch.randn(3, 5, generator=g).to(torch.bfloat16)}
+    return [padded, packed, rows, mm, nt, typed, verl, trl]
 
 
 BATCHES = _batches()
@@ -207,7 +216,8 @@ lies = st.one_of(
     st.sampled_from(["input_ids", "logprobs", "__shape__.pixel_values", "step", "float32", "bfloat16",
                      "uint64", "int8", "torch", "numpy", "np_scalar", "token", "sample", "cell", "value",
                      "struct", "tensor", "gtensor", "seq", "group", "json", "empty", "padded", "packed",
-                     "left", "right", "ndarray", "<U999999999", "|O", "V8", "AAAA", "!!!!"]),
+                     "left", "right", "span", "masked", "__start__.attention_mask", "ndarray", "<U999999999",
+                     "|O", "V8", "AAAA", "!!!!"]),
     st.lists(st.integers(-2, 2**33), max_size=4), st.just({}), st.just([]), st.just([[]]),
 )
 

@@ -36,6 +36,8 @@ __all__ = [
     "non_tensor_batches",
     "typed_values",
     "typed_batches",
+    "two_sided_batches",
+    "prompt_completion_batches",
     "batches",
     "assert_batch_equal",
 ]
@@ -280,12 +282,81 @@ def typed_batches(draw: st.DrawFn, max_batch: int = 4, dataproto: bool = False) 
     meta = draw(st.dictionaries(st.text(max_size=4) | st.integers(0, 3), typed_values(), max_size=3))
     return DataProtoLike(batch=None, non_tensor_batch={k: v for k, v in batch.items() if isinstance(v, np.ndarray)
                                                        and v.ndim and len(v) == B}, meta_info=meta)
+# ----------------------------------------------------------------------------- several masks
+def _padded_values(draw: st.DrawFn, mask: torch.Tensor, dtypes: Sequence[torch.dtype]) -> torch.Tensor:
+    """A [B, W] tensor of arbitrary bits whose padded positions hold one pad value, or (sometimes)
+    values of their own (non-constant padding)."""
+    x = draw(tensors(tuple(mask.shape), dtypes))
+    if draw(st.booleans()):
+        pad = draw(tensors((), [x.dtype]))
+        x = torch.where(mask, x, pad)
+    return x
+
+
+def _run_mask(draw: st.DrawFn, B: int, W: int, side: str) -> torch.Tensor:
+    """A [B, W] bool mask with one run of tokens per row, right / left aligned or anywhere."""
+    ar = torch.arange(W)
+    rows = []
+    for _ in range(B):
+        n = draw(st.integers(0, W))
+        start = {"right": 0, "left": W - n}.get(side) if side != "span" else draw(st.integers(0, W - n))
+        rows.append((ar >= start) & (ar < start + n))
+    return torch.stack(rows) if rows else torch.zeros(0, W, dtype=torch.bool)
+
+
+@st.composite
+def two_sided_batches(draw: st.DrawFn, max_batch: int = 5) -> dict[str, Any]:
+    """verl-style generation output: ``prompts`` [B, P] left-padded, ``responses`` [B, R]
+    right-padded, ``attention_mask`` [B, P + R] padded on both sides (sometimes with holes), the
+    ``response_mask`` and per-token [B, R] fields of the response part."""
+    B, P, R = draw(st.integers(0, max_batch)), draw(st.integers(1, 7)), draw(st.integers(1, 9))
+    pm, rm = _run_mask(draw, B, P, "left"), _run_mask(draw, B, R, "right")
+    am = torch.cat([pm, rm], 1)
+    if B and draw(st.integers(0, 5)) == 0:  # a mask with holes: stored whole
+        am[0] = draw(tensors((P + R,), [torch.bool]))
+    mdt = draw(st.sampled_from([torch.int64, torch.int32, torch.bool]))
+    ids = _padded_values(draw, am, [torch.int64, torch.int32])
+    out: dict[str, Any] = {"prompts": ids[:, :P], "responses": ids[:, P:], "response_mask": rm.to(mdt),
+                           "input_ids": ids, "attention_mask": am.to(mdt),
+                           "position_ids": torch.clamp(am.long().cumsum(1) - 1, min=0)}
+    for name in draw(st.lists(st.sampled_from(["old_log_probs", "advantages", "ref_log_prob"]),
+                              unique=True, max_size=3)):
+        out[name] = _padded_values(draw, rm, [torch.float32, torch.bfloat16, torch.float16])
+    out["token_level_rewards"] = _padded_values(draw, rm, [torch.float32])
+    return out
+
+
+@st.composite
+def prompt_completion_batches(draw: st.DrawFn, max_batch: int = 5) -> dict[str, Any]:
+    """TRL-style ``_generate_and_score_completions`` output: ``prompt_ids`` / ``prompt_mask``
+    left-padded [B, P], ``completion_ids`` / ``completion_mask`` right-padded [B, C] (the mask
+    sometimes a span or with holes), per-token [B, C] logps, no ``attention_mask``."""
+    B, P = draw(st.integers(0, max_batch)), draw(st.integers(1, 7))
+    C = draw(st.integers(1, 9).filter(lambda c: c != P))
+    pm = _run_mask(draw, B, P, draw(st.sampled_from(["left", "right", "span"])))
+    cm = _run_mask(draw, B, C, draw(st.sampled_from(["right", "right", "span"])))
+    if B and draw(st.integers(0, 5)) == 0:
+        cm[-1] = draw(tensors((C,), [torch.bool]))
+    out: dict[str, Any] = {"prompt_ids": _padded_values(draw, pm, [torch.int64]),
+                           "prompt_mask": pm.to(torch.int64),
+                           "completion_ids": _padded_values(draw, cm, [torch.int64, torch.int32]),
+                           "completion_mask": cm.to(draw(st.sampled_from([torch.int64, torch.int32, torch.bool])))}
+    for name in draw(st.lists(st.sampled_from(["old_per_token_logps", "ref_per_token_logps",
+                                               "sampling_per_token_logps"]), unique=True, max_size=3)):
+        out[name] = _padded_values(draw, cm, [torch.float32, torch.bfloat16])
+    if draw(st.booleans()):
+        out["tool_mask"] = (cm & draw(tensors((B, C), [torch.bool]))).to(torch.int64)
+    if draw(st.booleans()):  # a numpy field follows the mask as well
+        out["completion_scores"] = np.where(cm.numpy(), draw(tensors((B, C), numpy=True)), 0)
+    out["advantages"] = draw(tensors((B,), [torch.float32]))
+    out["num_items_in_batch"] = torch.tensor(int(cm.sum()))
+    return out
 
 
 def batches() -> st.SearchStrategy[Any]:
     """Any batch form trajstore accepts."""
     return st.one_of(padded_batches(), trajectory_lists(), packed_batches(), multimodal_batches(),
-                     non_tensor_batches(), typed_batches())
+                     non_tensor_batches(), typed_batches(), two_sided_batches(), prompt_completion_batches())
 
 
 # ----------------------------------------------------------------------------- comparison

@@ -112,6 +112,8 @@ class Writer:
     (with more than one, steps may be committed out of order). ``close()`` (or the ``with`` block)
     flushes and ends the threads; a writer never closed is flushed and closed at interpreter exit.
     The first append of CUDA tensors allocates pinned host memory; later steps reuse it.
+    ``masks={"completion_mask": ["old_per_token_logps", ...]}`` declares which ``[B, W, ...]`` fields
+    follow which mask field, where the names and shapes do not tell (docs/FORMAT.md section 3.4).
     Plain per-trajectory fields (``rewards``...) of the steps written are also kept in the split's
     index for ``Reader.column`` (``<split>/_index/``, docs/FORMAT.md section 6): a segment every
     ``index.INDEX_EVERY`` steps and on ``flush``/``close``; an index error is only logged.
@@ -121,12 +123,19 @@ class Writer:
 
     def __init__(self, path: str | Path, split: str = "train", *, overwrite: bool = False,
                  max_pending_steps: int = 8, max_pending_bytes: int = 4 << 30, workers: int = 1,
-                 on_error: str = "raise", on_commit: Callable[[Committed], Any] | None = None):
+                 on_error: str = "raise", on_commit: Callable[[Committed], Any] | None = None,
+                 masks: dict[str, list[str]] | None = None):
         if on_error not in ("raise", "warn"):
             raise ConfigError(f"Writer({str(path)!r}): on_error must be 'raise' or 'warn', got {on_error!r}")
         if on_commit is not None and not callable(on_commit):
             raise ConfigError(f"Writer({str(path)!r}): on_commit must be callable, got {on_commit!r}")
         self.on_error, self.on_commit = on_error, on_commit
+        if masks is not None and not (isinstance(masks, dict) and all(
+                type(k) is str and isinstance(v, list | tuple) and all(type(x) is str for x in v)
+                for k, v in masks.items())):
+            raise ConfigError(f"Writer({str(path)!r}): masks must be a dict {{mask field: [field names]}}, "
+                              f"got {masks!r}")
+        self.masks = {k: list(v) for k, v in masks.items()} if masks else None
         for name, v in (("max_pending_steps", max_pending_steps), ("max_pending_bytes", max_pending_bytes),
                         ("workers", workers)):
             if type(v) is not int or v < 1:
@@ -189,7 +198,7 @@ class Writer:
                     "replace it, or write to another path or split"
                 )
             plain, tag = containers.unwrap(batch)
-            check.check(plain)  # types, keys, shapes, lengths: errors now, not one step later
+            check.check(plain, self.masks)  # types, keys, shapes, lengths: errors now, not one step later
             job = _Job(step, Snapshot(plain, copy, self._pool), tag, meta, ow)
             self._admit(job, queued and len(self._threads) > 1)
             self._queue.put(job)
@@ -335,7 +344,8 @@ class Writer:
         step, snap = job.step, job.snap
         batch = snap.batch()
         snap.check(step)
-        table = schema.encode_plain(batch, job.tag, step=step, split=self.split, meta=job.meta)
+        table = schema.encode_plain(batch, job.tag, step=step, split=self.split, meta=job.meta,
+                                    masks=self.masks)
         final = self.dir / paths.step_name(step)
         tmp = self.dir / paths.temp_name(step)
         try:

@@ -35,7 +35,7 @@ MISSING = object()  # a key absent from one element of a sequence of dicts
 
 # what a tensor field becomes
 GLOBAL = "global"  # 0-d, or a packed batch's cu_seqlens: inline in the spec (gtensor)
-TOKENS = "tokens"  # [B, T, ...] of a padded batch: a token column, or stored whole where the mask has holes
+TOKENS = "tokens"  # [B, W, ...] following a mask group: a token column, or stored whole where the mask has holes
 FLAT = "flat"  # leading dimension N of a packed batch: a token column
 SAMPLE = "sample"  # leading dimension B: a sample column
 
@@ -48,6 +48,7 @@ class Tensor:
     lib: str
     dtype: str
     role: str | None  # GLOBAL, TOKENS, FLAT, SAMPLE; None: a packed batch's N is not known yet
+    group: int | None = None  # TOKENS: the index of the mask group it follows (layout.MaskGroup)
 
     @property
     def col(self) -> str:
@@ -194,8 +195,9 @@ class _Walk:
         if not shape or (lay.form == "packed" and path == ("cu_seqlens",)):
             t.role = GLOBAL
             return t
-        if lay.form == "padded" and len(shape) >= 2 and shape[:2] == [lay.B, lay.T]:
-            t.role = TOKENS
+        g = layout.group_of(lay, path, shape) if lay.form in ("padded", "masked") else None
+        if g is not None:
+            t.role, t.group = TOKENS, g
         elif lay.form == "packed":
             self.deferred.append(t)  # per-token if its leading dimension is N
         elif shape[0] != lay.B:
@@ -280,15 +282,16 @@ def _list_batch_error(batch: list | tuple) -> UnsupportedTypeError:
                                 f"got {sorted({type(e).__name__ for e in batch})}")
 
 
-def plan(batch: Any, read: bool = True) -> Plan:
+def plan(batch: Any, read: bool = True, masks: Mapping | None = None) -> Plan:
     """Classify ``batch``; raise BatchError / UnsupportedTypeError for what cannot be stored.
     ``read``: read a packed batch's ``cu_seqlens`` wherever it is (the encoder); False reads it
-    only from CPU memory (``check``): on a GPU its values are the encoder's to check."""
+    only from CPU memory (``check``): on a GPU its values are the encoder's to check. ``masks``
+    declares which fields follow which mask (``layout.structure``)."""
     if isinstance(batch, Mapping):
         for k in batch:
             if type(k) is not str:
                 raise UnsupportedTypeError(f"batch key {k!r} is a {type(k).__name__}; keys must be str")
-        lay = layout.structure(batch)
+        lay = layout.structure(batch, masks)
         w = _Walk(lay.B, lay)
         keys = [(k, w.field(v, (k,))) for k, v in batch.items()]
         cu = lay.cu_seqlens
@@ -310,7 +313,7 @@ def plan(batch: Any, read: bool = True) -> Plan:
     )
 
 
-def check(batch: Any) -> None:
+def check(batch: Any, masks: Mapping | None = None) -> None:
     """Raise BatchError / UnsupportedTypeError for what can be seen without reading tensor values
     (``Writer.append``; the encoder runs the same walk)."""
-    plan(batch, read=False)
+    plan(batch, read=False, masks=masks)

@@ -23,7 +23,7 @@ from . import containers
 from . import dtypes as dt
 from . import sequences, tensors, typed
 from .arrow import Alloc, Columns
-from .layout import padded_mask
+from .layout import padded_mask, span_mask
 from .spec import BatchNode, SeqNode, is_flat, is_token
 from .tensors import FillJob
 from .values import bits
@@ -53,6 +53,8 @@ class Decoder:
                                   "this step is a list of trajectories")
             return sequences.decode_seq(self.c, spec, self.c.table.num_rows, keys)
         chosen = [(k, n) for k, n in spec["keys"] if keys is None or k in keys]
+        if spec["form"] == "masked":
+            return self.masked(chosen)
         want = self.layout or spec["form"]
         if self.layout and spec["form"] not in ("padded", "packed"):
             raise ConfigError(
@@ -78,6 +80,62 @@ class Decoder:
                 out["attention_mask"] = torch.arange(T)[None, :] < torch.as_tensor(lengths)[:, None]
         self.fill_padded()
         return out
+
+    # -- several masks, or a span (docs/FORMAT.md 3.4)
+    def masked(self, chosen: list) -> dict:
+        """A masked batch: every field at its own padded width and sides (layout None or
+        "padded"), or each mask group packed with its own ``<key>_cu_seqlens`` ("packed")."""
+        groups: list = self.spec["masks"]  # type: ignore[typeddict-item]
+        if self.layout != "packed":
+            out = {k: self.field(node, "padded") for k, node in chosen}
+            self.fill_padded()
+            return out
+        drop = set(_LAYOUT_KEYS) | {g["src"] for g in groups if g["key"] == "" or g["src"] != "attention_mask"}
+        out, used = {}, set()
+        for k, node in chosen:
+            if k in drop:
+                continue
+            _mask_refs(node, used)
+            out[k] = self.field(node, "packed")
+        for i in sorted(used):
+            key = groups[i]["key"]
+            lengths = self.group_lengths(i)
+            cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+            torch.cumsum(torch.as_tensor(lengths), 0, out=cu[1:])
+            for name, v in (("cu_seqlens", cu), ("max_seqlen", int(max(lengths)) if len(lengths) else 0)):
+                name = f"{key}_{name}" if key else name
+                if name in out:
+                    raise ConfigError(f"{self.c.where}: packing mask {groups[i]['src']!r} gives {name!r}, "
+                                      "which is also a field of the batch; read it padded")
+                out[name] = v
+        return out
+
+    def group_lengths(self, i: int) -> np.ndarray:
+        """Tokens per row of mask group ``i``, from a token field of that group that was read."""
+        for node in _tensor_nodes(self.spec["keys"]):  # type: ignore[typeddict-item]
+            if node.get("mask") == i and is_token(node) and math.prod(node["trail"]) and self.c.has(node["col"]):
+                off, _ = self.c.list_parts(node["col"], node["dtype"])
+                return np.diff(off) // math.prod(node["trail"])
+        raise ConfigError(f"{self.c.where}: packing needs a per-token field of mask "
+                          f"{self.spec['masks'][i]['src']!r}; include one in columns")  # type: ignore[typeddict-item]
+
+    def group_mask(self, i: int, lengths: np.ndarray, W: int) -> torch.Tensor:
+        """The [B, W] mask of group ``i`` for a padded field: right/left by ``lengths``, or from the
+        recorded starts (checked: each row's span lies within the width)."""
+        g = self.spec["masks"][i]  # type: ignore[typeddict-item]
+        if g["side"] != "span":
+            return self.mask(lengths, W, g["side"])
+        key = ("span", i, lengths.tobytes())
+        m = self._masks.get(key)
+        if m is None:
+            starts = self.c.prim(g["start_col"], "int64")
+            starts = np.asarray(starts, dtype=np.int64)
+            if len(starts) != self.n or len(lengths) != self.n or bool((starts < 0).any()) \
+                    or bool((starts + lengths > W).any()):
+                raise FormatError(f"{self.c.where}: column {g['start_col']!r} puts rows of mask "
+                                  f"{g['src']!r} outside its width {W}")
+            m = self._masks[key] = span_mask(starts, lengths, W)
+        return m
 
     def lengths(self, chosen: list) -> np.ndarray:
         """Tokens per row, for a layout conversion: from any per-token field that was read (the
@@ -111,6 +169,14 @@ class Decoder:
             raise FormatError(f"{self.c.where}: unknown node type {t!r} in the spec")
         if node["kind"] == "sample":
             x = tensors.decode_sample(self.c, node, self.n)
+            if "mask" in node and want == "packed":
+                g = self.spec["masks"][node["mask"]]  # type: ignore[typeddict-item]
+                if not node.get("tokenlike"):
+                    raise ConfigError(f"{self.c.where}: mask {g['src']!r} has holes (not one run of "
+                                      "tokens per row); read this step padded")
+                mask = self.group_mask(node["mask"], self.group_lengths(node["mask"]), g["W"])
+                b = bits(x if isinstance(x, np.ndarray) else x.contiguous())[mask].contiguous()
+                return tensors.as_lib(b.view(tensors.alloc([0], node).dtype), node)
             if node.get("tokenlike") and want == "packed":
                 mask = self.mask_from_rows()
                 b = bits(x if isinstance(x, np.ndarray) else x.contiguous())[mask].contiguous()
@@ -118,6 +184,15 @@ class Decoder:
             return x
         spec: Any = self.spec
         empty = not math.prod(node["trail"])  # a [N, 0, ...] field: its column cannot tell the lengths
+        if "mask" in node and spec["form"] == "masked":
+            i = node["mask"]
+            if want == "packed":
+                return tensors.decode_flat(self.c, node, self.n)
+            W = spec["masks"][i]["W"]
+            out, jobs = tensors.decode_padded(self.c, node, self.n, W, spec["masks"][i]["side"],
+                                              lambda lengths, T, side: self.group_mask(i, lengths, T))
+            self._jobs += jobs
+            return out
         if want == "packed":
             return tensors.decode_flat(self.c, node, self.n, int(self.lengths([]).sum()) if empty else 0)
         T = spec["T"] if spec["form"] == "padded" else None
@@ -172,6 +247,26 @@ class Decoder:
             o[mm] = src[off[a]:off[b]].numpy()  # row-major order, as masked_scatter_
 
         run_parallel(fill, jobs, total)
+
+
+def _tensor_nodes(keys: list) -> list[dict]:
+    """Every tensor node of a dict batch's fields, nested groups included."""
+    out = []
+    for _, node in keys:
+        if node.get("t") == "group":
+            out += _tensor_nodes(node["keys"])
+        elif node.get("t") == "tensor":
+            out.append(node)
+    return out
+
+
+def _mask_refs(node: dict, used: set) -> None:
+    """The mask groups a field (and the fields nested in it) follows."""
+    if node.get("t") == "group":
+        for _, child in node["keys"]:
+            _mask_refs(child, used)
+    elif node.get("t") == "tensor" and "mask" in node:
+        used.add(node["mask"])
 
 
 def decode(table: pa.Table, spec: BatchNode | SeqNode, *, where: str, columns: list[str] | None = None,

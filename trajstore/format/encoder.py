@@ -32,14 +32,22 @@ def _field(enc: TableBuilder, lay: Layout, f: Any) -> FieldNode:
     return {"t": "json", "v": f.value}
 
 
-def _dict_batch(enc: TableBuilder, p: Plan) -> BatchNode:
+def _dict_batch(enc: TableBuilder, p: Plan, batch: Any) -> BatchNode:
     lay = p.layout
     assert lay is not None
-    if lay.form == "padded":
-        layout.read_padding(lay)  # the mask's values: 0/1, which side, the row lengths
+    if lay.form in ("padded", "masked"):
+        layout.read_groups(lay, batch)  # the masks' values: 0/1, which side, the row lengths
+        if lay.form == "padded" and (len(lay.groups) > 1 or lay.side == "span"):
+            lay.form = "masked"  # several masks, or a span: docs/FORMAT.md 3.4, format version 2
     spec: Any = {"t": "batch", "form": lay.form, "B": lay.B}
     if lay.form == "padded":
         spec.update(T=lay.T, side=lay.side)
+    if lay.form == "masked":
+        enc.needs(2)
+        spec["masks"] = [g.node() for g in lay.groups]
+        for g in lay.groups:
+            if g.side == "span":
+                tensors.encode_starts(enc, g)
     spec["keys"] = [[k, _field(enc, lay, f)] for k, f in p.keys]
     return spec
 
@@ -51,13 +59,14 @@ def _list_batch(enc: TableBuilder, p: Plan, batch: list | tuple) -> SeqNode:
 
 
 def encode_plain(batch: Any, container: dict | None, *, step: int, split: str, meta: dict | None = None,
-                 extra: dict | None = None) -> pa.Table:
+                 extra: dict | None = None, masks: dict | None = None) -> pa.Table:
     """``encode`` of a batch already unwrapped by ``containers.unwrap`` (``container`` is its tag).
     The batch is first walked by ``format.check.plan``, the walk ``Writer.append`` runs: a batch
-    that cannot be stored fails there with the same error."""
-    p = plan(batch, read=True)
+    that cannot be stored fails there with the same error. ``masks``: which fields follow which
+    mask, as declared to ``Writer`` (docs/FORMAT.md 3.4)."""
+    p = plan(batch, read=True, masks=masks)
     enc = TableBuilder(p.n, p.names)
-    spec: BatchNode | SeqNode = _dict_batch(enc, p) if p.layout is not None else _list_batch(enc, p, batch)
+    spec: BatchNode | SeqNode = _dict_batch(enc, p, batch) if p.layout is not None else _list_batch(enc, p, batch)
     if container is not None:
         spec["wrapper"] = container
         enc.needs(containers.version(container))

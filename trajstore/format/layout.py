@@ -1,15 +1,17 @@
 """How the tokens of a dict batch are laid out (docs/FORMAT.md section 3.4): the batch form
-(padded by ``attention_mask``, packed by ``cu_seqlens``, or plain), which positions of a
-``[B, T, ...]`` mask hold a token, and the ``[B, T]`` mask of given row lengths.
+(padded by ``attention_mask``, masked by several masks or a two-sided one, packed by ``cu_seqlens``,
+or plain), the mask groups per-token fields follow (``MaskGroup``, ``group_of``), which positions of
+a ``[B, T, ...]`` mask hold a token, and the ``[B, T]`` mask of given row lengths (and starts).
 
-The form is decided in two steps: ``structure`` from dtypes and shapes alone (what ``Writer.append``
-may look at), then ``read_cu_seqlens`` / ``read_padding`` from the values (the encoder).
+The form is decided in two steps: ``structure`` from names, dtypes and shapes alone (what
+``Writer.append`` may look at), then ``read_cu_seqlens`` / ``read_groups`` from the values (the
+encoder, which turns a padded batch into a masked one when a mask is a span or there are several).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -17,9 +19,11 @@ import torch
 
 from .._threads import run_parallel
 from ..errors import BatchError
+from .spec import START_PREFIX
 from .values import as_cpu, describe, is_tensorlike
 
-__all__ = ["Layout", "token_mask", "structure", "batch_size", "read_cu_seqlens", "read_padding", "padded_mask"]
+__all__ = ["Layout", "MaskGroup", "token_mask", "structure", "batch_size", "read_cu_seqlens", "read_groups",
+           "padded_mask", "span_mask", "group_of", "classify"]
 
 _CU_SEQLENS = "field 'cu_seqlens': must be a non-empty 1-D integer tensor starting at 0 and non-decreasing"
 
@@ -30,15 +34,48 @@ class Layout:
     structure; ``N`` and ``lengths`` once ``cu_seqlens`` is read; ``side``, ``mask`` and ``lengths``
     once the attention mask is read (``side`` None: the mask has holes)."""
 
-    form: str  # "padded", "packed" or "plain"
+    form: str  # "padded", "masked", "packed" or "plain"
     B: int
     T: int | None = None  # padded
     cu_seqlens: Any = None  # packed: the batch's value
     attention_mask: Any = None  # padded: the batch's value
     N: int | None = None  # packed: cu_seqlens[-1]
-    side: str | None = None  # padded: "right", "left", or None (holes: [B, T] fields stored whole)
+    side: str | None = None  # padded: "right", "left", "span", or None (holes: [B, T] fields stored whole)
     mask: torch.Tensor | None = None  # padded, side known: the [B, T] token mask
     lengths: torch.Tensor | None = None  # tokens per row
+    groups: list[MaskGroup] = field(default_factory=list)  # padded / masked: the masks fields follow
+    declared: dict[str, int] = field(default_factory=dict)  # field name -> group, from the user
+
+
+@dataclass
+class MaskGroup:
+    """Columns ``lo:lo+W`` of the mask field ``src``: the token mask a set of ``[B, W, ...]`` fields
+    follows (docs/FORMAT.md section 3.4). ``key`` names its ``<key>_cu_seqlens`` in packed output
+    ("" for the attention mask: plain ``cu_seqlens``); ``inferred`` groups whose mask is not 0/1
+    store their fields whole instead of failing."""
+
+    key: str
+    src: str
+    lo: int
+    W: int
+    part: bool = False  # a part of the mask field (verl's prompt / response columns of attention_mask)
+    inferred: bool = True
+    side: str | None = None  # once read: "right", "left", "span", or None (holes: stored whole)
+    mask: torch.Tensor | None = None
+    lengths: torch.Tensor | None = None
+    starts: torch.Tensor | None = None  # side "span": first valid position per row
+
+    def node(self) -> dict:
+        """The group's spec node (docs/FORMAT.md section 3.7)."""
+        d = {"key": self.key, "src": self.src, "lo": self.lo, "W": self.W, "side": self.side}
+        if self.side == "span":
+            d["start_col"] = start_col(self)
+        return d
+
+
+def start_col(g: MaskGroup) -> str:
+    """The column of a span group's per-row starts."""
+    return START_PREFIX + g.src + (f".{g.key}" if g.part else "")
 
 
 def token_mask(m: torch.Tensor | np.ndarray) -> torch.Tensor:
@@ -65,8 +102,9 @@ def batch_size(batch: Mapping) -> int | None:
     return None
 
 
-def structure(batch: Mapping) -> Layout:
-    """The form, ``B`` and ``T`` of a dict batch from dtypes and shapes only (no value is read)."""
+def structure(batch: Mapping, masks: Mapping[str, Any] | None = None) -> Layout:
+    """The form, ``B``, ``T`` and mask groups of a dict batch from names, dtypes and shapes only (no
+    value is read). ``masks`` declares ``{mask field: [fields that follow it]}`` (top-level names)."""
     cu = batch.get("cu_seqlens")
     if is_tensorlike(cu) and not isinstance(cu, np.generic) and np.ndim(cu) == 1:
         _, name = describe(cu, ("cu_seqlens",))
@@ -76,8 +114,94 @@ def structure(batch: Mapping) -> Layout:
     m = batch.get("attention_mask")
     if is_tensorlike(m) and np.ndim(m) >= 2:
         describe(m, ("attention_mask",))
-        return Layout("padded", int(m.shape[0]), int(m.shape[1]), attention_mask=m)
-    return Layout("plain", batch_size(batch) or 0)
+        lay = Layout("padded", int(m.shape[0]), int(m.shape[1]), attention_mask=m)
+        lay.groups.append(MaskGroup("", "attention_mask", 0, lay.T))
+    else:
+        lay = Layout("plain", batch_size(batch) or 0)
+    _infer_groups(batch, lay, masks or {})
+    if lay.form == "plain" and lay.groups:
+        lay.form = "masked"
+    return lay
+
+
+def _is_mask(v: Any, B: int) -> bool:
+    return is_tensorlike(v) and np.ndim(v) >= 2 and int(v.shape[0]) == B
+
+
+def _add(lay: Layout, g: MaskGroup) -> int:
+    keys = {x.key for x in lay.groups}
+    base, i = g.key, 2
+    while g.key in keys:
+        g.key, i = f"{base}_{i}", i + 1
+    lay.groups.append(g)
+    return len(lay.groups) - 1
+
+
+def _infer_groups(batch: Mapping, lay: Layout, masks: Mapping[str, Any]) -> None:
+    """The mask groups of docs/FORMAT.md section 3.4: verl's prompt / response parts of
+    ``attention_mask``, ``X_mask`` next to ``X_ids``, and the masks the user declared."""
+    B = lay.B
+    if lay.form == "padded":
+        for name, key, head in (("prompts", "prompt", True), ("responses", "response", False)):
+            v = batch.get(name)
+            if is_tensorlike(v) and np.ndim(v) == 2 and int(v.shape[0]) == B and int(v.shape[1]) < lay.T:
+                W = int(v.shape[1])
+                _add(lay, MaskGroup(key, "attention_mask", 0 if head else lay.T - W, W, part=True))
+    for k, v in batch.items():
+        if k != "attention_mask" and k.endswith("_mask") and _is_mask(v, B):
+            ids = batch.get(k[:-5] + "_ids")
+            if is_tensorlike(ids) and np.ndim(ids) >= 2 and list(ids.shape[:2]) == list(v.shape[:2]):
+                _add(lay, MaskGroup(k[:-5], k, 0, int(v.shape[1])))
+    lay.declared = {}
+    if not isinstance(masks, Mapping):
+        raise BatchError(f"masks must be a dict {{mask field: [fields]}}, got {type(masks).__name__}")
+    for m, names in masks.items():
+        v = batch.get(m)
+        if not _is_mask(v, B):
+            raise BatchError(f"masks: {m!r} is not a [{B}, W] tensor field of this batch")
+        at = [i for i, g in enumerate(lay.groups) if g.src == m and not g.part]
+        if at:
+            lay.groups[at[0]].inferred = False
+            i = at[0]
+        else:
+            i = _add(lay, MaskGroup(m[:-5] if m.endswith("_mask") else m, m, 0, int(v.shape[1]), inferred=False))
+        for name in [m] + list(names):
+            if type(name) is not str:
+                raise BatchError(f"masks[{m!r}]: field names must be str, got {name!r}")
+            lay.declared[name] = i
+
+
+def _prefix(src: str) -> str:
+    return src[:-4] if src.endswith("_mask") else src + "_"
+
+
+def group_of(lay: Layout, path: tuple, shape: list[int]) -> int | None:
+    """The mask group a ``[B, W, ...]`` tensor field follows, None for a per-sample field."""
+    col = ".".join(path)
+    i = lay.declared.get(col)
+    if i is not None:
+        W = lay.groups[i].W
+        if shape[:2] != [lay.B, W]:
+            raise BatchError(f"field {col!r}: shape {shape} does not follow mask {lay.groups[i].src!r} "
+                             f"([{lay.B}, {W}, ...]) it was declared with")
+        return i
+    if len(shape) < 2 or shape[0] != lay.B:
+        return None
+    W, name = shape[1], path[-1]
+    if lay.form == "padded" and W == lay.T:
+        return 0
+    parts = {g.key: i for i, g in enumerate(lay.groups) if g.part and len(shape) == 2}  # verl's [B, P], [B, R]
+    head, tail = parts.get("prompt"), parts.get("response")
+    if head is not None and W == lay.groups[head].W and (col == "prompts" or tail is None
+                                                            or W != lay.groups[tail].W):
+        return head
+    if tail is not None and W == lay.groups[tail].W:
+        return tail
+    cands = [i for i, g in enumerate(lay.groups) if not g.part and g.W == W and g.src != "attention_mask"]
+    named = [i for i in cands if col == lay.groups[i].src or name.startswith(_prefix(lay.groups[i].src))]
+    if len(named) == 1:
+        return named[0]
+    return cands[0] if len(cands) == 1 else None
 
 
 def read_cu_seqlens(lay: Layout) -> None:
@@ -90,22 +214,59 @@ def read_cu_seqlens(lay: Layout) -> None:
     lay.N, lay.lengths = int(c[-1]), c[1:] - c[:-1]
 
 
-def read_padding(lay: Layout) -> None:
-    """Read a padded batch's attention mask: check its values are 0 or 1; set ``side`` (right when
-    every row's tokens are a prefix, left when a suffix, None for holes), ``mask`` and ``lengths``."""
-    _, name, a = as_cpu(lay.attention_mask, ("attention_mask",))
+def _mask01(v: Any, src: str) -> torch.Tensor | None:
+    """The ``[B, W]`` token mask of mask field ``src``; None if it holds other values than 0/1."""
+    _, name, a = as_cpu(v, (src,))
     mb = torch.as_tensor(a) if isinstance(a, np.ndarray) else a
     if name != "bool" and not bool(((mb == 0) | (mb == 1)).all()):
-        raise BatchError("field 'attention_mask': values must be 0 or 1 (found other values)")
-    mask = token_mask(mb)
-    T = mask.shape[1]
+        return None
+    return token_mask(mb)
+
+
+def classify(mask: torch.Tensor) -> tuple[str | None, torch.Tensor, torch.Tensor | None]:
+    """``(side, lengths, starts)`` of a ``[B, W]`` token mask: right when every row's tokens are a
+    prefix, left when a suffix, span when one contiguous run anywhere (``starts`` its first
+    positions), None for holes."""
+    W = mask.shape[1]
     lengths = mask.sum(1)
-    ar = torch.arange(T)
-    right = ar[None, :] < lengths[:, None]
-    left = ar[None, :] >= (T - lengths)[:, None]
-    lay.side = "right" if torch.equal(mask, right) else "left" if torch.equal(mask, left) else None
-    if lay.side is not None:  # holes in the mask: every [B, T] field is stored whole
-        lay.mask, lay.lengths = mask, lengths
+    ar = torch.arange(W)
+    if torch.equal(mask, ar[None, :] < lengths[:, None]):
+        return "right", lengths, None
+    if torch.equal(mask, ar[None, :] >= (W - lengths)[:, None]):
+        return "left", lengths, None
+    starts = torch.where(lengths > 0, mask.to(torch.uint8).argmax(1), 0)
+    if torch.equal(mask, (ar[None, :] >= starts[:, None]) & (ar[None, :] < (starts + lengths)[:, None])):
+        return "span", lengths, starts
+    return None, lengths, None
+
+
+def read_groups(lay: Layout, batch: Mapping) -> None:
+    """Read every mask group's values (``attention_mask`` must be 0/1; another mask of other values
+    stores its fields whole, unless the user declared it); the first group also sets the layout's
+    ``side``, ``mask`` and ``lengths``."""
+    full: dict[str, torch.Tensor | None] = {}
+    for g in lay.groups:
+        if g.src not in full:
+            full[g.src] = _mask01(batch[g.src], g.src)
+        m = full[g.src]
+        if m is None:
+            if g.src == "attention_mask" or not g.inferred:
+                raise BatchError(f"field {g.src!r}: values must be 0 or 1 (found other values)")
+            continue
+        g.mask = m[:, g.lo:g.lo + g.W]
+        g.side, g.lengths, g.starts = classify(g.mask)
+        if g.side is None:
+            g.mask = None
+    if lay.form == "padded":
+        g = lay.groups[0]
+        lay.side, lay.mask, lay.lengths = g.side, g.mask, g.lengths
+
+
+def span_mask(starts: np.ndarray, lengths: np.ndarray, W: int) -> torch.Tensor:
+    """The [B, W] bool mask of rows holding ``lengths`` tokens from ``starts``."""
+    ar = np.arange(W)
+    s = np.asarray(starts, dtype=np.int64)[:, None]
+    return torch.from_numpy((ar[None, :] >= s) & (ar[None, :] < s + np.asarray(lengths, np.int64)[:, None]))
 
 
 def padded_mask(lengths: np.ndarray, T: int, side: str) -> torch.Tensor:

@@ -11,6 +11,8 @@ returns ``[dict | None]`` with one entry per trajectory:
 * verl-style batches (``prompts`` [B, P], ``responses`` [B, R], ``attention_mask`` [B, P + R]):
   every [B, P, ...] field is cut by the prompt part of the mask and every [B, R, ...] field
   (``response_mask``, ``old_log_probs``, ``advantages``...) by the response part;
+* a batch with several masks (form ``masked``: TRL's ``prompt_mask`` / ``completion_mask``, verl's
+  two-sided ``attention_mask``): every per-token field is cut by the mask it follows in the spec;
 * tensors become numpy arrays (bfloat16 becomes float32, which holds every bfloat16 exactly);
 * batch-wide values (``cu_seqlens``, ``max_seqlen``, 0-d tensors, plain scalars) are left out;
 * a rejected (``None``) trajectory is ``None``.
@@ -60,6 +62,33 @@ def _names(spec_keys: list, pick: Callable[[dict], bool], prefix: str = "") -> s
             out |= _names(node["keys"], pick, name + ".")
         elif pick(node):
             out.add(name)
+    return out
+
+
+def _mask_of(spec_keys: list, prefix: str = "") -> dict[str, int]:
+    """Dotted names of a masked batch's fields -> the mask group each follows."""
+    out: dict[str, int] = {}
+    for k, node in spec_keys:
+        name = f"{prefix}{k}"
+        if node.get("t") == "group":
+            out.update(_mask_of(node["keys"], name + "."))
+        elif node.get("t") == "tensor" and "mask" in node:
+            out[name] = node["mask"]
+    return out
+
+
+def _group_masks(flat: dict, spec: dict) -> list[np.ndarray | None]:
+    """Each mask group's [B, W] token mask, from its mask field as decoded."""
+    full: dict[str, np.ndarray] = {}
+    out: list[np.ndarray | None] = []
+    for g in spec.get("masks", []):
+        m = flat.get(g["src"])
+        if m is None:
+            out.append(None)
+            continue
+        if g["src"] not in full:
+            full[g["src"]] = token_mask(to_numpy(m)).numpy()
+        out.append(full[g["src"]][:, g["lo"]:g["lo"] + g["W"]])
     return out
 
 
@@ -118,12 +147,18 @@ def rows(batch: Any, spec: dict) -> list[dict | None]:
     if form == "packed":
         cu = np.asarray(to_numpy(flat["cu_seqlens"]), dtype=np.int64)
     P, R = _split_widths(flat, mask)
+    follows = _mask_of(spec.get("keys", [])) if form == "masked" else {}
+    gmasks = _group_masks(flat, spec) if form == "masked" else []
     for name, v in flat.items():
         if name in skip or (form == "packed" and name in _LAYOUT) or (
                 "." in name and any(name.startswith(g + ".") for g in skip)):  # inside a batch-wide dict
             continue
         v = to_numpy(v)
-        if mask is not None and (name in tokens or (isinstance(v, np.ndarray) and v.ndim >= 2
+        gm = gmasks[follows[name]] if name in follows else None
+        if gm is not None:
+            for i in range(B):
+                out[i][name] = v[i][gm[i]]
+        elif mask is not None and (name in tokens or (isinstance(v, np.ndarray) and v.ndim >= 2
                                                     and v.shape[:2] == mask.shape)):
             for i in range(B):  # per-token ([B, T, ...]), also when the mask has holes
                 out[i][name] = v[i][mask[i]]

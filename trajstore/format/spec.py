@@ -14,9 +14,11 @@ from ..errors import ConfigError, FormatError, FormatVersionError
 from . import dtypes as dt
 
 __all__ = [
-    "FORMAT_VERSION", "MANIFEST_VERSION", "RESERVED", "STEP_COLUMN", "SHAPE_PREFIX", "PAD_PREFIX", "StepDoc", "BatchNode", "SeqNode",
-    "TensorNode", "GTensorNode", "JsonNode", "TValueNode", "GroupNode", "EmptyElem", "CellElem", "ValueElem", "StructElem",
-    "FieldNode", "ElemNode", "step_doc", "fields", "is_token", "is_flat", "is_tokenlike", "is_plain_sample",
+    "FORMAT_VERSION", "MANIFEST_VERSION", "RESERVED", "STEP_COLUMN", "SHAPE_PREFIX", "PAD_PREFIX", "START_PREFIX",
+    "StepDoc", "BatchNode", "SeqNode", "TensorNode", "GTensorNode", "JsonNode", "TValueNode", "GroupNode", "EmptyElem",
+    "CellElem", "ValueElem", "StructElem",
+    "FieldNode", "ElemNode", "step_doc", "fields", "is_token", "is_flat", "counted_masks", "is_tokenlike",
+    "is_plain_sample",
     "node_columns", "columns_for", "where",
 ]
 
@@ -26,6 +28,7 @@ RESERVED = ("step",)  # column names a batch field may not take
 STEP_COLUMN = "step"
 SHAPE_PREFIX = "__shape__."  # per-row shapes of a cell column
 PAD_PREFIX = "__pad__."  # the values at padded positions of a token column
+START_PREFIX = "__start__."  # per-row first valid positions of a mask group padded on both sides
 
 
 # ----------------------------------------------------------------------------- field nodes
@@ -199,6 +202,17 @@ def is_flat(node: Any) -> bool:
             and (node.get("kind") == "token" or bool(node.get("trail"))))
 
 
+def counted_masks(spec: Any) -> list[int] | None:
+    """A masked batch's mask groups whose tokens make up the trajectories (docs/FORMAT.md 3.4): the
+    attention mask's own group if there is one, else every whole mask field (a prompt's and a
+    completion's). None for other forms."""
+    if not (isinstance(spec, dict) and spec.get("form") == "masked" and isinstance(spec.get("masks"), list)):
+        return None
+    groups = [g for g in spec["masks"] if isinstance(g, dict)]
+    main = [i for i, g in enumerate(groups) if g.get("key") == "" and g.get("src") == "attention_mask"]
+    return main or [i for i, g in enumerate(groups) if g.get("src") != "attention_mask"]
+
+
 def is_tokenlike(node: Any) -> bool:
     """A tensor field with one entry per token: a token column, or a ``[B, T, 0...]`` one stored whole."""
     return isinstance(node, dict) and node.get("t") == "tensor" and (
@@ -216,13 +230,18 @@ def is_plain_sample(node: Any) -> bool:
 
 
 # ----------------------------------------------------------------------------- columns
-def node_columns(node: dict, out: list[str]) -> None:
-    """Append every Arrow column ``node`` (and the nodes below it) is stored in to ``out``."""
+def node_columns(node: dict, out: list[str], masks: list | None = None) -> None:
+    """Append every Arrow column ``node`` (and the nodes below it) is stored in to ``out``;
+    ``masks``: a masked batch's mask groups (a field following a span group needs its starts)."""
     for key in ("col", "shape_col", "pad_col"):
         if key in node:
             out.append(node[key])
+    if masks and type(node.get("mask")) is int and 0 <= node["mask"] < len(masks):
+        g = masks[node["mask"]]
+        if isinstance(g, dict) and isinstance(g.get("start_col"), str) and g["start_col"] not in out:
+            out.append(g["start_col"])
     for _, child in node.get("keys", []):
-        node_columns(child, out)
+        node_columns(child, out, masks)
     if "elem" in node:
         node_columns(node["elem"], out)
 
@@ -236,7 +255,7 @@ def columns_for(spec: BatchNode | SeqNode, columns: list[str] | None) -> list[st
     for c in columns:
         if c not in keys:
             raise ConfigError(f"field {c!r} is not in this step; fields: {sorted(keys)}")
-        node_columns(keys[c], out)
+        node_columns(keys[c], out, spec.get("masks"))  # type: ignore[arg-type]
     return out
 
 

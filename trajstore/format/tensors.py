@@ -26,12 +26,12 @@ from ..errors import FormatError
 from . import dtypes as dt
 from .arrow import Columns, TableBuilder, empty, list_array
 from .check import FLAT, GLOBAL, TOKENS, Tensor
-from .layout import Layout
+from .layout import Layout, MaskGroup, start_col
 from .spec import PAD_PREFIX, GTensorNode, TensorNode
 from .values import as_cpu, bits, dumps, storage
 
-__all__ = ["encode", "decode_global", "decode_sample", "decode_flat", "decode_padded", "FillJob", "as_lib",
-           "alloc"]
+__all__ = ["encode", "encode_starts", "decode_global", "decode_sample", "decode_flat", "decode_padded", "FillJob",
+           "as_lib", "alloc"]
 
 
 # ----------------------------------------------------------------------------- encode
@@ -44,9 +44,12 @@ def encode(enc: TableBuilder, lay: Layout, f: Tensor) -> TensorNode | GTensorNod
                 "data": base64.b64encode(raw.tobytes()).decode()}
     node: Any = {"t": "tensor", "col": f.col, "lib": lib, "dtype": name}
     B = lay.B
-    if f.role == TOKENS and lay.side:
+    g = lay.groups[f.group] if f.role == TOKENS else None
+    if g is not None and lay.form == "masked":
+        node["mask"] = f.group
+    if g is not None and g.side:
         xt = torch.from_numpy(x) if isinstance(x, np.ndarray) else x
-        mask = lay.mask
+        mask = g.mask
         pad = None
         if not bool(mask.all()):
             # every padded element must hold the bits of the first one: compared in place, without
@@ -58,14 +61,21 @@ def encode(enc: TableBuilder, lay: Layout, f: Tensor) -> TensorNode | GTensorNod
             if bool(((b != p) & nm.reshape(list(nm.shape) + [1] * (x.ndim - 2))).any()):
                 # padded positions hold different values (e.g. -0.0 and 0.0, or garbage computed
                 # past the end): keep them, unpadded tokens stay a token column
-                _encode_padvals(enc, node, f.path, x, nm, B, lay.T - lay.lengths, w)
+                _encode_padvals(enc, node, f.path, x, nm, B, g.W - g.lengths, w)
             else:
                 pad = int(p)
-        return _encode_token(enc, node, f.path, xt[mask], lay.lengths, list(x.shape[2:]), pad, lib)
+        return _encode_token(enc, node, f.path, xt[mask], g.lengths, list(x.shape[2:]), pad, lib)
     if f.role == FLAT:
         xt = torch.from_numpy(x) if isinstance(x, np.ndarray) else x
         return _encode_token(enc, node, f.path, xt, lay.lengths, list(x.shape[1:]), None, lib)
     return _encode_sample(enc, node, f.path, x, B)
+
+
+def encode_starts(enc: TableBuilder, g: MaskGroup) -> None:
+    """A span group's first valid position per row: int64 column ``start_col`` (kind ``start``)."""
+    name = start_col(g)
+    enc.names.claim(name, (g.src,))
+    enc.add(name, pa.array(np.asarray(g.starts, dtype=np.int64)), {"dtype": "int64", "kind": "start"}, (g.src,))
 
 
 def _encode_padvals(enc: TableBuilder, node: dict, path: tuple, x: Any, nm: torch.Tensor, B: int,

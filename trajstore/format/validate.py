@@ -158,9 +158,15 @@ class _Checker:
             return
         self.col(node, "col", lambda t: pa.types.is_large_list(t) and t.value_type == dt.arrow_type(name))
         spec = self.spec
+        g = self.group(node)
         if kind == "sample":
-            if node.get("tokenlike") and (spec.get("form") != "padded" or trail[:1] != [spec.get("T")]):
+            T = spec.get("T") if g is None else g["W"]
+            if node.get("tokenlike") and (spec.get("form") not in ("padded", "masked") or trail[:1] != [T]):
                 raise _Bad(f"a tokenlike field of trailing shape {trail} in a batch that is not padded to it")
+            if g is not None and node.get("tokenlike") and g.get("side") is None:
+                raise _Bad(f"a tokenlike field follows mask {g['src']!r}, which has holes")
+            if g is not None and trail[:1] != [g["W"]]:
+                raise _Bad(f"a field of trailing shape {trail} follows mask {g['src']!r} of width {g['W']}")
             return
         if kind != "token":
             raise _Bad(f"tensor kind {kind!r} is not 'token' or 'sample'")
@@ -172,6 +178,54 @@ class _Checker:
             self.col(node, "pad_col", lambda t: pa.types.is_large_list(t) and t.value_type == dt.arrow_type(name))
         if spec.get("form") == "padded":
             self.add(self.n * spec["T"] * w * size, f"field {node['col']!r} padded to [{self.n}, {spec['T']}]")
+        if spec.get("form") == "masked":
+            if g is None or g.get("side") is None:
+                raise _Bad(f"token field {node['col']!r} of a masked batch names no mask group with a side")
+            self.add(self.n * g["W"] * (w * size + 1), f"field {node['col']!r} padded to [{self.n}, {g['W']}]")
+
+    def group(self, node: dict) -> dict | None:
+        """The mask group a tensor node of a masked batch follows (None: none, or another form)."""
+        if "mask" not in node:
+            return None
+        groups, i = self.spec.get("masks"), node["mask"]
+        if self.spec.get("form") != "masked" or type(i) is not int or not 0 <= i < len(groups):
+            raise _Bad(f"mask reference {i!r} names no mask group of the batch")
+        return groups[i]
+
+    def masks(self, spec: dict) -> None:
+        """A masked batch's mask groups: unique keys, mask fields of the batch, widths within them,
+        a start column for a span."""
+        groups = spec.get("masks")
+        if type(groups) is not list or not groups or len(groups) > 1024:
+            raise _Bad("a masked batch has no list of mask groups")
+        keys = dict(spec.get("keys") or []) if type(spec.get("keys")) is list and all(
+            type(kv) is list and len(kv) == 2 and type(kv[0]) is str for kv in spec["keys"]) else {}
+        seen = set()
+        for g in groups:
+            if type(g) is not dict:
+                raise _Bad("a mask group is not an object")
+            key, src = _str(g.get("key"), "mask group key"), _str(g.get("src"), "mask group src")
+            lo, W = _int(g.get("lo"), "mask group lo"), _int(g.get("W"), "mask group width")
+            if key in seen:
+                raise _Bad(f"mask group key {key!r} is used twice")
+            seen.add(key)
+            m = keys.get(src)
+            if type(m) is not dict or m.get("t") != "tensor" or type(m.get("trail")) is not list:
+                raise _Bad(f"mask group {key!r} names {src!r}, which is not a tensor field of the batch")
+            full = m.get("trail")[:1] if m.get("kind") == "sample" else [
+                groups[m["mask"]].get("W") if type(m.get("mask")) is int and 0 <= m["mask"] < len(groups)
+                and type(groups[m["mask"]]) is dict else None]
+            if not full or type(full[0]) is not int or lo + W > full[0]:
+                raise _Bad(f"mask group {key!r} takes columns {lo}:{lo + W} of {src!r}, wider than it")
+            if "side" not in g:
+                raise _Bad(f"mask group {key!r} has no padding side")
+            side = g.get("side")
+            if side not in ("right", "left", "span", None):
+                raise _Bad(f"mask group {key!r} has padding side {side!r}")
+            if (side == "span") != ("start_col" in g):
+                raise _Bad(f"mask group {key!r}: a start column goes with side 'span' only")
+            if side == "span":
+                self.col(g, "start_col", lambda t: t == pa.int64())
 
     def seq(self, node: dict, depth: int) -> None:
         c = node.get("container")
@@ -280,7 +334,7 @@ def check(doc: dict, schema: pa.Schema, num_rows: int, where: str) -> None:
         t = spec.get("t")
         if t == "batch":
             form = spec.get("form")
-            if form not in ("padded", "packed", "plain"):
+            if form not in ("padded", "packed", "plain", "masked"):
                 raise _Bad(f"batch form {form!r} is unknown")
             if _int(spec.get("B"), "B") != n:
                 raise _Bad(f"the spec says {spec['B']} trajectories, the file holds {n} rows")
@@ -288,6 +342,10 @@ def check(doc: dict, schema: pa.Schema, num_rows: int, where: str) -> None:
                 _int(spec.get("T"), "T")
                 if spec.get("side") not in ("right", "left", None):
                     raise _Bad(f"padding side {spec.get('side')!r} is unknown")
+            if form == "masked":
+                if type(doc.get("format_version")) is int and doc["format_version"] < 2:
+                    raise _Bad("a masked batch in a file of format version 1 (it needs 2)")
+                ch.masks(spec)
             ch.keys(spec, 0)
             keys = dict(spec["keys"])
             cu = keys.get("cu_seqlens")

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable
 
 import pyarrow.parquet as pq
 
-from ..format.spec import is_dict_batch, is_token, is_token_cell, is_tokenlike
+from ..format.spec import counted_masks, is_dict_batch, is_token, is_token_cell, is_tokenlike
 from ..reader import Reader
 from ..store import paths
 
@@ -66,6 +66,19 @@ def fields_of(spec: dict) -> list[dict]:
 
 def _tokens(f: Path, spec: dict) -> int | None:
     """Token count of a step: the lengths of its first per-token column."""
+    counted = counted_masks(spec)
+    if counted is not None:  # several masks: the tokens of the counted ones, one field each
+        total = 0
+        for i in counted:
+            node = next((n for _, n in spec["keys"] if n.get("mask") == i and n.get("t") == "tensor"), None)
+            if node is None:
+                continue
+            col = pq.read_table(f, columns=[node["col"]]).column(0).combine_chunks()
+            if is_token(node):
+                total += int(col.offsets[-1].as_py() - col.offsets[0].as_py()) // max(1, math.prod(node["trail"]))
+            elif node is dict(spec["keys"]).get(spec["masks"][i]["src"]):  # the mask itself, stored whole
+                total += int((col.values.to_numpy(zero_copy_only=False) != 0).sum())
+        return total
     if is_dict_batch(spec):
         for _, node in spec["keys"]:
             if is_token(node):
