@@ -35,17 +35,19 @@ BANNED_WORDS = {"pickle", "marshal", "shelve", "eval", "exec", "read_pickle", "a
 
 TRUSTED = PKG / "inspection" / "legacy_load.py"
 TRUSTED_FUNCS = {"load_weights_only", "unpickle_trusted"}
+# the one import by name: a fixed list of framework modules (format/containers.py FRAMEWORK_CLASSES)
+FRAMEWORK_IMPORT = (PKG / "format" / "containers.py", "_import_framework")
 
 
 def _exempt_lines(src: Path, tree: ast.AST) -> set[int]:
-    """Lines of the fenced trusted loader: its ``import pickle`` and its two functions."""
-    if src != TRUSTED:
-        return set()
+    """Lines of the fenced trusted loader (its ``import pickle`` and its two functions) and of the
+    framework-class import."""
     out = set()
     for node in tree.body:
-        if isinstance(node, ast.Import) and [a.name for a in node.names] == ["pickle"]:
+        if src == TRUSTED and isinstance(node, ast.Import) and [a.name for a in node.names] == ["pickle"]:
             out.add(node.lineno)
-        if isinstance(node, ast.FunctionDef) and node.name in TRUSTED_FUNCS:
+        if isinstance(node, ast.FunctionDef) and (
+                (src == TRUSTED and node.name in TRUSTED_FUNCS) or (src, node.name) == FRAMEWORK_IMPORT):
             out.update(range(node.lineno, node.end_lineno + 1))
     return out
 
