@@ -89,10 +89,17 @@ def test_on_commit_is_not_called_for_failed_steps_and_must_be_callable(tmp_path,
 
 
 def test_writer_error_of_several_steps_names_them_all(tmp_path, monkeypatch):
-    monkeypatch.setattr(writer_mod.pq, "write_table", lambda *a, **k: (_ for _ in ()).throw(OSError("disk gone")))
+    appended = threading.Event()  # both steps fail, but only once both are appended (no race with append)
+
+    def failing(*a, **k):
+        appended.wait(30)
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(writer_mod.pq, "write_table", failing)
     w = trajstore.Writer(tmp_path)
     for s in (4, 5):
         w.append(s, small_batch(seed=s))
+    appended.set()
     with pytest.raises(WriterError, match="2 steps failed in the background: \\[4, 5\\]") as ei:
         w.close()
     assert ei.value.step == 4 and ei.value.steps == [4, 5]

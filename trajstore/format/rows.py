@@ -117,6 +117,30 @@ def _list_row(d: Mapping) -> dict:
     return out
 
 
+def _list_rows(d: Mapping, element: int) -> list[dict]:
+    """One element of a list batch: one trajectory, or, when its ``attention_mask`` is ``[g, T]``
+    with ``g > 1`` (AReaL's grouped rollouts, ``concat_padded_tensors``), the ``g`` trajectories of
+    the group, each with its own tokens and ``group`` (the element's index) added."""
+    mask = d.get("attention_mask")
+    m = np.asarray(to_numpy(mask)) if isinstance(mask, torch.Tensor | np.ndarray) else None
+    if m is None or m.ndim != 2 or m.shape[0] < 2:
+        return [_list_row(d)]
+    flat: dict = {}
+    _flat("", d, flat)
+    g, keep = m.shape[0], token_mask(m).numpy()
+    out: list[dict] = [{"group": element} for _ in range(g)]
+    for k, v in flat.items():
+        v = to_numpy(v)
+        for j in range(g):
+            if isinstance(v, np.ndarray) and v.ndim >= 2 and v.shape[:2] == keep.shape:
+                out[j][k] = v[j][keep[j]]  # per token
+            elif isinstance(v, np.ndarray | list | tuple) and len(v) == g and np.ndim(v) >= 1:
+                out[j][k] = v[j]  # one per trajectory of the group
+            else:
+                out[j][k] = v  # the group's
+    return out
+
+
 def _split_widths(flat: dict, mask: np.ndarray | None) -> tuple[int, int]:
     """verl-style batches: ``prompts`` [B, P] and ``responses`` [B, R] with ``attention_mask`` [B, P + R].
     Then [B, P, ...] fields are cut by the prompt part of the mask, [B, R, ...] by the response part."""
@@ -132,8 +156,13 @@ def _split_widths(flat: dict, mask: np.ndarray | None) -> tuple[int, int]:
 def rows(batch: Any, spec: dict) -> list[dict | None]:
     """The trajectories of one decoded step (``spec`` is ``reader.info(step)["batch"]``)."""
     if spec.get("t") == "seq":
-        return [None if e is None else _list_row(e) if isinstance(e, Mapping) else {"value": e}
-                for e in batch]
+        out_rows: list[dict | None] = []
+        for i, e in enumerate(batch):
+            if isinstance(e, Mapping):
+                out_rows += _list_rows(e, i)
+            else:
+                out_rows.append(None if e is None else {"value": e})
+        return out_rows
     B = int(spec.get("B", 0))
     flat: dict = {}
     _flat("", batch, flat)

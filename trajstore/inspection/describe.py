@@ -92,11 +92,26 @@ def _tokens(f: Path, spec: dict) -> int | None:
             col = pq.read_table(f, columns=[am["col"]]).column(0).combine_chunks()
             return int((col.values.to_numpy(zero_copy_only=False) != 0).sum())
         return None
-    for _, node in spec.get("elem", {}).get("keys", []):
+    keys = dict(spec.get("elem", {}).get("keys", []))
+    am = keys.get("attention_mask", {})
+    if am.get("t") == "cell":  # count the valid entries of each row's mask ([T], [1, T] or a group's [g, T])
+        col = pq.read_table(f, columns=[am["col"]]).column(0).combine_chunks()
+        return int((col.values.to_numpy(zero_copy_only=False) != 0).sum())
+    for node in keys.values():
         if is_token_cell(node):
             shapes = pq.read_table(f, columns=[node["shape_col"]]).column(0).to_pylist()
             return int(sum(s[1] if len(s) > 1 and s[0] == 1 else s[0] for s in shapes if s))
     return None
+
+
+def _rows(f: Path, spec: dict, num_rows: int) -> int:
+    """Trajectories of a step: its rows, where a list batch's element with a ``[g, T]`` attention mask
+    (a group of rollouts) counts ``g``."""
+    am = dict(spec.get("elem", {}).get("keys", [])).get("attention_mask", {}) if not is_dict_batch(spec) else {}
+    if am.get("t") != "cell":
+        return num_rows
+    shapes = pq.read_table(f, columns=[am["shape_col"]]).column(0).to_pylist()
+    return sum(s[0] if s is not None and len(s) == 2 and s[0] > 1 else 1 for s in shapes)
 
 
 def describe(path: str | Path, split: str | None = None,
@@ -122,7 +137,7 @@ def describe(path: str | Path, split: str | None = None,
             f = r.file(s)
             doc = r.info(s)
             spec = doc["batch"]
-            per_step.append({"step": s, "rows": doc.get("num_rows"), "tokens": _tokens(f, spec),
+            per_step.append({"step": s, "rows": _rows(f, spec, doc.get("num_rows")), "tokens": _tokens(f, spec),
                              "bytes": f.stat().st_size})
             for fd in fields_of(spec):
                 cur = fields.setdefault(fd["name"], {**fd, "steps": 0})
