@@ -171,6 +171,10 @@ def test_per_token_fields_are_stored_unpadded(tmp_path):
     files = list((tmp_path / "d").rglob("*.parquet"))
     on_disk = sum(f.stat().st_size for f in files)
     assert files and on_disk <= 0.5 * padded, (on_disk, padded)
+    spec = trajstore.Reader(tmp_path / "d").info(0)["batch"]
+    assert spec["form"] == "masked"  # two-sided attention_mask: each row's valid span, prompt left, response right
+    kinds = {k: n.get("kind") for k, n in spec["keys"] if n["t"] == "tensor"}
+    assert all(kinds[k] == "token" for k, v in b.batch.items() if v.dim() == 2 and v.shape[1] > 1), kinds
     _same(b, trajstore.Reader(tmp_path / "d").read(0))
 
 
