@@ -10,6 +10,7 @@ share a default path.  When the world size is above 1 the rank is appended to th
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Mapping
@@ -68,6 +69,25 @@ def _int(name: str, v: Any, low: int, none_ok: bool = False) -> int | None:
     return i
 
 
+def _masks(v: Any) -> dict[str, list[str]] | None:
+    """``{mask field: [field, ...]}`` from a mapping or its JSON text (None: infer every mask)."""
+    if v is None or (isinstance(v, str) and v.strip().lower() in ("", "none", "null")):
+        return None
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except ValueError as e:
+            raise ConfigError(f"DumpReplayConfig.masks: {v!r} is not JSON ({e}); use e.g. "
+                              '\'{"completion_mask": ["old_per_token_logps"]}\'') from None
+    ok = isinstance(v, Mapping) and all(
+        isinstance(k, str) and not isinstance(f, str | bytes) and hasattr(f, "__iter__") and all(isinstance(x, str) for x in f)
+        for k, f in v.items())
+    if not ok:
+        raise ConfigError(f"DumpReplayConfig.masks: {v!r} is not a mapping of a mask field to a list of field names, "
+                          'e.g. {"completion_mask": ["old_per_token_logps"]}')
+    return {k: list(f) for k, f in v.items()}
+
+
 @dataclass(frozen=True)
 class DumpReplayConfig:
     """Which steps of a training loop to dump, or where to replay them from.
@@ -83,7 +103,9 @@ class DumpReplayConfig:
     its step is recorded as skipped and training goes on).  ``device``: where replayed tensors go (default CPU).
     ``run_id``: names the default path.  ``total_steps``: for the disk estimate.
     ``prefetch``: at replay, read the next recorded step in the background while the
-    current one trains (one extra batch in memory).
+    current one trains (one extra batch in memory).  ``masks``: which per-token fields follow
+    which mask, where names and shapes do not tell (``{"completion_mask": ["old_per_token_logps"]}``,
+    passed to ``Writer(masks=...)``; docs/FORMAT.md 3.4; as a variable, JSON).
 
     Build it from a dict (``from_dict``: YAML, Hydra, parsed arguments) or from
     ``TRAJSTORE_*`` environment variables (``from_env``: ``TRAJSTORE_DUMP=1``,
@@ -104,6 +126,7 @@ class DumpReplayConfig:
     run_id: str | None = None
     total_steps: int | None = None
     prefetch: bool = True
+    masks: dict[str, list[str]] | None = None
 
     def __post_init__(self) -> None:
         s = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen dataclass
@@ -132,6 +155,7 @@ class DumpReplayConfig:
                 s("device", str(torch.device(self.device)))
             except (RuntimeError, TypeError) as e:
                 raise ConfigError(f"DumpReplayConfig.device: {self.device!r} is not a torch device ({e})") from None
+        s("masks", _masks(self.masks))
         v = self.run_id
         if v is not None and (not isinstance(v, str) or "/" in v or v in ("", ".", "..")):
             raise ConfigError(f"DumpReplayConfig.run_id: {v!r} must be a non-empty name without '/'")
