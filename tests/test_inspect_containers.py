@@ -49,3 +49,14 @@ def test_diff_show_export_run(dump, capsys):
     assert capsys.readouterr().out.splitlines()[-1] == "identical"
     assert run(["info", str(dump), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["splits"]["train"]["rows"] == 6
+
+
+def test_meta_info_changed_after_append_is_recorded_as_appended(tmp_path):
+    """verl pops meta_info["timing"] right after generation: the dump keeps what was appended."""
+    b = _dataproto(0)
+    b.meta_info = {"timing": {"gen": 1.5}, "n": [1, 2]}
+    with trajstore.Writer(tmp_path) as w:
+        w.append(0, b)
+        b.meta_info.pop("timing")
+        b.meta_info["n"].append(3)
+    assert trajstore.Reader(tmp_path)[0].meta_info == {"timing": {"gen": 1.5}, "n": [1, 2]}

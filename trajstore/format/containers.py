@@ -25,6 +25,7 @@ container (None for plain batches) stored in the spec; ``wrap(plain, tag)`` rebu
 
 from __future__ import annotations
 
+import copy
 import importlib
 import importlib.util
 import logging
@@ -148,7 +149,7 @@ def unwrap(batch: Any) -> tuple[Any, dict | None]:
         if typed.needs_typed(batch.meta_info, "meta_info"):  # encoded now: the caller may change it after
             out["meta_info_t"] = typed.encode(batch.meta_info)
         else:
-            out["meta_info"] = batch.meta_info
+            out["meta_info"] = copy.deepcopy(batch.meta_info)  # the caller may change it after append
         out["cls"] = f"{cls.__module__}:{cls.__qualname__}"
         return plain, out
     return batch, None
