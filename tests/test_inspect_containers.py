@@ -60,3 +60,14 @@ def test_meta_info_changed_after_append_is_recorded_as_appended(tmp_path):
         b.meta_info.pop("timing")
         b.meta_info["n"].append(3)
     assert trajstore.Reader(tmp_path)[0].meta_info == {"timing": {"gen": 1.5}, "n": [1, 2]}
+
+
+def test_packed_read_of_a_container(dump):
+    """layout="packed" of a TensorDict / DataProto step: flat fields in a TensorDict of batch_size []."""
+    r = trajstore.Reader(dump)
+    got = r.read(1, layout="packed")
+    td = got if isinstance(got, tensordict.TensorDictBase) else got.batch
+    assert list(td.batch_size) == [] and td["cu_seqlens"].tolist() == [0, 3, 5, 9]
+    padded = r[1]
+    ptd = padded if isinstance(padded, tensordict.TensorDictBase) else padded.batch
+    assert torch.equal(td["input_ids"], ptd["input_ids"][ptd["attention_mask"]])

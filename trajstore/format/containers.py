@@ -199,11 +199,22 @@ def _loaded_class(path: str):
     return obj if _FIELDS <= set(getattr(obj, "__dataclass_fields__", ())) else None
 
 
-def wrap(plain: Any, tag: dict | None, where: str = "") -> Any:
+def _unbatched(tag: dict) -> dict:
+    """A TensorDict tag with ``batch_size`` [] (nested ones too): a packed read's flat fields no
+    longer share the trajectory dimension."""
+    return {**tag, "batch_size": [], "nested": {k: _unbatched(v) for k, v in tag.get("nested", {}).items()}}
+
+
+def wrap(plain: Any, tag: dict | None, where: str = "", packed: bool = False) -> Any:
     """The container ``tag`` describes (``unwrap``) rebuilt around ``plain``; ``where`` (the file)
-    starts error messages."""
+    starts error messages. ``packed``: ``plain`` was read with ``layout="packed"``, so its
+    TensorDicts get ``batch_size`` [] (their flat fields have no common leading dimension)."""
     if tag is None:
         return plain
+    if packed and tag.get("type") == "tensordict":
+        tag = _unbatched(tag)
+    elif packed and tag.get("type") == "dataproto" and tag.get("td") is not None:
+        tag = {**tag, "td": _unbatched(tag["td"])}
     where = f"{where}: " if where else ""
     kind = tag.get("type")
     if kind == "tensordict":

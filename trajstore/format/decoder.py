@@ -276,4 +276,4 @@ def decode(table: pa.Table, spec: BatchNode | SeqNode, *, where: str, columns: l
     if layout not in (None, "padded", "packed"):
         raise ConfigError(f"layout must be 'padded', 'packed' or None, got {layout!r}")
     out = Decoder(Columns(table, where, alloc), spec, layout).batch(columns)
-    return containers.wrap(out, spec.get("wrapper"), where=where)
+    return containers.wrap(out, spec.get("wrapper"), where=where, packed=layout == "packed")
