@@ -163,6 +163,29 @@ def list_dump(path: Path, tok_path: Path, steps=(0, 1), split="train") -> dict:
     return written
 
 
+
+def check_inspection(dump: Path, per_step: list[int], capsys: Any) -> None:
+    """Every inspection tool on ``dump`` (steps 0, 1, ... holding ``per_step`` trajectories each) counts
+    them right: ``info`` rows, ``show`` of the last trajectory, ``export`` lines, ``diff`` of the dump
+    with itself (CLI and ``trajstore.diff``), ``sql`` counts per step. Runs in-process (``cli.run``)."""
+    import json
+
+    from trajstore.cli import run as cli_run
+
+    last = len(per_step) - 1
+    assert cli_run(["info", str(dump), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["splits"]["train"]["rows"] == sum(per_step)
+    assert cli_run(["show", str(dump), "--step", str(last), "--sample", str(per_step[-1] - 1), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["index"] == per_step[-1] - 1
+    assert cli_run(["export", str(dump)]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == sum(per_step)
+    assert cli_run(["diff", str(dump), str(dump)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "identical"
+    assert trajstore.diff(dump, dump).identical
+    assert cli_run(["sql", str(dump), "SELECT step, count(*) AS n FROM train GROUP BY step ORDER BY step",
+                    "--format", "json"]) == 0
+    assert [json.loads(x)["n"] for x in capsys.readouterr().out.splitlines()] == per_step
+
 def cli() -> list[str]:
     """The installed console script."""
     exe = Path(sys.executable).parent / "trajstore"

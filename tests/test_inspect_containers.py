@@ -1,13 +1,12 @@
 """Every inspection tool works on TensorDict and DataProto-like dumps (they read the plain form)."""
 
-import json
 
 import numpy as np
 import pytest
 import torch
 
 import trajstore
-from trajstore.cli import run
+from _dumps import check_inspection
 
 tensordict = pytest.importorskip("tensordict")
 
@@ -40,15 +39,7 @@ def test_to_pandas_counts_trajectories_and_cuts_padding(dump):
 
 
 def test_diff_show_export_run(dump, capsys):
-    assert trajstore.diff(dump, dump).identical
-    assert run(["show", str(dump), "--step", "1", "--sample", "2", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["index"] == 2
-    assert run(["export", str(dump)]) == 0
-    assert len(capsys.readouterr().out.splitlines()) == 6
-    assert run(["diff", str(dump), str(dump)]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == "identical"
-    assert run(["info", str(dump), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["splits"]["train"]["rows"] == 6
+    check_inspection(dump, [3, 3], capsys)
 
 
 def test_meta_info_changed_after_append_is_recorded_as_appended(tmp_path):

@@ -5,7 +5,6 @@ completion_ids/completion_mask right-padded and there is no attention_mask: each
 its own mask.  Each round-trips exactly through Writer/Reader and through a Recorder dump replayed in
 another process (TRL's batch is a dict), is stored unpadded, and every inspection tool reads it."""
 
-import json
 import os
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import trajstore
-from trajstore.cli import run
+from _dumps import check_inspection
 from trajstore.errors import BatchError
 from trajstore.testing import assert_batch_equal
 
@@ -227,15 +226,4 @@ def test_inspection_tools_count_trajectories(dump, capsys):
     assert len(df) == 10 and list(df["step"]) == [0] * 4 + [1] * 6
     b = batch(seed=1)
     assert [len(x) for x in df["completion_ids"][:4]] == b["completion_mask"].sum(-1).tolist()
-    assert run(["info", str(dump), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["splits"]["train"]["rows"] == 10
-    assert run(["show", str(dump), "--step", "1", "--sample", "5", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["index"] == 5
-    assert run(["export", str(dump)]) == 0
-    assert len(capsys.readouterr().out.splitlines()) == 10
-    assert run(["diff", str(dump), str(dump)]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == "identical"
-    assert trajstore.diff(dump, dump).identical
-    assert run(["sql", str(dump), "SELECT step, count(*) AS n FROM train GROUP BY step ORDER BY step",
-                "--format", "json"]) == 0
-    assert [json.loads(x)["n"] for x in capsys.readouterr().out.splitlines()] == [4, 6]
+    check_inspection(dump, [4, 6], capsys)

@@ -7,7 +7,6 @@ multi_modal_inputs dicts of tensors).  Each round-trips exactly through Writer/R
 Recorder dump replayed in another process, comes back as verl's DataProto, is stored unpadded, and every
 inspection tool reads it."""
 
-import json
 import os
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import trajstore
-from trajstore.cli import run
+from _dumps import check_inspection
 from trajstore.testing import assert_batch_equal
 
 verl_protocol = pytest.importorskip("verl.protocol")
@@ -239,15 +238,4 @@ def test_inspection_tools_count_trajectories(dump, capsys):
     assert len(df) == 8 and list(df["step"]) == [0] * 4 + [1] * 4
     fit = batches(seed=1)[1]
     assert [len(x) for x in df["input_ids"][:4]] == fit.batch["attention_mask"].sum(-1).tolist()
-    assert run(["info", str(dump), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["splits"]["train"]["rows"] == 8
-    assert run(["show", str(dump), "--step", "1", "--sample", "3", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["index"] == 3
-    assert run(["export", str(dump)]) == 0
-    assert len(capsys.readouterr().out.splitlines()) == 8
-    assert run(["diff", str(dump), str(dump)]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == "identical"
-    assert trajstore.diff(dump, dump).identical
-    assert run(["sql", str(dump), "SELECT step, count(*) AS n FROM train GROUP BY step ORDER BY step",
-                "--format", "json"]) == 0
-    assert [json.loads(x)["n"] for x in capsys.readouterr().out.splitlines()] == [4, 4]
+    check_inspection(dump, [4, 4], capsys)
