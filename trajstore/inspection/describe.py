@@ -64,8 +64,17 @@ def fields_of(spec: dict) -> list[dict]:
     return out
 
 
+def _column(f: Path, name: str) -> Any:
+    return pq.read_table(f, columns=[name]).column(0).combine_chunks()
+
+
+def _nonzero(col: Any) -> int:
+    """The non-zero values of a list column (a mask stored whole: its valid entries)."""
+    return int((col.values.to_numpy(zero_copy_only=False) != 0).sum())
+
+
 def _tokens(f: Path, spec: dict) -> int | None:
-    """Token count of a step: the lengths of its first per-token column."""
+    """Token count of a dict batch: the lengths of its first per-token column (of each counted mask)."""
     counted = counted_masks(spec)
     if counted is not None:  # several masks: the tokens of the counted ones, one field each
         total = 0
@@ -73,45 +82,40 @@ def _tokens(f: Path, spec: dict) -> int | None:
             node = next((n for _, n in spec["keys"] if n.get("mask") == i and n.get("t") == "tensor"), None)
             if node is None:
                 continue
-            col = pq.read_table(f, columns=[node["col"]]).column(0).combine_chunks()
+            col = _column(f, node["col"])
             if is_token(node):
                 total += int(col.offsets[-1].as_py() - col.offsets[0].as_py()) // max(1, math.prod(node["trail"]))
             elif node is dict(spec["keys"]).get(spec["masks"][i]["src"]):  # the mask itself, stored whole
-                total += int((col.values.to_numpy(zero_copy_only=False) != 0).sum())
+                total += _nonzero(col)
         return total
-    if is_dict_batch(spec):
-        for _, node in spec["keys"]:
-            if is_token(node):
-                col = pq.read_table(f, columns=[node["col"]]).column(0).combine_chunks()
-                w = max(1, math.prod(node["trail"]))
-                off = col.offsets.to_numpy()
-                return int(off[-1] - off[0]) // w
-        am = dict(spec["keys"]).get("attention_mask", {})
-        if spec.get("form") == "padded" and am.get("t") == "tensor" and len(am.get("trail", [])) == 1:
-            # a mask with holes is stored whole: count its non-zero entries
-            col = pq.read_table(f, columns=[am["col"]]).column(0).combine_chunks()
-            return int((col.values.to_numpy(zero_copy_only=False) != 0).sum())
-        return None
-    keys = dict(spec.get("elem", {}).get("keys", []))
-    am = keys.get("attention_mask", {})
-    if am.get("t") == "cell":  # count the valid entries of each row's mask ([T], [1, T] or a group's [g, T])
-        col = pq.read_table(f, columns=[am["col"]]).column(0).combine_chunks()
-        return int((col.values.to_numpy(zero_copy_only=False) != 0).sum())
-    for node in keys.values():
-        if is_token_cell(node):
-            shapes = pq.read_table(f, columns=[node["shape_col"]]).column(0).to_pylist()
-            return int(sum(s[1] if len(s) > 1 and s[0] == 1 else s[0] for s in shapes if s))
+    for _, node in spec["keys"]:
+        if is_token(node):
+            off = _column(f, node["col"]).offsets.to_numpy()
+            return int(off[-1] - off[0]) // max(1, math.prod(node["trail"]))
+    am = dict(spec["keys"]).get("attention_mask", {})
+    if spec.get("form") == "padded" and am.get("t") == "tensor" and len(am.get("trail", [])) == 1:
+        return _nonzero(_column(f, am["col"]))  # a mask with holes is stored whole
     return None
 
 
-def _rows(f: Path, spec: dict, num_rows: int) -> int:
-    """Trajectories of a step: its rows, where a list batch's element with a ``[g, T]`` attention mask
-    (a group of rollouts) counts ``g``."""
-    am = dict(spec.get("elem", {}).get("keys", [])).get("attention_mask", {}) if not is_dict_batch(spec) else {}
-    if am.get("t") != "cell":
-        return num_rows
-    shapes = pq.read_table(f, columns=[am["shape_col"]]).column(0).to_pylist()
-    return sum(s[0] if s is not None and len(s) == 2 and s[0] > 1 else 1 for s in shapes)
+def _counts(f: Path, spec: dict, num_rows: int) -> tuple[int, int | None]:
+    """(trajectories, tokens) of a step. In a list batch an element whose ``attention_mask`` is
+    ``[g, T]`` (a group of rollouts) counts ``g`` trajectories, and tokens are its mask's valid
+    entries (``[T]``, ``[1, T]`` or ``[g, T]``); both come from one read of that mask."""
+    if is_dict_batch(spec):
+        return num_rows, _tokens(f, spec)
+    keys = dict(spec.get("elem", {}).get("keys", []))
+    am = keys.get("attention_mask", {})
+    if am.get("t") == "cell":
+        t = pq.read_table(f, columns=[am["col"], am["shape_col"]])
+        shapes = t.column(1).to_pylist()
+        rows = sum(s[0] if s is not None and len(s) == 2 and s[0] > 1 else 1 for s in shapes)
+        return rows, _nonzero(t.column(0).combine_chunks())
+    for node in keys.values():
+        if is_token_cell(node):
+            shapes = _column(f, node["shape_col"]).to_pylist()
+            return num_rows, int(sum(s[1] if len(s) > 1 and s[0] == 1 else s[0] for s in shapes if s))
+    return num_rows, None
 
 
 def describe(path: str | Path, split: str | None = None,
@@ -137,7 +141,8 @@ def describe(path: str | Path, split: str | None = None,
             f = r.file(s)
             doc = r.info(s)
             spec = doc["batch"]
-            per_step.append({"step": s, "rows": _rows(f, spec, doc.get("num_rows")), "tokens": _tokens(f, spec),
+            rows, tokens = _counts(f, spec, doc.get("num_rows"))
+            per_step.append({"step": s, "rows": rows, "tokens": tokens,
                              "bytes": f.stat().st_size})
             for fd in fields_of(spec):
                 cur = fields.setdefault(fd["name"], {**fd, "steps": 0})
