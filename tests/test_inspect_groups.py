@@ -43,3 +43,15 @@ def test_single_episodes_stay_one_row_each(tmp_path):
     df = trajstore.Reader(tmp_path).to_pandas(0)
     assert len(df) == 3 and list(df["rejected"]) == [False, True, False] and "group" not in df
     assert describe(tmp_path)["splits"]["train"]["rows"] == 3
+
+
+def test_recorder_logs_the_valid_tokens_of_a_list_batch(tmp_path, caplog):
+    """The dump log line counts each element's valid tokens ([1, T] episodes and [g, T] groups)."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="trajstore.recorder")
+    batch = [_group([3], 5, 0), None, _group([5, 2], 6, 1)]
+    with trajstore.Recorder(trajstore.DumpReplayConfig(dump=True, path=str(tmp_path))) as rec:
+        rec.batch(0, lambda: batch)
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("trajstore dump step=0 "))
+    assert "tokens=10 " in line

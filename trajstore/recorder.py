@@ -49,7 +49,7 @@ from ._text import human_bytes
 from .config import DumpReplayConfig, location
 from .errors import BatchError, ConfigError, EnvironmentMismatchError
 from .format import containers
-from .format.layout import token_mask
+from .format.layout import count_tokens
 from .reader import Reader
 from .store import commit, index
 from .store import paths
@@ -64,24 +64,10 @@ _active_lock = threading.Lock()
 
 
 def _tokens(plain: Any) -> Callable[[], int | None]:
-    """The number of valid tokens of a plain batch, read later: a CUDA count is copied to host memory
-    behind an event now, so neither this call nor the read blocks on the caller's GPU work."""
-    n = None
-    if isinstance(plain, Mapping):
-        cu = plain.get("cu_seqlens")
-        m = plain.get("attention_mask")
-        if isinstance(cu, torch.Tensor) and cu.ndim == 1 and cu.numel():
-            n = cu[-1]
-        elif isinstance(m, torch.Tensor) and m.ndim >= 2:
-            n = token_mask(m).sum()
-    elif isinstance(plain, list | tuple):
-        n = 0
-        for e in plain:
-            if isinstance(e, Mapping):
-                x = e.get("attention_mask", e.get("input_ids"))
-                if x is None:
-                    return lambda: None
-                n += len(x)
+    """The number of valid tokens of a plain batch (``format.layout.count_tokens``), read later: a
+    CUDA count is copied to host memory behind an event now, so neither this call nor the read
+    blocks on the caller's GPU work."""
+    n = count_tokens(plain)
     if isinstance(n, torch.Tensor) and n.is_cuda:
         host = n.to("cpu", non_blocking=True)  # into pinned memory
         ev = torch.cuda.Event()

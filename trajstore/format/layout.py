@@ -23,7 +23,7 @@ from .spec import START_PREFIX
 from .values import as_cpu, describe, is_tensorlike
 
 __all__ = ["Layout", "MaskGroup", "token_mask", "structure", "batch_size", "read_cu_seqlens", "read_groups",
-           "padded_mask", "span_mask", "group_of", "classify"]
+           "padded_mask", "span_mask", "group_of", "classify", "count_tokens"]
 
 _CU_SEQLENS = "field 'cu_seqlens': must be a non-empty 1-D integer tensor starting at 0 and non-decreasing"
 
@@ -285,3 +285,30 @@ def padded_mask(lengths: np.ndarray, T: int, side: str) -> torch.Tensor:
     bounds = np.linspace(0, len(L), max(1, min(len(L), out.nbytes // (1 << 20))) + 1).astype(np.int64)
     run_parallel(rows, [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a], out.nbytes)
     return torch.from_numpy(out)
+
+
+def count_tokens(plain: Any) -> torch.Tensor | int | None:
+    """The valid tokens of a plain batch, without reading GPU memory: a (possibly CUDA) 0-d tensor or
+    an int; None where the batch does not say. A dict batch counts ``cu_seqlens[-1]`` or its
+    ``attention_mask``; a list batch each element's ``attention_mask`` (``[T]``, ``[1, T]`` or a
+    group's ``[g, T]``), else every ``input_ids`` entry."""
+    if isinstance(plain, Mapping):
+        cu, m = plain.get("cu_seqlens"), plain.get("attention_mask")
+        if isinstance(cu, torch.Tensor) and cu.ndim == 1 and cu.numel():
+            return cu[-1]
+        if isinstance(m, torch.Tensor) and m.ndim >= 2:
+            return token_mask(m).sum()
+        return None
+    if not isinstance(plain, list | tuple):
+        return None
+    n: torch.Tensor | int = 0
+    for e in plain:
+        if isinstance(e, Mapping):
+            m, ids = e.get("attention_mask"), e.get("input_ids")
+            if isinstance(m, torch.Tensor | np.ndarray):
+                n = n + token_mask(m).sum()
+            elif isinstance(ids, torch.Tensor | np.ndarray):  # no mask: every token counts
+                n = n + (ids.size if isinstance(ids, np.ndarray) else ids.numel())
+            else:
+                return None
+    return n
