@@ -17,6 +17,7 @@ PKG = Path(__file__).resolve().parent.parent / "trajstore"
 LAYERS: list[tuple[str, list[str]]] = [
     ("base", ["trajstore.errors", "trajstore._version", "trajstore._text", "trajstore._threads",
               "trajstore.fingerprint"]),
+    ("integrations", ["trajstore.integrations", "trajstore.integrations.*"]),
     ("format", ["trajstore.format", "trajstore.format.*"]),
     ("format front door", ["trajstore.schema"]),
     ("store", ["trajstore.store", "trajstore.store.*"]),
@@ -32,6 +33,7 @@ LAYERS: list[tuple[str, list[str]]] = [
 SAME_LAYER = [
     ("trajstore.format.*", "trajstore.format.*"),
     ("trajstore.store.*", "trajstore.store.*"),
+    ("trajstore.integrations.*", "trajstore.integrations"),
     ("trajstore.inspection.*", "trajstore.inspection.*"),
     ("trajstore.writer", "trajstore.snapshot"),
     ("trajstore.reader", "trajstore.prefetch"),

@@ -35,8 +35,8 @@ BANNED_WORDS = {"pickle", "marshal", "shelve", "eval", "exec", "read_pickle", "a
 
 TRUSTED = PKG / "inspection" / "legacy_load.py"
 TRUSTED_FUNCS = {"load_weights_only", "unpickle_trusted"}
-# the one import by name: a fixed list of framework modules (format/containers.py FRAMEWORK_CLASSES)
-FRAMEWORK_IMPORT = (PKG / "format" / "containers.py", "_import_framework")
+# the one import by name: framework modules from the integrations' own fixed lists (integrations/__init__.py)
+FRAMEWORK_IMPORT = (PKG / "integrations" / "__init__.py", "load")
 
 
 def _exempt_lines(src: Path, tree: ast.AST) -> set[int]:

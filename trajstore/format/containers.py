@@ -17,7 +17,7 @@ container (None for plain batches) stored in the spec; ``wrap(plain, tag)`` rebu
   and friends get the unpadded per-token layout.  It comes back as the original class
   when that class's module is imported by the reading process and the class is a
   dataclass with those three fields (verl's is).  The frameworks' own classes
-  (``FRAMEWORK_CLASSES``: verl's and ROLL's ``DataProto``) are imported when their package
+  (``integrations.verl.DATAPROTO_CLASSES``: verl's and ROLL's ``DataProto``) are imported when their package
   is installed, whatever the import order of the reading process; a file can name no
   other module to import.  Otherwise the step comes back as :class:`DataProtoLike`, a
   small dataclass of the same shape.
@@ -26,9 +26,6 @@ container (None for plain batches) stored in the spec; ``wrap(plain, tag)`` rebu
 from __future__ import annotations
 
 import copy
-import importlib
-import importlib.util
-import logging
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +33,7 @@ from typing import Any
 import torch
 
 from ..errors import BatchError, ConfigError, FormatError, MissingDependencyError, UnsupportedTypeError
+from ..integrations import verl
 from . import typed
 
 __all__ = ["unwrap", "wrap", "version", "DataProtoLike", "is_tensordict", "is_dataproto"]
@@ -161,36 +159,13 @@ def version(tag: dict) -> int:
 
 
 _FIELDS = {"batch", "non_tensor_batch", "meta_info"}
-# classes a step may come back as even if the reading process has not imported them yet: a fixed
-# list of this library's, never a name taken from a file
-FRAMEWORK_CLASSES = frozenset({"verl.protocol:DataProto", "roll.distributed.scheduler.protocol:DataProto"})
-log = logging.getLogger("trajstore.reader")
-_failed: set[str] = set()  # framework modules whose import failed once (not tried again)
-
-
-def _import_framework(mod_name: str) -> None:
-    """Import the module of one of ``FRAMEWORK_CLASSES`` if its package is installed; an import
-    that fails is logged once and the step comes back as :class:`DataProtoLike`."""
-    if mod_name in sys.modules or mod_name in _failed:
-        return
-    try:
-        if importlib.util.find_spec(mod_name.partition(".")[0]) is None:
-            return
-        importlib.import_module(mod_name)
-    except Exception as e:  # noqa: BLE001 - a broken install of the framework must not fail the read
-        _failed.add(mod_name)
-        log.warning("trajstore: %s is installed but cannot be imported (%s: %s); its steps come back as "
-                    "DataProtoLike", mod_name, type(e).__name__, e)
-
-
 def _loaded_class(path: str):
-    """The class named ``module:qualname`` if its module is imported (one of ``FRAMEWORK_CLASSES``
+    """The class named ``module:qualname`` if its module is imported (one of ``integrations.verl.DATAPROTO_CLASSES``
     is imported here if installed) and it is a dataclass with ``batch``, ``non_tensor_batch`` and
     ``meta_info`` fields, else None. A file names the class, so only such DataProto-shaped classes
     are ever instantiated, and only the framework modules of this library's list are imported."""
     mod_name, _, qual = path.partition(":")
-    if path in FRAMEWORK_CLASSES:
-        _import_framework(mod_name)
+    verl.load_dataproto_module(path)
     obj = sys.modules.get(mod_name)
     for part in qual.split(".") if obj is not None else ():
         obj = getattr(obj, part, None)

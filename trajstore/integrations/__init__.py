@@ -1,0 +1,40 @@
+"""What trajstore knows about each RL framework's batches, one module per framework.
+
+The format layer consults these modules; they import nothing of trajstore but the error
+hierarchy, and never import a framework at module level: a framework is imported only when it is
+installed and a step needs it (``load``), so trajstore works, and reads every dump, without any of
+them.
+
+* ``verl``: verl's and ROLL's ``DataProto`` classes, restored on replay whatever the import order.
+
+Each module says what it adapts and where the format stores it (docs/frameworks/<name>.md has the
+user-facing side).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import sys
+
+__all__ = ["load"]
+
+log = logging.getLogger("trajstore.reader")
+_failed: set[str] = set()  # framework modules whose import failed once (not tried again)
+
+
+def load(mod_name: str) -> None:
+    """Import framework module ``mod_name`` if its package is installed and it is not imported yet.
+    Only names from this package's own lists are ever passed here (never a name read from a file);
+    an import that fails is logged once and not tried again, and the caller falls back."""
+    if mod_name in sys.modules or mod_name in _failed:
+        return
+    try:
+        if importlib.util.find_spec(mod_name.partition(".")[0]) is None:
+            return
+        importlib.import_module(mod_name)
+    except Exception as e:  # noqa: BLE001 - a broken install of the framework must not fail the read
+        _failed.add(mod_name)
+        log.warning("trajstore: %s is installed but cannot be imported (%s: %s); trajstore goes on "
+                    "without it", mod_name, type(e).__name__, e)
