@@ -151,9 +151,11 @@ WRITER_CASES = {
     "step_too_large": (dict(step=2**63), ConfigError, "too large"),
     "step_numpy_float": (dict(step=np.float32(1)), ConfigError, "float32"),
     "meta_not_dict": (dict(meta=[1]), ConfigError, "meta must be a dict"),
-    "meta_oversized": (dict(meta={"x": "a" * (2 << 20)}), ConfigError, "meta is .* bytes.*limit"),
-    "meta_tensor_value": (dict(meta={"x": torch.zeros(1)}), UnsupportedTypeError, "meta.*Tensor"),
-    "meta_non_str_key": (dict(meta={1: 2}), UnsupportedTypeError, "meta.*key 1"),
+    "meta_oversized": (dict(meta={"x": "a" * (2 << 20)}), BatchError, "meta is .* bytes.*limit"),
+    "meta_opaque_value": (dict(meta={"x": {"y": [object()]}}), UnsupportedTypeError,
+                          r"step 1 meta\['x'\]\['y'\]\[0\].*object cannot be stored; convert it"),
+    "meta_set_key": (dict(meta={frozenset(): 2}), UnsupportedTypeError, "meta key.*frozenset"),
+    "meta_meta_tensor": (dict(meta={"x": torch.empty(1, device="meta")}), UnsupportedTypeError, "meta.*'x'"),
     "meta_surrogate": (dict(meta={"x": "\ud800"}), BatchError, "meta.*UTF-8"),
 }
 

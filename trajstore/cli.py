@@ -66,7 +66,7 @@ def _fields(args: argparse.Namespace) -> dict:
          arg("--split", default=None, help="only this split (default: all)"),
          arg("--all-steps", action="store_true", help="list every step (default: the first and last 10)"), JSON)
 def cmd_info(args: argparse.Namespace) -> int:
-    from .inspection.describe import describe
+    from .inspection.describe import describe, short
 
     d = describe(args.path, args.split, progress=lambda s, name: out.progress(s, f"reading {name}"))
     if args.json:
@@ -84,8 +84,9 @@ def cmd_info(args: argparse.Namespace) -> int:
         per = sp["per_step"]
         if len(per) > 20 and not args.all_steps:
             per = per[:10] + [{"step": f"... {len(per) - 20} more (--all-steps)"}] + per[-10:]
-        out.table(["step", "rows", "tokens", "bytes"],
-                  [[p["step"], p.get("rows", ""), p.get("tokens", ""), p.get("bytes", "")] for p in per],
+        out.table(["step", "rows", "tokens", "bytes", "meta"],
+                  [[p["step"], p.get("rows", ""), p.get("tokens", ""), p.get("bytes", ""),
+                    short(p["meta"]) if p.get("meta") else ""] for p in per],
                   title="per step")
         out.table(["field", "dtype", "kind", "shape", "steps"],
                   [[f["name"], f["dtype"] + (" (varies)" if f.get("varies") else ""), f["kind"],
@@ -104,6 +105,7 @@ def cmd_info(args: argparse.Namespace) -> int:
          TOKENIZER, arg("--logprobs", action="store_true", help="print per-token log-probabilities"),
          SPLIT, JSON, *OVERRIDES)
 def cmd_show(args: argparse.Namespace) -> int:
+    from .inspection.describe import jsonable, short
     from .inspection.traces import decode_ids, load_tokenizer, to_json, trace_rows
     from .reader import Reader
     from .tables import step_rows
@@ -113,7 +115,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     all_rows = step_rows(r, args.step)
     if not 0 <= args.sample < len(all_rows):
         raise ConfigError(f"step {args.step} has {len(all_rows)} trajectories; --sample {args.sample} is out of range")
-    row = all_rows[args.sample]
+    row, meta = all_rows[args.sample], jsonable(r.meta(args.step))
     if row is None:
         if args.json:
             print(json.dumps({"step": args.step, "index": args.sample, "rejected": True}))
@@ -122,8 +124,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         return 0
     t = trace_rows(row, tok, fields=_fields(args), logprobs=args.logprobs)
     if args.json:
-        print(json.dumps({"step": args.step, "index": args.sample, "rejected": False, **to_json(t)},
-                         ensure_ascii=False))
+        print(json.dumps({"step": args.step, "index": args.sample, "rejected": False, **to_json(t),
+                          "meta": meta}, ensure_ascii=False))
         return 0
     head = [f"step {args.step}", f"trajectory {args.sample} of {len(all_rows)}"]
     if "reward" in t:
@@ -133,7 +135,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     if "versions" in t:
         v = t["versions"]
         head.append("versions " + (", ".join(f"{a}x{n}" for a, n in v) if isinstance(v, list) else str(v)))
-    print("  |  ".join(head))
+    print("  |  ".join(head + ([f"meta {short(meta)}"] if meta else [])))
     if not t["segments"]:
         for k in ("prompt", "completion"):
             if k in t:

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 from . import _threads, schema, tables, torch_bridge
 from .format import containers
 from .format import dtypes as dt
+from .format import typed
 from .format import validate
 from .format.spec import check_version, is_dict_batch, is_plain_sample, is_token
 from .prefetch import iterate
@@ -162,8 +163,9 @@ class Reader:
         return _StepFile(pf, src, doc, f)
 
     def meta(self, step: int) -> dict:
-        """The ``meta`` dict given to ``append`` for ``step``."""
-        return self._open(step, check=False).doc.get("meta", {})  # nothing is decoded: no spec walk
+        """The ``meta`` dict given to ``append`` for ``step``, its values of the types given."""
+        sf = self._open(step, check=False)  # the spec is not walked: only the meta is decoded
+        return typed.step_meta(sf.doc, str(sf.path))
 
     def info(self, step: int) -> dict:
         """The step's stored description: spec, meta, row count."""

@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 from . import schema, torch_bridge
 from .format import check
 from .format import containers
+from .format import typed
 from .format.parquet import parquet_options
 from .store import commit
 from .store import index
@@ -51,16 +52,19 @@ LOG_EVERY_S = 60.0  # at most one 'append waited' warning a minute per writer
 
 
 def check_meta(meta: Any, step: int) -> dict:
+    """The step envelope's entry for ``meta`` (docs/FORMAT.md 3.6), made now (the caller may change
+    ``meta`` after ``append``): ``{"meta": a copy}`` when it is plain JSON, else ``{"meta_t": its typed
+    document}`` (numpy scalars, tuples, non-str keys, bytes, arrays, tensors: format/typed.py)."""
     if meta is None:
         return {}
     if type(meta) is not dict:
         raise ConfigError(f"step {step}: meta must be a dict, got {type(meta).__name__}")
-    schema.check_json(meta, f"step {step} meta")
-    n = len(json.dumps(meta))
-    if n > MAX_META_BYTES:
-        raise ConfigError(f"step {step}: meta is {n} bytes of JSON, the limit is {MAX_META_BYTES}; "
-                          "store large values as batch fields instead")
-    return meta
+    entry = {"meta_t": typed.encode(meta)} if typed.needs_typed(meta, f"step {step} meta") else {"meta": meta}
+    doc = json.dumps(entry)
+    if len(doc) > MAX_META_BYTES:
+        raise BatchError(f"step {step}: meta is {len(doc)} bytes of JSON, the limit is {MAX_META_BYTES}; "
+                         "store large values as batch fields instead")
+    return json.loads(doc)
 
 
 @dataclass(frozen=True)
@@ -174,7 +178,9 @@ class Writer:
     # -- caller's side
     def append(self, step: int, batch: Any, meta: dict | None = None, *, overwrite: bool | None = None,
                copy: bool = False) -> None:
-        """Record ``batch`` as step ``step`` (with JSON-able step metadata ``meta``).
+        """Record ``batch`` as step ``step``, with step metadata ``meta``: a dict of what a batch's
+        non-tensor values may hold (numpy scalars and arrays, tuples, non-str keys, bytes, tensors),
+        read back by ``Reader.meta`` with the same types.
 
         Returns once the batch is snapshotted (see the module doc); ``copy=True`` clones CPU
         tensors now, so the caller may modify them in place afterwards."""
@@ -344,7 +350,7 @@ class Writer:
         step, snap = job.step, job.snap
         batch = snap.batch()
         snap.check(step)
-        table = schema.encode_plain(batch, job.tag, step=step, split=self.split, meta=job.meta,
+        table = schema.encode_plain(batch, job.tag, step=step, split=self.split, extra=job.meta,
                                     masks=self.masks)
         final = self.dir / paths.step_name(step)
         tmp = self.dir / paths.temp_name(step)

@@ -149,7 +149,8 @@ class StepDoc(TypedDict):
     step: int
     split: str
     num_rows: int
-    meta: dict
+    meta: NotRequired[dict]  # the step metadata when it is plain JSON
+    meta_t: NotRequired[Any]  # else its typed document, in place of meta (format/typed.py; format version 2)
     batch: BatchNode | SeqNode
 
 
@@ -157,10 +158,15 @@ def step_doc(step: int, split: str, num_rows: int, meta: dict | None, batch: Bat
              extra: dict | None = None, version: int = 1) -> StepDoc:
     """The envelope of one step's spec. ``version`` is the lowest format version that can read this
     step (the encoder raises it only when the step uses something newer readers alone know), so a
-    step that needs nothing new stays readable by older trajstore versions."""
+    step that needs nothing new stays readable by older trajstore versions. Step metadata plain JSON
+    cannot hold comes as ``extra["meta_t"]`` (its typed document) and replaces ``meta`` (version 2)."""
     assert 1 <= version <= FORMAT_VERSION
-    return {"format_version": version, "step": step, "split": split, "num_rows": num_rows,
-            "meta": meta or {}, "batch": batch, **(extra or {})}  # type: ignore[typeddict-item]
+    doc = {"format_version": version, "step": step, "split": split, "num_rows": num_rows,
+           "meta": meta or {}, "batch": batch, **(extra or {})}
+    if "meta_t" in doc:
+        del doc["meta"]
+        doc["format_version"] = max(version, 2)
+    return doc  # type: ignore[return-value]
 
 
 def check_version(v: Any, where: str, what: str, newest: int = FORMAT_VERSION) -> int:

@@ -19,7 +19,8 @@ a ``"$t"`` key is one of:
 ``needs_typed`` walks a value on the caller's thread (no tensor value is read) and says whether it
 is plain JSON (stored as today) or needs this encoding; it raises ``UnsupportedTypeError`` naming
 the place for what neither can hold. ``encode`` and ``decode`` convert; ``decode`` checks a
-document from a file and raises ``FormatError``.
+document from a file and raises ``FormatError``. ``step_meta`` reads a step's metadata, stored as
+plain JSON (``meta``) or, where it needs this encoding, as ``meta_t`` (docs/FORMAT.md 3.6).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from ..errors import BatchError, FormatError, UnsupportedTypeError
 from . import dtypes as dt
 from .values import check_tensor
 
-__all__ = ["needs_typed", "check_np_dtype", "encode", "decode", "STORABLE", "MAX_DEPTH"]
+__all__ = ["needs_typed", "check_np_dtype", "encode", "decode", "step_meta", "STORABLE", "MAX_DEPTH"]
 
 MAX_DEPTH = 200
 TAG = "$t"
@@ -256,3 +257,21 @@ def _dec(d: Any, depth: int) -> Any:
             raise _Bad(f"a {name} tensor of shape {shape} holds {len(raw)} bytes")
         return dt.from_storage(np.frombuffer(raw, sd).reshape(shape).copy(), name)
     raise _Bad(f"type tag {str(tag)[:40]!r} (or its value) is unknown")
+
+
+def step_meta(doc: dict, where: str) -> dict:
+    """The step metadata of a step envelope ``doc`` read from a file: its plain-JSON ``meta``, or the
+    value of its typed ``meta_t`` (format version 2; never both); FormatError naming ``where`` if it lies."""
+    if "meta_t" not in doc:
+        meta = doc.get("meta", {})
+        if type(meta) is not dict:
+            raise FormatError(f"{where}: the step's meta is not an object; the file is damaged")
+        return meta
+    v = doc.get("format_version")
+    if "meta" in doc or type(v) is not int or v < 2:
+        raise FormatError(f"{where}: the step has typed metadata (meta_t) together with meta, or in a format "
+                          f"version {v!r} file; the file is damaged or was not written by trajstore")
+    meta = decode(doc["meta_t"], f"{where}: the step's meta")
+    if type(meta) is not dict:
+        raise FormatError(f"{where}: the step's typed meta is a {type(meta).__name__}, not a dict; the file is damaged")
+    return meta

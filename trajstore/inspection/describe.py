@@ -1,4 +1,4 @@
-"""What is in a dump: splits, steps (range, gaps), rows/tokens/bytes per step, fields, environment.
+"""What is in a dump: splits, steps (range, gaps), rows/tokens/bytes/meta per step, fields, environment.
 
 Only each step's Parquet footer is read (checksums are not verified here), plus one per-token
 column for the token count (``tokens`` is None for steps without a per-token field).
@@ -6,17 +6,21 @@ column for the token count (``tokens`` is None for steps without a per-token fie
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+import numpy as np
 import pyarrow.parquet as pq
+import torch
 
+from ..format import typed
 from ..format.spec import counted_masks, is_dict_batch, is_token, is_token_cell, is_tokenlike
 from ..reader import Reader
 from ..store import paths
 
-__all__ = ["describe", "fields_of", "gaps"]
+__all__ = ["describe", "fields_of", "gaps", "jsonable", "short"]
 
 
 def gaps(steps: list[int]) -> list[list[int]]:
@@ -26,6 +30,24 @@ def gaps(steps: list[int]) -> list[list[int]]:
         if b > a + 1:
             out.append([a + 1, b - 1])
     return out
+
+
+def jsonable(v: Any) -> Any:
+    """A step's meta (or any typed value) as JSON, for display: numpy scalars and arrays and tensors
+    become numbers and lists, tuples lists, non-str keys and other values (bytes...) their repr."""
+    if type(v) is dict:
+        return {k if type(k) is str else repr(k): jsonable(x) for k, x in v.items()}
+    if type(v) is list or type(v) is tuple:
+        return [jsonable(x) for x in v]
+    if isinstance(v, np.ndarray | np.generic | torch.Tensor):
+        return jsonable(v.tolist())
+    return v if v is None or type(v) in (bool, int, float, str) else repr(v)
+
+
+def short(v: Any, n: int = 60) -> str:
+    """Compact JSON of a ``jsonable`` value, cut to ``n`` characters, for a table cell or a head line."""
+    text = json.dumps(v, ensure_ascii=False, separators=(",", ":"))
+    return text if len(text) <= n else text[:n - 3] + "..."
 
 
 def fields_of(spec: dict) -> list[dict]:
@@ -142,8 +164,8 @@ def describe(path: str | Path, split: str | None = None,
             doc = r.info(s)
             spec = doc["batch"]
             rows, tokens = _counts(f, spec, doc.get("num_rows"))
-            per_step.append({"step": s, "rows": rows, "tokens": tokens,
-                             "bytes": f.stat().st_size})
+            per_step.append({"step": s, "rows": rows, "tokens": tokens, "bytes": f.stat().st_size,
+                             "meta": jsonable(typed.step_meta(doc, str(f)))})
             for fd in fields_of(spec):
                 cur = fields.setdefault(fd["name"], {**fd, "steps": 0})
                 cur["steps"] += 1
