@@ -193,10 +193,12 @@ class _Checker:
             raise _Bad(f"a segmented tensor has lib {node.get('lib')!r}")
         if type(self.version) is int and self.version < 3:
             raise _Bad(f"a segmented tensor in a file of format version {self.version} (it needs 3)")
-        _shape(node.get("trail"), "trail shape")
+        w = math.prod(_shape(node.get("trail"), "trail shape"))
         counts = node.get("counts")
         if type(counts) is not list or len(counts) != self.n or any(type(c) is not int or c < 0 for c in counts):
             raise _Bad(f"the counts of a segmented tensor are not {self.n} ints >= 0")
+        if w >= 1 << 62 or sum(counts) * max(w, 1) >= 1 << 62:
+            raise _Bad(f"a segmented tensor of {sum(counts)} rows of {node['trail']} is too large")
         self.col(node, "col", lambda t: pa.types.is_large_list(t) and t.value_type == dt.arrow_type(name))
 
     def group(self, node: dict) -> dict | None:
