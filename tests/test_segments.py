@@ -179,3 +179,20 @@ def test_any_lie_raises_a_trajstore_error_or_decodes(dump, data, monkeypatch):
             trajstore.Reader(dump).read(0)
         except TrajstoreError as e:
             assert f.name in str(e)
+
+
+@pytest.mark.cuda
+def test_cuda_batch_round_trips_and_its_grid_is_checked_in_the_background(tmp_path):
+    """On the GPU, append does not read image_grid_thw (no sync); the encoder does, and a mismatch
+    is a BatchWriteError (a BatchError) at the next flush, the step recorded as skipped."""
+    b = {k: v.cuda() if torch.is_tensor(v) else v for k, v in vlm().items()}
+    bad = {**b, "pixel_values": b["pixel_values"][:-1]}
+    w = trajstore.Writer(tmp_path / "d")
+    w.append(0, b)
+    w.append(1, bad)
+    with pytest.raises(BatchError, match=r"'pixel_values' and 'image_grid_thw'"):
+        w.flush()
+    w.close()
+    r = trajstore.Reader(tmp_path / "d")
+    assert r.steps == [0] and 1 in r.skipped
+    assert_batch_equal(r.read(0), {k: v.cpu() if torch.is_tensor(v) else v for k, v in b.items()})
