@@ -140,13 +140,17 @@ def test_any_lengths_round_trip_exactly(tmp_path_factory, lengths):
     assert_batch_equal(b, trajstore.Reader(d).read(0))
 
 
-def test_prepare_inputs_micro_batches_round_trip_exactly(tmp_path):
-    """GRPOTrainer._prepare_inputs (real): shuffle_sequence_dict, split_tensor_dict, one micro-batch per step."""
+@pytest.mark.parametrize("vlm", [False, True], ids=["text", "vlm"])
+def test_prepare_inputs_micro_batches_round_trip_exactly(tmp_path, vlm):
+    """GRPOTrainer._prepare_inputs (real): shuffle_sequence_dict, split_tensor_dict, one micro-batch per
+    step; a VLM batch also goes through split_pixel_values_by_grid and back (unsplit_pixel_values_by_grid),
+    so each micro-batch's pixel_values are its own samples' rows."""
     g = torch.Generator().manual_seed(5)
-    t = _trainer(False, 2, 4, lambda i: (2 + i % 3, 2 + i), g)
-    inputs = [{"prompt": [{"role": "user", "content": f"q{i // 2}"}]} for i in range(4)]
+    t = _trainer(vlm, 2, 4, lambda i: (2 + i % 3, 2 + i), g)
+    inputs = [{"prompt": [{"role": "user", "content": f"q{i // 2}"}], **({"images": IMAGES[i]} if vlm else {})}
+              for i in range(4)]
     steps = [t._prepare_inputs(inputs) for _ in range(2)]
-    assert steps[0]["prompt_ids"].shape[0] == 2
+    assert steps[0]["prompt_ids"].shape[0] == 2 and (not vlm or sum(len(s["num_images"]) for s in steps) == 4)
     with trajstore.Writer(tmp_path / "d") as w:
         for s, b in enumerate(steps):
             w.append(s, b)
@@ -197,22 +201,6 @@ def test_vlm_batch_round_trips_exactly(tmp_path, kw):
     at = [0, *torch.tensor(rows).cumsum(0).tolist()]
     for i, x in enumerate(df["pixel_values"]):  # each completion's own images' patch rows
         assert torch.equal(torch.from_numpy(x), b["pixel_values"][at[i]:at[i + 1]].float())
-
-
-def test_vlm_prepare_inputs_micro_batches_round_trip_exactly(tmp_path):
-    """_prepare_inputs (real): split_pixel_values_by_grid, shuffle, split_tensor_dict, then
-    unsplit_pixel_values_by_grid: each micro-batch's pixel_values are its samples' rows again."""
-    g = torch.Generator().manual_seed(7)
-    t = _trainer(True, 2, 4, lambda i: (2 + i % 3, 2 + i), g)
-    inputs = [{"prompt": [{"role": "user", "content": f"q{i // 2}"}], "images": IMAGES[i]} for i in range(4)]
-    steps = [t._prepare_inputs(inputs) for _ in range(2)]
-    assert sum(len(s["num_images"]) for s in steps) == 4
-    with trajstore.Writer(tmp_path / "d") as w:
-        for s, b in enumerate(steps):
-            w.append(s, b)
-    r = trajstore.Reader(tmp_path / "d")
-    for s, b in enumerate(steps):
-        assert_batch_equal(b, r.read(s))
 
 
 def test_vlm_sizes_that_do_not_add_up_are_refused_at_append(tmp_path):

@@ -196,3 +196,22 @@ def test_cuda_batch_round_trips_and_its_grid_is_checked_in_the_background(tmp_pa
     r = trajstore.Reader(tmp_path / "d")
     assert r.steps == [0] and 1 in r.skipped
     assert_batch_equal(r.read(0), {k: v.cpu() if torch.is_tensor(v) else v for k, v in b.items()})
+
+
+def test_grid_in_gpu_memory_is_checked_by_the_encoder(tmp_path, monkeypatch):
+    """What append does when image_grid_thw is in GPU memory (it is not read there, no sync): the
+    encoder reads it, and a mismatch is a BatchWriteError (a BatchError) at the next flush."""
+    from trajstore.errors import BatchWriteError
+    from trajstore.format import check
+
+    monkeypatch.setattr(check, "_on_gpu", lambda v: True)
+    b = vlm()
+    w = trajstore.Writer(tmp_path / "d")
+    w.append(0, {**b, "pixel_values": b["pixel_values"][:-1]})  # not found at append
+    with pytest.raises(BatchWriteError, match=r"'pixel_values' and 'image_grid_thw'.*gives 21 patch rows.*pixel_values has 20 rows"):
+        w.flush()
+    w.append(1, b)
+    w.close()
+    r = trajstore.Reader(tmp_path / "d")
+    assert r.steps == [1] and 0 in r.skipped
+    assert_batch_equal(r.read(1), b)
