@@ -2,7 +2,8 @@
 
 ``plan(batch)`` classifies every field (which node kind it becomes, which columns it takes) and
 raises every error that types, dtypes, keys, shapes, lengths and Python values can show; it never
-reads a tensor's values and never syncs a GPU. ``check(batch)`` is that walk alone, run by
+syncs a GPU, and reads only the few integers that give row counts (a packed batch's ``cu_seqlens``,
+a VLM batch's ``image_grid_thw``, ``integrations.trl``) when they are in CPU memory. ``check(batch)`` is that walk alone, run by
 ``Writer.append`` on the caller's thread so a batch that cannot be stored fails at its own
 ``append``; the encoder (``format/encoder.py``) runs the same walk first and encodes from its
 result, so the same batch gives the same error on both paths. What only values can show (an
