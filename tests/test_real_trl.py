@@ -2,7 +2,8 @@
 ``GRPOTrainer._generate_and_score_completions`` run on a shell trainer (no ``__init__``, no model; only
 generation, rewards and logprobs are faked), text and Qwen2-VL.  prompt_ids/prompt_mask are left-padded,
 completion_ids/completion_mask right-padded and there is no attention_mask: each per-token field follows
-its own mask.  Each round-trips exactly through Writer/Reader and through a Recorder dump replayed in
+its own mask; a VLM batch's ``pixel_values`` are stored one run of patch rows per completion, cut by
+``image_grid_thw`` and ``num_images``.  Each round-trips exactly through Writer/Reader and through a Recorder dump replayed in
 another process (TRL's batch is a dict), is stored unpadded, and every inspection tool reads it."""
 
 import os
@@ -48,25 +49,30 @@ class Shell(grpo.GRPOTrainer):
         return torch.randn(ids.size(0), logits_to_keep, generator=self.g), None, None
 
 
-class _Processor:  # a Qwen2-VL processor: one image of grid (1,2,2) -> 4 patch rows of 1176 per prompt
+class _Processor:
+    """A Qwen2-VL processor: each image (here its grid ``(t, h, w)``, one of (1, 2, 2) by default)
+    gives ``t*h*w`` patch rows of 1176 and one ``image_grid_thw`` row, every sample's in turn."""
+
     image_processor = SimpleNamespace(merge_size=2)
 
-    def __init__(self, g):
-        self.g = g
+    def __init__(self, g, dtype=torch.float32):
+        self.g, self.dtype = g, dtype
 
     def apply_chat_template(self, msgs, **kw):
         return "<prompt>"
 
     def __call__(self, images, text, **kw):
         n = len(text)
+        grids = [(1, 2, 2) if im == "IMG" else im for ims in images for im in (ims or [])]
+        rows = sum(t * h * w for t, h, w in grids)
         return BatchFeature({"input_ids": torch.ones(n, 3, dtype=torch.long),
                              "attention_mask": torch.ones(n, 3, dtype=torch.long),
-                             "pixel_values": torch.randn(4 * n, 1176, generator=self.g),
-                             "image_grid_thw": torch.tensor([[1, 2, 2]] * n),
+                             "pixel_values": torch.randn(rows, 1176, generator=self.g).to(self.dtype),
+                             "image_grid_thw": torch.tensor(grids).reshape(-1, 3),
                              "mm_token_type_ids": torch.zeros(n, 3, dtype=torch.long)})
 
 
-def _trainer(vlm, G, B, lengths, g):
+def _trainer(vlm, G, B, lengths, g, dtype=torch.float32):
     t = Shell(lengths, g)
     t.accelerator = SimpleNamespace(device=torch.device("cpu"), gather=lambda x: x, process_index=0,
                                     unwrap_model=lambda m: m, is_main_process=True)
@@ -96,16 +102,17 @@ def _trainer(vlm, G, B, lengths, g):
     t.chat_template_kwargs = {}
     t._step, t._buffered_inputs = 0, None
     if vlm:
-        t.processing_class = _Processor(g)
+        t.processing_class = _Processor(g, dtype)
     return t
 
 
-def batch(vlm=False, G=2, B=4, seed=0, lengths=None):
-    """The dict ``_generate_and_score_completions`` returns for B samples (B // G prompts, G each)."""
+def batch(vlm=False, G=2, B=4, seed=0, lengths=None, images=None, dtype=torch.float32):
+    """The dict ``_generate_and_score_completions`` returns for B samples (B // G prompts, G each);
+    ``images``: each sample's list of image grids (TRL's ``images`` column), else one image each."""
     g = torch.Generator().manual_seed(seed)
-    t = _trainer(vlm, G, B, lengths or (lambda i: (2 + i % 3, 2 + i)), g)
-    inputs = [{"prompt": [{"role": "user", "content": f"q{i // G}"}], **({"image": "IMG"} if vlm else {})}
-              for i in range(B)]
+    t = _trainer(vlm, G, B, lengths or (lambda i: (2 + i % 3, 2 + i)), g, dtype)
+    pics = [{"images": images[i]} if images else {"image": "IMG"} if vlm else {} for i in range(B)]
+    inputs = [{"prompt": [{"role": "user", "content": f"q{i // G}"}], **pics[i]} for i in range(B)]
     return t._generate_and_score_completions(inputs)
 
 
@@ -133,13 +140,17 @@ def test_any_lengths_round_trip_exactly(tmp_path_factory, lengths):
     assert_batch_equal(b, trajstore.Reader(d).read(0))
 
 
-def test_prepare_inputs_micro_batches_round_trip_exactly(tmp_path):
-    """GRPOTrainer._prepare_inputs (real): shuffle_sequence_dict, split_tensor_dict, one micro-batch per step."""
+@pytest.mark.parametrize("vlm", [False, True], ids=["text", "vlm"])
+def test_prepare_inputs_micro_batches_round_trip_exactly(tmp_path, vlm):
+    """GRPOTrainer._prepare_inputs (real): shuffle_sequence_dict, split_tensor_dict, one micro-batch per
+    step; a VLM batch also goes through split_pixel_values_by_grid and back (unsplit_pixel_values_by_grid),
+    so each micro-batch's pixel_values are its own samples' rows."""
     g = torch.Generator().manual_seed(5)
-    t = _trainer(False, 2, 4, lambda i: (2 + i % 3, 2 + i), g)
-    inputs = [{"prompt": [{"role": "user", "content": f"q{i // 2}"}]} for i in range(4)]
+    t = _trainer(vlm, 2, 4, lambda i: (2 + i % 3, 2 + i), g)
+    inputs = [{"prompt": [{"role": "user", "content": f"q{i // 2}"}], **({"images": IMAGES[i]} if vlm else {})}
+              for i in range(4)]
     steps = [t._prepare_inputs(inputs) for _ in range(2)]
-    assert steps[0]["prompt_ids"].shape[0] == 2
+    assert steps[0]["prompt_ids"].shape[0] == 2 and (not vlm or sum(len(s["num_images"]) for s in steps) == 4)
     with trajstore.Writer(tmp_path / "d") as w:
         for s, b in enumerate(steps):
             w.append(s, b)
@@ -170,20 +181,33 @@ def test_per_token_fields_are_stored_unpadded(tmp_path):
     assert torch.equal(packed["old_per_token_logps"], b["old_per_token_logps"][b["completion_mask"].bool()])
 
 
-@pytest.mark.xfail(strict=True, raises=BatchError,
-                   reason="issue 12: TRL/Qwen-VL pixel_values [sum_patches, 1176] (rows per image given by "
-                          "image_grid_thw) is not split per sample yet; the batch is refused with a clear error")
-def test_vlm_batch_round_trips_exactly(tmp_path):
-    b = batch(vlm=True)
-    assert b["pixel_values"].shape == (16, 1176) and b["image_grid_thw"].shape == (4, 3)
+IMAGES = [[(1, 2, 2), (1, 2, 4)], [], [(2, 2, 2)], [(1, 2, 2)] * 3]  # num_images [2, 0, 1, 3]: 12, 0, 8, 12 rows
+
+
+@pytest.mark.parametrize("kw", [{}, {"images": IMAGES, "dtype": torch.bfloat16}], ids=["one_image", "several_bf16"])
+def test_vlm_batch_round_trips_exactly(tmp_path, kw):
+    """Qwen-VL pixel_values [sum_patches, 1176] are stored one run of patch rows per completion."""
+    b = batch(vlm=True, **kw)
+    rows = [12, 0, 8, 12] if kw else [4, 4, 4, 4]
+    assert b["pixel_values"].shape == (sum(rows), 1176) and b["num_images"] == ([2, 0, 1, 3] if kw else [1] * 4)
     with trajstore.Writer(tmp_path / "d") as w:
         w.append(0, b)
-    assert_batch_equal(b, trajstore.Reader(tmp_path / "d").read(0))
+    r = trajstore.Reader(tmp_path / "d")
+    assert_batch_equal(b, r.read(0))
+    assert_batch_equal(b["pixel_values"], r.read(0, layout="packed")["pixel_values"])
+    assert r.info(0)["format_version"] == 3
+    df = r.to_pandas()
+    assert [len(x) for x in df["pixel_values"]] == rows
+    at = [0, *torch.tensor(rows).cumsum(0).tolist()]
+    for i, x in enumerate(df["pixel_values"]):  # each completion's own images' patch rows
+        assert torch.equal(torch.from_numpy(x), b["pixel_values"][at[i]:at[i + 1]].float())
 
 
-def test_vlm_pixel_values_are_refused_with_a_clear_error(tmp_path):
-    b = batch(vlm=True)
-    with trajstore.Writer(tmp_path / "d") as w, pytest.raises(BatchError, match=r"pixel_values.*16.*4"):
+def test_vlm_sizes_that_do_not_add_up_are_refused_at_append(tmp_path):
+    b = batch(vlm=True, images=IMAGES)
+    b["pixel_values"] = b["pixel_values"][:-4]  # one image's rows lost
+    with trajstore.Writer(tmp_path / "d") as w, pytest.raises(
+            BatchError, match=r"'pixel_values' and 'image_grid_thw'.*gives 32 patch rows.*pixel_values has 28 rows"):
         w.append(0, b)
 
 
@@ -196,17 +220,19 @@ assert type(got) is dict, type(got)
 sys.path.insert(0, sys.argv[2])
 import test_real_trl as t
 from trajstore.testing import assert_batch_equal
-assert_batch_equal(t.batch(seed=4), got)
+vlm = sys.argv[3] == "vlm"
+assert_batch_equal(t.batch(seed=4, vlm=vlm, images=t.IMAGES if vlm else None), got)
 print("ok")
 """
 
 
-def test_recorder_dump_replays_in_another_process(tmp_path):
-    b = batch(seed=4)
-    with trajstore.Recorder(dump=True, path=str(tmp_path / "d")) as rec:
+@pytest.mark.parametrize("kind", ["text", "vlm"])
+def test_recorder_dump_replays_in_another_process(tmp_path, kind):
+    b = batch(seed=4, vlm=kind == "vlm", images=IMAGES if kind == "vlm" else None)
+    with trajstore.Recorder(dump=True, path=str(tmp_path / "d"), strict=True) as rec:
         assert rec.batch(5, lambda: b) is b
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    p = subprocess.run([sys.executable, "-c", REPLAY, str(tmp_path / "d"), str(ROOT / "tests")],
+    p = subprocess.run([sys.executable, "-c", REPLAY, str(tmp_path / "d"), str(ROOT / "tests"), kind],
                        capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-3000:]
 
@@ -219,6 +245,13 @@ def dump(tmp_path_factory):
         w.append(0, batch(seed=1))
         w.append(1, batch(seed=2, B=6))
     return d
+
+
+def test_inspection_tools_count_vlm_completions(tmp_path, capsys):
+    with trajstore.Writer(tmp_path / "d") as w:
+        w.append(0, batch(seed=1, vlm=True, images=IMAGES))
+        w.append(1, batch(seed=2, B=6, vlm=True))
+    check_inspection(tmp_path / "d", [4, 6], capsys)
 
 
 def test_inspection_tools_count_trajectories(dump, capsys):

@@ -1,6 +1,6 @@
 """Step metadata (``Writer.append(step, batch, meta=...)``) of any value an RL trainer puts there:
 plain JSON is stored as ``meta`` (format version 1, as before), anything else as the typed document
-``meta_t`` (docs/FORMAT.md 3.6, 3.8; version 2); ``Reader.meta`` / ``Recorder.meta`` give back the
+``meta_t`` (docs/FORMAT.md 3.6, 3.8; version 3); ``Reader.meta`` / ``Recorder.meta`` give back the
 same values and types; ``trajstore info`` / ``show`` display it; a lying file raises FormatError."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def test_plain_meta_stays_plain_json_version_1(tmp_path):
 def test_trainer_meta_round_trips_with_its_types(tmp_path):
     r = write(tmp_path / "d", {0: small_batch()}, meta=TRAINER_META)
     _, doc = _file_doc(tmp_path / "d", 0)
-    assert "meta" not in doc and doc["format_version"] == 2 and isinstance(doc["meta_t"], dict)
+    assert "meta" not in doc and doc["format_version"] == 3 and isinstance(doc["meta_t"], dict)
     got = r.meta(0)
     assert_batch_equal(got, TRAINER_META, "meta")
     assert type(got["timing"]["gen"]) is np.float64 and type(got["seqlens"]) is tuple
@@ -76,7 +76,7 @@ def test_any_meta_round_trips(tmp_path_factory, meta):
     assert list(got) == list(meta)
     assert_batch_equal(got, meta, "meta")
     _, doc = _file_doc(d, 0)
-    assert ("meta" in doc) != ("meta_t" in doc) and doc["format_version"] == (2 if "meta_t" in doc else 1)
+    assert ("meta" in doc) != ("meta_t" in doc) and doc["format_version"] == (3 if "meta_t" in doc else 1)
     if "meta_t" not in doc:  # plain JSON: stored as such, for readers of version 1 and outside readers
         assert_batch_equal(doc["meta"], meta, "meta")
 

@@ -38,6 +38,7 @@ __all__ = [
     "typed_batches",
     "two_sided_batches",
     "prompt_completion_batches",
+    "image_batches",
     "batches",
     "assert_batch_equal",
 ]
@@ -353,10 +354,33 @@ def prompt_completion_batches(draw: st.DrawFn, max_batch: int = 5) -> dict[str, 
     return out
 
 
+@st.composite
+def image_batches(draw: st.DrawFn) -> dict[str, Any]:
+    """A TRL/Qwen-VL batch: a padded, prompt/completion or plain batch of ``B`` trajectories plus
+    ``pixel_values`` ``[sum_patches, d]`` (every image's ``t*h*w`` patch rows, sample by sample),
+    ``image_grid_thw`` ``[n_images, 3]`` and ``num_images`` (images per sample; sometimes absent: one
+    each), stored one run of rows per sample (docs/FORMAT.md ``segtensor``)."""
+    plain = st.integers(0, 5).flatmap(lambda b: st.builds(lambda r: {"rewards": r}, tensors((b,), [torch.float32])))
+    out = draw(st.one_of(prompt_completion_batches(), padded_batches(), plain))
+    B = len(next(v for v in out.values() if isinstance(v, torch.Tensor | np.ndarray)))
+    many = draw(st.booleans())
+    n = draw(st.lists(st.integers(0, 3), min_size=B, max_size=B)) if many else [1] * B
+    grid = draw(st.lists(st.tuples(*[st.integers(0 if many else 1, 3)] * 3), min_size=sum(n), max_size=sum(n)))
+    pv = draw(tensors((sum(math.prod(g) for g in grid), draw(st.integers(0, 4))), numpy=None))
+    out["pixel_values"] = pv
+    out["image_grid_thw"] = torch.tensor(grid, dtype=torch.int64).reshape(-1, 3)
+    if isinstance(pv, np.ndarray) and draw(st.booleans()):
+        out["image_grid_thw"] = out["image_grid_thw"].numpy()
+    if many:
+        out["num_images"] = n
+    return out
+
+
 def batches() -> st.SearchStrategy[Any]:
     """Any batch form trajstore accepts."""
     return st.one_of(padded_batches(), trajectory_lists(), packed_batches(), multimodal_batches(),
-                     non_tensor_batches(), typed_batches(), two_sided_batches(), prompt_completion_batches())
+                     non_tensor_batches(), typed_batches(), two_sided_batches(), prompt_completion_batches(),
+                     image_batches())
 
 
 # ----------------------------------------------------------------------------- comparison

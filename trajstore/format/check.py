@@ -2,7 +2,8 @@
 
 ``plan(batch)`` classifies every field (which node kind it becomes, which columns it takes) and
 raises every error that types, dtypes, keys, shapes, lengths and Python values can show; it never
-reads a tensor's values and never syncs a GPU. ``check(batch)`` is that walk alone, run by
+syncs a GPU, and reads only the few integers that give row counts (a packed batch's ``cu_seqlens``,
+a VLM batch's ``image_grid_thw``, ``integrations.trl``) when they are in CPU memory. ``check(batch)`` is that walk alone, run by
 ``Writer.append`` on the caller's thread so a batch that cannot be stored fails at its own
 ``append``; the encoder (``format/encoder.py``) runs the same walk first and encodes from its
 result, so the same batch gives the same error on both paths. What only values can show (an
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 
 from ..errors import BatchError, UnsupportedTypeError
+from ..integrations import trl
 from . import layout
 from .arrow import ColumnNames
 from .layout import Layout
@@ -29,7 +31,7 @@ from .typed import check_np_dtype, needs_typed
 from .values import check_json, check_str, describe, has_tensor, is_tensorlike
 
 __all__ = ["check", "plan", "Plan", "Tensor", "Json", "TValue", "Group", "Seq", "Empty", "Cells", "Struct", "Values",
-           "MISSING", "GLOBAL", "TOKENS", "FLAT", "SAMPLE"]
+           "MISSING", "GLOBAL", "TOKENS", "FLAT", "SAMPLE", "SEGMENTS"]
 
 MISSING = object()  # a key absent from one element of a sequence of dicts
 
@@ -38,6 +40,7 @@ GLOBAL = "global"  # 0-d, or a packed batch's cu_seqlens: inline in the spec (gt
 TOKENS = "tokens"  # [B, W, ...] following a mask group: a token column, or stored whole where the mask has holes
 FLAT = "flat"  # leading dimension N of a packed batch: a token column
 SAMPLE = "sample"  # leading dimension B: a sample column
+SEGMENTS = "segments"  # rows of the leading dimension per trajectory given by counts (segtensor, version 3)
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -49,6 +52,7 @@ class Tensor:
     dtype: str
     role: str | None  # GLOBAL, TOKENS, FLAT, SAMPLE; None: a packed batch's N is not known yet
     group: int | None = None  # TOKENS: the index of the mask group it follows (layout.MaskGroup)
+    counts: list[int] | None = None  # SEGMENTS: leading-dimension rows per trajectory, once read
 
     @property
     def col(self) -> str:
@@ -154,11 +158,13 @@ def entries_error(path: tuple, n: int, B: int) -> BatchError:
 
 # ----------------------------------------------------------------------------- the walk
 class _Walk:
-    def __init__(self, n: int, lay: Layout | None) -> None:
+    def __init__(self, n: int, lay: Layout | None, splits: Mapping[str, trl.Split] | None = None) -> None:
         self.names = ColumnNames()
         self.lay = lay
         self.n = n
         self.deferred: list[Tensor] = []  # packed-batch tensors, classified once N is known
+        self.splits = splits or {}  # top-level fields stored per trajectory by counts (integrations)
+        self.segmented: list[tuple[Tensor, trl.Split]] = []
 
     def field(self, v: Any, path: tuple) -> Any:
         if is_tensorlike(v):
@@ -195,6 +201,11 @@ class _Walk:
         if not shape or (lay.form == "packed" and path == ("cu_seqlens",)):
             t.role = GLOBAL
             return t
+        if len(path) == 1 and path[0] in self.splits:
+            t.role = SEGMENTS
+            self.segmented.append((t, self.splits[path[0]]))
+            self.names.claim(t.col, path)
+            return t
         g = layout.group_of(lay, path, shape) if lay.form in ("padded", "masked") else None
         if g is not None:
             t.role, t.group = TOKENS, g
@@ -217,6 +228,18 @@ class _Walk:
                 raise length_error(t.path, shape, self.lay)
             else:
                 t.role = SAMPLE
+
+    def count_segments(self, batch: Mapping, read: bool) -> None:
+        """Rows per trajectory of each segmented field: read from the fields its split reads where
+        ``read`` (the encoder) or they are in CPU memory (``Writer.append``), and checked."""
+        for t, split in self.segmented:
+            if not read and any(_on_gpu(batch[k]) for k in split.reads):
+                continue  # the encoder reads and checks them, in the background
+            counts = split.rows(batch)
+            if len(counts) != self.n or sum(counts) != t.value.shape[0] or min(counts, default=0) < 0:
+                raise BatchError(f"field {where(t.path)!r}: {sum(counts)} rows in {len(counts)} segments do not "
+                                 f"cover its leading dimension {t.value.shape[0]} in {self.n} trajectories")
+            t.counts = counts
 
     def elems(self, path: tuple, elems: list) -> Any:
         """Per-row values (one per trajectory) of one field: cells, columns or nested dicts."""
@@ -277,6 +300,10 @@ class _Walk:
         return Values(path, rows.elems, ptype)
 
 
+def _on_gpu(v: Any) -> bool:
+    return isinstance(v, torch.Tensor) and v.device.type != "cpu"
+
+
 def _list_batch_error(batch: list | tuple) -> UnsupportedTypeError:
     return UnsupportedTypeError("a list batch must hold one dict (or None) per trajectory; "
                                 f"got {sorted({type(e).__name__ for e in batch})}")
@@ -292,8 +319,9 @@ def plan(batch: Any, read: bool = True, masks: Mapping | None = None) -> Plan:
             if type(k) is not str:
                 raise UnsupportedTypeError(f"batch key {k!r} is a {type(k).__name__}; keys must be str")
         lay = layout.structure(batch, masks)
-        w = _Walk(lay.B, lay)
+        w = _Walk(lay.B, lay, trl.splits(batch, lay.B))
         keys = [(k, w.field(v, (k,))) for k, v in batch.items()]
+        w.count_segments(batch, read)
         cu = lay.cu_seqlens
         if lay.form == "packed" and (read or not isinstance(cu, torch.Tensor) or cu.device.type == "cpu"):
             layout.read_cu_seqlens(lay)  # after every other field: the same first error either way

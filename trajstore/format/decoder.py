@@ -165,6 +165,8 @@ class Decoder:
             return {k: self.field(n, want) for k, n in node["keys"]}
         if t == "seq":
             return sequences.decode_seq(self.c, node, self.n)
+        if t == "segtensor":  # the same in every layout: not per-token
+            return tensors.decode_segments(self.c, node, self.n)
         if t != "tensor":
             raise FormatError(f"{self.c.where}: unknown node type {t!r} in the spec")
         if node["kind"] == "sample":

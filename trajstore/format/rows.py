@@ -11,6 +11,8 @@ returns ``[dict | None]`` with one entry per trajectory:
 * verl-style batches (``prompts`` [B, P], ``responses`` [B, R], ``attention_mask`` [B, P + R]):
   every [B, P, ...] field is cut by the prompt part of the mask and every [B, R, ...] field
   (``response_mask``, ``old_log_probs``, ``advantages``...) by the response part;
+* a segmented field (``segtensor``: TRL/Qwen-VL ``pixel_values``) gives each trajectory its own run
+  of leading-dimension rows (its images' patch rows);
 * a batch with several masks (form ``masked``: TRL's ``prompt_mask`` / ``completion_mask``, verl's
   two-sided ``attention_mask``): every per-token field is cut by the mask it follows in the spec;
 * tensors become numpy arrays (bfloat16 becomes float32, which holds every bfloat16 exactly);
@@ -74,6 +76,18 @@ def _mask_of(spec_keys: list, prefix: str = "") -> dict[str, int]:
             out.update(_mask_of(node["keys"], name + "."))
         elif node.get("t") == "tensor" and "mask" in node:
             out[name] = node["mask"]
+    return out
+
+
+def _segments(spec_keys: list, prefix: str = "") -> dict[str, np.ndarray]:
+    """Dotted names of the segmented fields -> each trajectory's first row (B + 1 boundaries)."""
+    out: dict[str, np.ndarray] = {}
+    for k, node in spec_keys:
+        name = f"{prefix}{k}"
+        if node.get("t") == "group":
+            out.update(_segments(node["keys"], name + "."))
+        elif node.get("t") == "segtensor":
+            out[name] = np.concatenate([[0], np.cumsum(np.asarray(node["counts"], dtype=np.int64))])
     return out
 
 
@@ -178,13 +192,17 @@ def rows(batch: Any, spec: dict) -> list[dict | None]:
     P, R = _split_widths(flat, mask)
     follows = _mask_of(spec.get("keys", [])) if form == "masked" else {}
     gmasks = _group_masks(flat, spec) if form == "masked" else []
+    segs = _segments(spec.get("keys", []))
     for name, v in flat.items():
         if name in skip or (form == "packed" and name in _LAYOUT) or (
                 "." in name and any(name.startswith(g + ".") for g in skip)):  # inside a batch-wide dict
             continue
         v = to_numpy(v)
         gm = gmasks[follows[name]] if name in follows else None
-        if gm is not None:
+        if name in segs:
+            for i in range(B):
+                out[i][name] = v[segs[name][i]:segs[name][i + 1]]
+        elif gm is not None:
             for i in range(B):
                 out[i][name] = v[i][gm[i]]
         elif mask is not None and (name in tokens or (isinstance(v, np.ndarray) and v.ndim >= 2

@@ -15,14 +15,14 @@ from . import dtypes as dt
 
 __all__ = [
     "FORMAT_VERSION", "MANIFEST_VERSION", "RESERVED", "STEP_COLUMN", "SHAPE_PREFIX", "PAD_PREFIX", "START_PREFIX",
-    "StepDoc", "BatchNode", "SeqNode", "TensorNode", "GTensorNode", "JsonNode", "TValueNode", "GroupNode", "EmptyElem",
+    "StepDoc", "BatchNode", "SeqNode", "TensorNode", "SegTensorNode", "GTensorNode", "JsonNode", "TValueNode", "GroupNode", "EmptyElem",
     "CellElem", "ValueElem", "StructElem",
-    "FieldNode", "ElemNode", "step_doc", "fields", "is_token", "is_flat", "counted_masks", "is_tokenlike",
+    "FieldNode", "ElemNode", "step_doc", "fields", "is_token", "is_flat", "is_segments", "counted_masks", "is_tokenlike",
     "is_plain_sample",
     "node_columns", "columns_for", "where",
 ]
 
-FORMAT_VERSION = 2  # the newest step-file version this library reads and writes
+FORMAT_VERSION = 3  # the newest step-file version this library reads and writes
 MANIFEST_VERSION = 1  # the dump layout (trajstore.json, folders, names); steps carry their own version
 RESERVED = ("step",)  # column names a batch field may not take
 STEP_COLUMN = "step"
@@ -44,6 +44,19 @@ class TensorNode(TypedDict):
     pad: NotRequired[int | None]  # token, padded batch: the padded positions' bits, one value for all
     pad_col: NotRequired[str]  # token, padded batch: the padded positions' values, row by row
     tokenlike: NotRequired[bool]  # sample: a [B, T, 0...] field of a padded batch, stored whole
+
+
+class SegTensorNode(TypedDict):
+    """A tensor ``[sum(counts), *trail]`` whose leading dimension is cut into one run of rows per
+    trajectory: row *i* of column ``col`` holds rows ``sum(counts[:i]) .. + counts[i] - 1``,
+    flattened (TRL/Qwen-VL ``pixel_values`` split by ``image_grid_thw``; format version 3)."""
+
+    t: Literal["segtensor"]
+    col: str
+    lib: Literal["torch", "numpy"]
+    dtype: str
+    trail: list[int]
+    counts: list[int]  # leading-dimension rows per trajectory, B entries
 
 
 class GTensorNode(TypedDict):
@@ -125,7 +138,7 @@ class StructElem(_Rows):
     keys: list[list]  # [[name, ElemNode], ...]
 
 
-FieldNode = TensorNode | GTensorNode | JsonNode | TValueNode | GroupNode | SeqNode
+FieldNode = TensorNode | SegTensorNode | GTensorNode | JsonNode | TValueNode | GroupNode | SeqNode
 ElemNode = EmptyElem | CellElem | ValueElem | StructElem
 
 
@@ -150,7 +163,7 @@ class StepDoc(TypedDict):
     split: str
     num_rows: int
     meta: NotRequired[dict]  # the step metadata when it is plain JSON
-    meta_t: NotRequired[Any]  # else its typed document, in place of meta (format/typed.py; format version 2)
+    meta_t: NotRequired[Any]  # else its typed document, in place of meta (format/typed.py; format version 3)
     batch: BatchNode | SeqNode
 
 
@@ -159,13 +172,13 @@ def step_doc(step: int, split: str, num_rows: int, meta: dict | None, batch: Bat
     """The envelope of one step's spec. ``version`` is the lowest format version that can read this
     step (the encoder raises it only when the step uses something newer readers alone know), so a
     step that needs nothing new stays readable by older trajstore versions. Step metadata plain JSON
-    cannot hold comes as ``extra["meta_t"]`` (its typed document) and replaces ``meta`` (version 2)."""
+    cannot hold comes as ``extra["meta_t"]`` (its typed document) and replaces ``meta`` (version 3)."""
     assert 1 <= version <= FORMAT_VERSION
     doc = {"format_version": version, "step": step, "split": split, "num_rows": num_rows,
            "meta": meta or {}, "batch": batch, **(extra or {})}
     if "meta_t" in doc:
         del doc["meta"]
-        doc["format_version"] = max(version, 2)
+        doc["format_version"] = max(version, 3)
     return doc  # type: ignore[return-value]
 
 
@@ -200,6 +213,11 @@ def is_token(node: Any) -> bool:
 def is_token_cell(node: Any) -> bool:
     """In a list batch, a per-row tensor shaped like the row's attention mask (a token cell)."""
     return isinstance(node, dict) and node.get("t") == "cell" and node.get("kind") == "token"
+
+
+def is_segments(node: Any) -> bool:
+    """A segmented tensor field (one run of leading-dimension rows per trajectory, version 3)."""
+    return isinstance(node, dict) and node.get("t") == "segtensor"
 
 
 def is_flat(node: Any) -> bool:

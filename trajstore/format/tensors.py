@@ -5,7 +5,9 @@
   field of a padded batch, stored whole);
 * ``tensor`` kind ``token``: one entry per token, each row holding its trajectory's tokens; in a
   padded batch the padded positions hold one recorded ``pad`` value, or their own values in the
-  ``pad_col`` column.
+  ``pad_col`` column;
+* ``segtensor``: a tensor whose leading dimension is cut into one run of rows per trajectory by
+  ``counts`` (TRL/Qwen-VL ``pixel_values``, split by ``integrations.trl``; format version 3).
 
 Decoding a token field padded allocates the output and returns the fill jobs; the decoder runs
 them, every padded field at once, on the thread pool (``format/decoder.py``).
@@ -25,19 +27,21 @@ import torch
 from ..errors import FormatError
 from . import dtypes as dt
 from .arrow import Columns, TableBuilder, empty, list_array
-from .check import FLAT, GLOBAL, TOKENS, Tensor
+from .check import FLAT, GLOBAL, SEGMENTS, TOKENS, Tensor
 from .layout import Layout, MaskGroup, start_col
-from .spec import PAD_PREFIX, GTensorNode, TensorNode
+from .spec import PAD_PREFIX, GTensorNode, SegTensorNode, TensorNode
 from .values import as_cpu, bits, dumps, storage
 
-__all__ = ["encode", "encode_starts", "decode_global", "decode_sample", "decode_flat", "decode_padded", "FillJob",
-           "as_lib", "alloc"]
+__all__ = ["encode", "encode_starts", "decode_global", "decode_sample", "decode_flat", "decode_padded",
+           "decode_segments", "FillJob", "as_lib", "alloc"]
 
 
 # ----------------------------------------------------------------------------- encode
-def encode(enc: TableBuilder, lay: Layout, f: Tensor) -> TensorNode | GTensorNode:
+def encode(enc: TableBuilder, lay: Layout, f: Tensor) -> TensorNode | GTensorNode | SegTensorNode:
     """The spec node of tensor field ``f`` (classified by ``format.check``); its columns go to ``enc``."""
     lib, name, x = as_cpu(f.value, f.path)
+    if f.role == SEGMENTS:
+        return _encode_segments(enc, f, lib, name, x)
     if f.role == GLOBAL:
         raw = np.ascontiguousarray(storage(x)).reshape(-1)
         return {"t": "gtensor", "lib": lib, "dtype": name, "shape": list(x.shape),
@@ -69,6 +73,20 @@ def encode(enc: TableBuilder, lay: Layout, f: Tensor) -> TensorNode | GTensorNod
         xt = torch.from_numpy(x) if isinstance(x, np.ndarray) else x
         return _encode_token(enc, node, f.path, xt, lay.lengths, list(x.shape[1:]), None, lib)
     return _encode_sample(enc, node, f.path, x, B)
+
+
+def _encode_segments(enc: TableBuilder, f: Tensor, lib: str, name: str, x: Any) -> SegTensorNode:
+    """Row *i* holds rows ``sum(counts[:i]) ..`` of the leading dimension, flattened: the whole
+    tensor's values cut at the trajectories' boundaries (no copy). Older readers refuse the node."""
+    assert f.counts is not None  # plan(read=True) counted them
+    enc.needs(3)
+    trail = list(x.shape[1:])
+    offsets = np.zeros(len(f.counts) + 1, dtype=np.int64)
+    np.cumsum(np.asarray(f.counts, dtype=np.int64) * math.prod(trail), out=offsets[1:])
+    enc.add(f.col, list_array(offsets, storage(x).reshape(-1)),
+            {"dtype": name, "kind": "segment", "shape": dumps(["r"] + trail)}, f.path)
+    return {"t": "segtensor", "col": f.col, "lib": lib, "dtype": name, "trail": trail,  # type: ignore[typeddict-item]
+            "counts": list(f.counts)}
 
 
 def encode_starts(enc: TableBuilder, g: MaskGroup) -> None:
@@ -160,6 +178,18 @@ def decode_flat(cols: Columns, node: TensorNode, n: int, tokens: int = 0) -> Any
     if len(off) != n + 1 or (len(v) and int(off[-1]) - int(off[0]) != len(v)) or (len(v) % w if w else len(v)):
         raise FormatError(f"{cols.where}: column {node['col']!r} has inconsistent offsets")
     return dt.as_value(v, node).reshape([-1 if w else tokens] + trail)
+
+
+def decode_segments(cols: Columns, node: SegTensorNode, n: int) -> Any:
+    """A segmented field: its rows joined, ``[sum(counts), *trail]``; each row's values MUST be its
+    ``counts[i]`` rows of ``trail``."""
+    trail, counts = node["trail"], np.asarray(node["counts"], dtype=np.int64)
+    off, v = cols.list_parts(node["col"], node["dtype"])
+    want = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts * math.prod(trail), out=want[1:])
+    if len(counts) != n or len(off) != n + 1 or not np.array_equal(off - off[0], want) or len(v) != want[-1]:
+        raise FormatError(f"{cols.where}: column {node['col']!r} does not hold the rows its counts give")
+    return dt.as_value(v, node).reshape([int(counts.sum())] + trail)
 
 
 class FillJob(NamedTuple):

@@ -261,14 +261,14 @@ def _dec(d: Any, depth: int) -> Any:
 
 def step_meta(doc: dict, where: str) -> dict:
     """The step metadata of a step envelope ``doc`` read from a file: its plain-JSON ``meta``, or the
-    value of its typed ``meta_t`` (format version 2; never both); FormatError naming ``where`` if it lies."""
+    value of its typed ``meta_t`` (format version 3; never both); FormatError naming ``where`` if it lies."""
     if "meta_t" not in doc:
         meta = doc.get("meta", {})
         if type(meta) is not dict:
             raise FormatError(f"{where}: the step's meta is not an object; the file is damaged")
         return meta
     v = doc.get("format_version")
-    if "meta" in doc or type(v) is not int or v < 2:
+    if "meta" in doc or type(v) is not int or v < 3:
         raise FormatError(f"{where}: the step has typed metadata (meta_t) together with meta, or in a format "
                           f"version {v!r} file; the file is damaged or was not written by trajstore")
     meta = decode(doc["meta_t"], f"{where}: the step's meta")

@@ -63,11 +63,12 @@ def _typed(doc, what: str):
 
 
 class _Checker:
-    def __init__(self, schema: pa.Schema, n: int, spec: dict):
+    def __init__(self, schema: pa.Schema, n: int, spec: dict, version=None):
         self.types = {f.name: f.type for f in schema}
         self.n = n
         self.bytes = 0
         self.spec = spec
+        self.version = version  # the file's format version
 
     def add(self, nbytes: int, what: str) -> None:
         self.bytes += nbytes
@@ -134,6 +135,8 @@ class _Checker:
             self.seq(node, depth)
         elif t == "tensor":
             self.tensor(node)
+        elif t == "segtensor":
+            self.segments(node)
         else:
             raise _Bad(f"unknown node type {t!r}")
 
@@ -182,6 +185,21 @@ class _Checker:
             if g is None or g.get("side") is None:
                 raise _Bad(f"token field {node['col']!r} of a masked batch names no mask group with a side")
             self.add(self.n * g["W"] * (w * size + 1), f"field {node['col']!r} padded to [{self.n}, {g['W']}]")
+
+    def segments(self, node: dict) -> None:
+        """A segmented tensor (format version 3): counts of one run of rows per trajectory."""
+        name, _ = self.dtype(node)
+        if node.get("lib") not in ("torch", "numpy"):
+            raise _Bad(f"a segmented tensor has lib {node.get('lib')!r}")
+        if type(self.version) is int and self.version < 3:
+            raise _Bad(f"a segmented tensor in a file of format version {self.version} (it needs 3)")
+        w = math.prod(_shape(node.get("trail"), "trail shape"))
+        counts = node.get("counts")
+        if type(counts) is not list or len(counts) != self.n or any(type(c) is not int or c < 0 for c in counts):
+            raise _Bad(f"the counts of a segmented tensor are not {self.n} ints >= 0")
+        if w >= 1 << 62 or sum(counts) * max(w, 1) >= 1 << 62:
+            raise _Bad(f"a segmented tensor of {sum(counts)} rows of {node['trail']} is too large")
+        self.col(node, "col", lambda t: pa.types.is_large_list(t) and t.value_type == dt.arrow_type(name))
 
     def group(self, node: dict) -> dict | None:
         """The mask group a tensor node of a masked batch follows (None: none, or another form)."""
@@ -330,7 +348,7 @@ def check(doc: dict, schema: pa.Schema, num_rows: int, where: str) -> None:
             raise _Bad(f"the file holds {num_rows} rows, its metadata says {n}")
         if not isinstance(doc.get("meta", {}), dict):
             raise _Bad("meta is not an object")
-        ch = _Checker(schema, n, spec)
+        ch = _Checker(schema, n, spec, doc.get("format_version"))
         t = spec.get("t")
         if t == "batch":
             form = spec.get("form")

@@ -65,6 +65,8 @@ def fields_of(spec: dict) -> list[dict]:
         elif t == "tensor":
             kind = "token" if is_tokenlike(node) else "sample"
             out.append({"name": name, "dtype": node["dtype"], "kind": kind, "shape": node.get("trail", [])})
+        elif t == "segtensor":  # one run of rows per trajectory (pixel_values): a row's shape varies
+            out.append({"name": name, "dtype": node["dtype"], "kind": "segment", "shape": node["trail"]})
         elif t == "cell":
             out.append({"name": name, "dtype": node["dtype"], "kind": "token" if is_token_cell(node)
                         else "cell", "shape": None})

@@ -6,6 +6,8 @@ installed and a step needs it (``load``), so trajstore works, and reads every du
 them.
 
 * ``verl``: verl's and ROLL's ``DataProto`` classes, restored on replay whatever the import order.
+* ``trl``: TRL/Qwen-VL ``pixel_values`` (and ``image_grid_thw``) split per sample by
+  ``image_grid_thw`` and ``num_images``, stored as segmented tensors (docs/FORMAT.md 3.9).
 
 Each module says what it adapts and where the format stores it (docs/frameworks/<name>.md has the
 user-facing side).
