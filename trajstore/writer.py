@@ -347,7 +347,7 @@ class Writer:
         table = schema.encode_plain(batch, job.tag, step=step, split=self.split, meta=job.meta,
                                     masks=self.masks)
         final = self.dir / paths.step_name(step)
-        tmp = self.dir / paths.temp_name(step)
+        tmp = paths.temp_path(self.dir, step)  # in the side folder: the split folder holds step files only
         try:
             pq.write_table(table, tmp, **parquet_options(table))
             index_rows = self._index.take(step, table)  # a copy, checked by snap.check below
