@@ -14,12 +14,13 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
 
 import trajstore
 from trajstore.errors import ChecksumError, FormatError, FormatVersionError, StepNotFoundError
 from trajstore.format.spec import MANIFEST_VERSION, check_version
 from trajstore.store import checksums, commit, index, paths
-from trajstore.testing import assert_batch_equal
+from trajstore.testing import assert_batch_equal, batches
 
 V1_DUMP = Path(__file__).parent / "data" / "v1_dump"
 DEAD = 2**22 + 12345  # above the default pid_max: never a live process
@@ -202,6 +203,22 @@ def test_step_file_copied_out_reads_alone(dump, tmp_path):
     assert_batch_equal(trajstore.Reader(f, verify=True)[2], _batch(2))
     if __import__("importlib").util.find_spec("duckdb"):
         assert r.duckdb().execute("SELECT count(*) FROM train").fetchone()[0] == B
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=batches())
+def test_any_batch_reads_alone_and_its_split_folder_holds_only_it(tmp_path_factory, batch):
+    p = tmp_path_factory.mktemp("alone")
+    with trajstore.Writer(p) as w:
+        w.append(3, batch)
+    assert os.listdir(p / "train") == [paths.step_name(3)]
+    f = p / "lone.parquet"
+    shutil.copy(p / "train" / paths.step_name(3), f)
+    shutil.rmtree(p / "train")
+    r = trajstore.Reader(f)
+    assert r.steps == [3]
+    assert_batch_equal(r[3], batch)
+    assert pq.read_table(f).num_rows == r.info(3)["num_rows"]
 
 
 def test_foreign_parquet_file_is_refused(tmp_path):

@@ -45,7 +45,7 @@ def mutate(x):
             bits_view(x).bitwise_not_()
     elif isinstance(x, np.ndarray):
         if x.dtype.kind in "biuf" and x.size:
-            x.view(np.uint8)[...] ^= 0xFF
+            (x if x.ndim else x.reshape(1)).view(np.uint8)[...] ^= 0xFF  # a 0-d array: through a 1-d view
     elif isinstance(x, dict):
         for v in x.values():
             mutate(v)
