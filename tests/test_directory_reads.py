@@ -284,3 +284,66 @@ def test_page_checksums_are_what_catches_it(tmp_path):
     except OSError:
         return  # zstd noticed: fine, the point is only that CRC is checked first
     assert not np.array_equal(got, _batch(7)["rewards"].numpy())  # a silent wrong value without it
+
+
+# ----------------------------------------------------------------------------- layout 1 -> 2
+def test_upgrade_layout_moves_everything_but_the_steps(tmp_path):
+    from trajstore.store.upgrade import upgrade_layout
+
+    p = tmp_path / "v1"
+    shutil.copytree(V1_DUMP, p)
+    with trajstore.Writer(p) as w:  # layout 1 kept: indexed in train/_index/ (the copy's segments name other inodes)
+        w.append(5, _batch(5))
+        w.append(6, _batch(6))
+    commit.record_skipped(p / "train", 9, "disk full")
+    (p / "train" / f".step_00000009.parquet.tmp-{DEAD}-ab").write_bytes(b"torn")
+    before = {f.relative_to(p): f.read_bytes() for f in p.glob("*/step_*.parquet")}
+    moved = upgrade_layout(p)
+    assert "train/step_00000000.sha256" in moved and "train/step_00000009.skipped.json" in moved
+    assert any(m.startswith("train/_index/") for m in moved)
+    for split in ("train", "containers"):
+        assert all(paths.STEP_RE.match(n) for n in os.listdir(p / split)), os.listdir(p / split)
+    assert {f.relative_to(p): f.read_bytes() for f in p.glob("*/step_*.parquet")} == before
+    assert json.loads((p / paths.MANIFEST).read_text())["format_version"] == 2
+    r = trajstore.Reader(p, verify=True)
+    assert r.skipped == {9: "disk full"} and trajstore.verify(p, deep=True).ok
+    with _NoFileReads() as spy:  # the moved segments still serve Reader.column
+        got = trajstore.Reader(p).column("rewards", [5, 6])
+    assert spy.opened == []
+    with _NoFileReads() as spy:  # control: a step no segment covers for its file is read from it
+        trajstore.Reader(p).column("rewards", [0])
+    assert spy.opened == [0]
+    for s in (5, 6):
+        assert torch.equal(got[s], _batch(s)["rewards"])
+    assert upgrade_layout(p) == []  # nothing left to do
+    duckdb = pytest.importorskip("duckdb")
+    n = duckdb.sql(f"SELECT count(*) FROM read_parquet('{p}/**/*.parquet', union_by_name = true)").fetchall()[0][0]
+    assert n == sum(r.info(s)["num_rows"] for s in r.steps) + sum(
+        trajstore.Reader(p, "containers").info(s)["num_rows"] for s in (0, 1))
+
+
+class _NoFileReads:
+    """Records the step files ``Reader._column`` opens."""
+
+    def __enter__(self):
+        self.opened, self._real = [], trajstore.Reader._column
+
+        def spy(r, step, name):
+            self.opened.append(step)
+            return self._real(r, step, name)
+        trajstore.Reader._column = spy
+        return self
+
+    def __exit__(self, *exc):
+        trajstore.Reader._column = self._real
+
+
+def test_upgrade_refuses_while_a_writer_is_live(tmp_path):
+    from trajstore.store.upgrade import upgrade_layout
+
+    p = tmp_path / "v1"
+    shutil.copytree(V1_DUMP, p)
+    (p / "train" / f".step_00000009.parquet.tmp-{os.getppid()}-ab").write_bytes(b"in flight")
+    with pytest.raises(trajstore.ConfigError, match="still writing"):
+        upgrade_layout(p)
+    assert json.loads((p / paths.MANIFEST).read_text())["format_version"] == 1

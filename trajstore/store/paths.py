@@ -23,6 +23,7 @@ from .files import fsync, fsync_dir, stale_temps
 
 MANIFEST = "trajstore.json"
 SIDE = "_trajstore"  # <dump>/_trajstore/<split>/: a split's files that are not step files (layout 2)
+LAYOUT = {"steps": "<split>/step_<n>.parquet", "side": f"{SIDE}/<split>/"}  # the manifest's "layout"
 STEP_RE = re.compile(r"^step_(\d{8,})\.parquet$")
 TMP_PREFIX = ".step_"
 _SPLIT_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
@@ -116,7 +117,7 @@ def create_manifest(root: Path) -> dict:
     doc = {
         "format": "trajstore",
         "format_version": MANIFEST_VERSION,
-        "layout": {"steps": "<split>/step_<n>.parquet", "side": f"{SIDE}/<split>/"},
+        "layout": LAYOUT,
         "library_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "environment": fingerprint.collect(),
