@@ -126,7 +126,8 @@ def check_dump(path: Path, attempted: dict[int, set[int]], focus: list[int] | No
         f = d / paths.step_name(s)
         assert checksums.read_sum(checksums.sum_path(f)) == checksums.file_sha256(f), f"step {s} checksum"
     assert all(paths.STEP_RE.match(n) for n in os.listdir(d)), os.listdir(d)  # the split folder: steps only
-    for n in os.listdir(paths.side_dir(d)):
+    side = paths.side_dir(d)  # made with the first temporary: a writer killed before that has none
+    for n in os.listdir(side) if side.is_dir() else []:
         if n.endswith(checksums.SUM_SUFFIX):
             assert (d / n).with_suffix(".parquet").exists(), f"orphan checksum {n}"
     return stats
