@@ -38,7 +38,7 @@ def test_info_json(data):
     val = info["splits"]["val"]
     assert val["steps"]["gaps"] == [[1, 2]] and val["rows"] == 6
     assert {x["name"] for x in val["fields"]} >= {"prompt_ids", "response_ids", "reward"}
-    assert info["environment"]["python"] and info["format_version"] == 1
+    assert info["environment"]["python"] and info["format_version"] == 2  # the manifest: layout 2
     only = json.loads(run("info", d / "a", "--json", "--split", "val").stdout)
     assert list(only["splits"]) == ["val"]
 

@@ -96,7 +96,7 @@ def _figures():
 
 class _Restore:
     def __init__(self, f):
-        self.f, self.orig, self.side = f, f.read_bytes(), f.with_suffix(".sha256").read_bytes()
+        self.f, self.orig, self.side = f, f.read_bytes(), checksums.sum_path(f).read_bytes()
 
     def __enter__(self):
         faulthandler.dump_traceback_later(120, exit=True)  # a hang fails the run instead of stalling it
@@ -105,7 +105,7 @@ class _Restore:
     def __exit__(self, *exc):
         faulthandler.cancel_dump_traceback_later()
         self.f.write_bytes(self.orig)
-        self.f.with_suffix(".sha256").write_bytes(self.side)
+        checksums.sum_path(self.f).write_bytes(self.side)
 
 
 # ----------------------------------------------------------------------------- byte-level
@@ -247,7 +247,7 @@ def _resign(f, doc):
     meta = dict(table.schema.metadata)
     meta[b"trajstore"] = json.dumps(doc, allow_nan=True).encode()
     pq.write_table(table.replace_schema_metadata(meta), f)
-    f.with_suffix(".sha256").write_text(checksums.sum_line(checksums.file_sha256(f), f.name))
+    checksums.sum_path(f).write_text(checksums.sum_line(checksums.file_sha256(f), f.name))
 
 
 @settings(max_examples=400 * SCALE)
@@ -348,7 +348,7 @@ def _table_edit(f, fn):
     t = pq.read_table(f)
     t = fn(t)
     pq.write_table(t, f)
-    f.with_suffix(".sha256").write_text(checksums.sum_line(checksums.file_sha256(f), f.name))
+    checksums.sum_path(f).write_text(checksums.sum_line(checksums.file_sha256(f), f.name))
 
 
 def test_cell_shapes_that_do_not_match_values(dump):
@@ -393,7 +393,7 @@ def test_foreign_parquet_file(tmp_path):
         w.append(0, BATCHES[1])
     f = tmp_path / "train" / paths.step_name(0)
     pq.write_table(pa.table({"a": [1, 2]}), f)
-    f.with_suffix(".sha256").write_text(checksums.sum_line(checksums.file_sha256(f), f.name))
+    checksums.sum_path(f).write_text(checksums.sum_line(checksums.file_sha256(f), f.name))
     with pytest.raises(FormatError, match="not written by trajstore"):
         trajstore.Reader(tmp_path)[0]
 
@@ -405,7 +405,7 @@ MANIFESTS = {
     "binary": (bytes(range(256)), FormatError, "not valid JSON"),
     "not_object": (b"[1, 2]", FormatError, "not a trajstore manifest"),
     "foreign": (b'{"format": "other", "format_version": 1}', FormatError, "not a trajstore manifest"),
-    "newer": (b'{"format": "trajstore", "format_version": 2}', FormatVersionError, "upgrade trajstore"),
+    "newer": (b'{"format": "trajstore", "format_version": 3}', FormatVersionError, "upgrade trajstore"),
     "version_str": (b'{"format": "trajstore", "format_version": "1"}', FormatError, "positive int"),
     "version_bool": (b'{"format": "trajstore", "format_version": true}', FormatError, "positive int"),
     "version_zero": (b'{"format": "trajstore", "format_version": 0}', FormatError, "positive int"),

@@ -21,7 +21,8 @@ def batch(step, v=0):
 
 
 def _leftovers(d: Path):
-    return [n for n in os.listdir(d) if n.startswith(".")]
+    """Temporaries in split folder ``d`` and in its side folder."""
+    return [n for p in paths.places(d) for n in os.listdir(p) if n.startswith(".")]
 
 
 def _intact(path, steps, v=0):
@@ -71,7 +72,8 @@ def test_writer_error_names_step_and_path(tmp_path, point, err, nth):
     assert "step_00000002.parquet" in msg or str(tmp_path) in msg, msg
     d = tmp_path / "train"
     assert not (d / "step_00000002.parquet").exists()
-    assert not (d / "step_00000002.sha256").exists()
+    assert not checksums.sum_path(d / "step_00000002.parquet").exists()
+    assert sorted(os.listdir(d)) == [paths.step_name(0), paths.step_name(1)]
     assert _leftovers(d) == []
     _intact(tmp_path, [0, 1])
     assert 2 in trajstore.Reader(tmp_path).skipped  # recorded as skipped, with the reason
@@ -111,10 +113,11 @@ def test_commit_fault_at_every_call(tmp_path, point, overwrite):
 
     final = d / paths.step_name(0)
     if overwrite:
-        pq.write_table(pa.table({"v": [0]}), d / "old.tmp")
-        commit.commit(d / "old.tmp", final, False)
+        old = paths.temp_path(d, 0)
+        pq.write_table(pa.table({"v": [0]}), old)
+        commit.commit(old, final, False)
     for k in range(1, 20):
-        tmp = d / paths.temp_name(0)
+        tmp = paths.temp_path(d, 0)
         pq.write_table(pa.table({"v": [k]}), tmp)
         with inject(tmp_path, point, errno.EIO, nth=k) as fault:
             try:
@@ -133,15 +136,16 @@ def test_commit_fault_at_every_call(tmp_path, point, overwrite):
             break
         commit.clean_temp(d)
         assert _leftovers(d) == [], (k, _leftovers(d))
+        assert os.listdir(d) == ([final.name] if final.exists() else []), k  # the split folder: steps only
         if final.exists():
-            assert checksums.read_sum(final.with_suffix(".sha256")) == checksums.file_sha256(final), k
+            assert checksums.read_sum(checksums.sum_path(final)) == checksums.file_sha256(final), k
         if not overwrite:
             final.unlink(missing_ok=True)
-            final.with_suffix(".sha256").unlink(missing_ok=True)
+            checksums.sum_path(final).unlink(missing_ok=True)
     else:
         raise AssertionError("commit never completed")
     assert pq.read_table(final)["v"][0].as_py() == k
-    assert checksums.read_sum(final.with_suffix(".sha256")) == checksums.file_sha256(final)
+    assert checksums.read_sum(checksums.sum_path(final)) == checksums.file_sha256(final)
 
 
 def test_record_skipped_under_a_full_disk(tmp_path):
@@ -180,7 +184,7 @@ def test_on_error_must_be_known(tmp_path):
 def test_two_writers_in_one_process_keep_each_others_temporaries(tmp_path):
     d = tmp_path / "train"
     w1 = trajstore.Writer(tmp_path)
-    tmp = d / paths.temp_name(5)
+    tmp = paths.temp_path(d, 5)
     tmp.write_bytes(b"in flight")
     w2 = trajstore.Writer(tmp_path)
     assert tmp.exists()

@@ -37,8 +37,13 @@ def _batch(step, B=4, v=0, dtype=torch.float32):
             "rewards": torch.randn(B, generator=g).to(dtype), "seq_len": torch.full((B,), 5 + step)}
 
 
+def _idx(path, split="train"):
+    """Where new segments of the split go (``_trajstore/<split>/index/`` in a dump of layout 2)."""
+    return index.dirs(Path(path) / split)[0]
+
+
 def _segments(path, split="train"):
-    d = Path(path) / split / index.DIR
+    d = _idx(path, split)
     return sorted(n for n in os.listdir(d) if index.SEGMENT_RE.match(n)) if d.exists() else []
 
 
@@ -125,7 +130,7 @@ def test_column_same_with_and_without_index(batches, every, workers, data):
         # (segment names, sizes and counts vary from run to run: draw positions and fractions)
         hit = data.draw(st.lists(st.integers(0, 7), unique=True, max_size=2), "damaged segments")
         for n in [segs[i] for i in hit if i < len(segs)]:
-            f = Path(d) / "train" / index.DIR / n
+            f = _idx(d) / n
             raw = f.read_bytes()
             f.write_bytes(raw[: int(len(raw) * data.draw(st.floats(0, 0.99), "cut at"))])
             stale |= {s for s in nums if index.SEGMENT_RE.match(n) and
@@ -156,7 +161,7 @@ def _names(r, s):
 def test_index_written_on_close_and_used(tmp_path):
     _write(tmp_path, range(5))
     assert len(_segments(tmp_path)) == 1 and _segments(tmp_path)[0].startswith("steps_00000000-00000004.")
-    t = pq.read_table(tmp_path / "train" / index.DIR / _segments(tmp_path)[0])
+    t = pq.read_table(_idx(tmp_path) / _segments(tmp_path)[0])
     assert t.column_names == ["step", "row", "rewards", "seq_len"]
     assert (t.schema.field("step").type, t.schema.field("row").type) == (pa.int64(), pa.int32())
     meta = json.loads(t.schema.metadata[index.KEY])
@@ -228,7 +233,7 @@ def test_overwrite_in_one_writer_keeps_the_last_version(tmp_path):
                                     "wrong-steps", "newer-version", "other-split", "wrong-type", "bad-node"])
 def test_damaged_segment_is_ignored(tmp_path, caplog, damage):
     _write(tmp_path, range(3))
-    f = tmp_path / "train" / index.DIR / _segments(tmp_path)[0]
+    f = _idx(tmp_path) / _segments(tmp_path)[0]
     raw = f.read_bytes()
     t = pq.read_table(f)
     meta = json.loads(t.schema.metadata[index.KEY])
@@ -270,7 +275,7 @@ def test_damaged_segment_is_ignored(tmp_path, caplog, damage):
 
 def test_forged_values_show_the_index_is_used_and_verify_ignores_it(tmp_path):
     _write(tmp_path, range(3))
-    f = tmp_path / "train" / index.DIR / _segments(tmp_path)[0]
+    f = _idx(tmp_path) / _segments(tmp_path)[0]
     t = pq.read_table(f)
     t = t.set_column(2, "rewards", pa.array(np.full(t.num_rows, 42.0, np.float32)))
     f.unlink()
@@ -324,7 +329,9 @@ def test_missing_and_deleted_steps_still_raise(tmp_path):
 @pytest.mark.parametrize("point", ["data", "open", "fsync", "link"])
 def test_index_errors_never_fail_append(tmp_path, caplog, point, monkeypatch):
     monkeypatch.setattr(index, "INDEX_EVERY", 2)
-    idx = tmp_path / "train" / index.DIR
+    trajstore.Writer(tmp_path).close()  # the dump exists: its index folder is known
+    idx = _idx(tmp_path)
+    assert idx == tmp_path / "_trajstore" / "train" / "index"
     with caplog.at_level(logging.WARNING, "trajstore.writer"):
         with inject(idx, point, errno.ENOSPC, persist=True) as fault:
             with trajstore.Writer(tmp_path) as w:
@@ -376,7 +383,7 @@ def test_index_values_are_copies(tmp_path):
 def test_field_named_row_is_read_from_files(tmp_path):
     with trajstore.Writer(tmp_path) as w:
         w.append(0, {"row": torch.arange(3), "rewards": torch.ones(3)})
-    meta = json.loads(pq.read_schema(tmp_path / "train" / index.DIR / _segments(tmp_path)[0]).metadata[index.KEY])
+    meta = json.loads(pq.read_schema(_idx(tmp_path) / _segments(tmp_path)[0]).metadata[index.KEY])
     assert [k for k, _ in meta["fields"]] == ["rewards"]
     assert torch.equal(trajstore.Reader(tmp_path).column("row")[0], torch.arange(3))
 
@@ -384,14 +391,14 @@ def test_field_named_row_is_read_from_files(tmp_path):
 def test_other_readers_ignore_the_index(tmp_path):
     _write(tmp_path, range(3))
     dead = 2**22 + 12345
-    (tmp_path / "train" / index.DIR / f".steps_00000000-00000001.0badc0de.parquet.tmp-{dead}-ab").write_text("x")
+    (_idx(tmp_path) / f".steps_00000000-00000001.0badc0de.parquet.tmp-{dead}-ab").write_text("x")
     r = trajstore.Reader(tmp_path)
     assert r.steps == [0, 1, 2] and trajstore.verify(tmp_path).ok and trajstore.verify(tmp_path, deep=True).ok
     d = _info.describe(tmp_path)
     assert d["splits"]["train"]["steps"]["count"] == 3 and list(d["splits"]) == ["train"]
     assert len(r.to_pandas()) == 12
     trajstore.Writer(tmp_path).close()  # reopening cleans the dead writer's temporary
-    assert os.listdir(tmp_path / "train" / index.DIR) == _segments(tmp_path)
+    assert os.listdir(_idx(tmp_path)) == _segments(tmp_path)
 
 
 def test_sql_view_ignores_the_index(tmp_path):

@@ -34,14 +34,17 @@ def dump(tmp_path_factory):
 
 
 def test_sidecar_in_sha256sum_format(dump):
-    d = dump / "train"
+    d, side = dump / "train", dump / paths.SIDE / "train"
+    assert sorted(os.listdir(d)) == [paths.step_name(s) for s in range(3)]  # the split folder: steps only
     for s in range(3):
         f = d / paths.step_name(s)
-        line = (d / f"step_{s:08d}.sha256").read_text()
+        assert checksums.sum_path(f) == side / f"step_{s:08d}.sha256"
+        line = (side / f"step_{s:08d}.sha256").read_text()
         assert line == f"{hashlib.sha256(f.read_bytes()).hexdigest()}  {f.name}\n"
-    if shutil.which("sha256sum"):
-        r = subprocess.run("sha256sum -c step_*.sha256", shell=True, cwd=d, capture_output=True, text=True)
-        assert r.returncode == 0, r.stdout + r.stderr
+    if shutil.which("sha256sum"):  # as docs/RELIABILITY.md says to run it
+        r = subprocess.run("sha256sum -c ../_trajstore/train/step_*.sha256", shell=True, cwd=d,
+                           capture_output=True, text=True)
+        assert r.returncode == 0 and r.stdout.count(": OK") == 3, r.stdout + r.stderr
     assert trajstore.verify(dump).ok and trajstore.verify(dump).checked == {"train": 3}
 
 
@@ -82,7 +85,7 @@ def test_size_changes_are_detected(dump, how):
 def test_missing_checksum(tmp_path):
     with trajstore.Writer(tmp_path) as w:
         w.append(0, _batch(0))
-    (tmp_path / "train" / "step_00000000.sha256").unlink()
+    (tmp_path / paths.SIDE / "train" / "step_00000000.sha256").unlink()
     with pytest.raises(ChecksumError, match="no recorded checksum.*verify=False"):
         trajstore.Reader(tmp_path, verify=True)[0]
     assert_batch_equal(trajstore.Reader(tmp_path, verify=False)[0], _batch(0))
@@ -104,7 +107,7 @@ def test_interrupted_commit_checksum_is_promoted(tmp_path):
         w.append(0, _batch(0))
     with trajstore.Writer(tmp_path, overwrite=True) as w:
         w.append(0, _batch(1))
-    d = tmp_path / "train"
+    d = tmp_path / paths.SIDE / "train"
     good = (d / "step_00000000.sha256").read_text()
     (d / "step_00000000.sha256").write_text(checksums.sum_line("0" * 64, "step_00000000.parquet"))
     dead = 2**22 + 12345  # above the default pid_max: never a live process
@@ -119,17 +122,20 @@ def test_interrupted_commit_checksum_is_promoted(tmp_path):
 def test_stale_temporaries_and_orphans_are_cleaned(tmp_path):
     with trajstore.Writer(tmp_path) as w:
         w.append(0, _batch(0))
-    d = tmp_path / "train"
+    d, side = tmp_path / "train", tmp_path / paths.SIDE / "train"
     dead = 2**22 + 12345
-    for n in [f".step_00000001.parquet.tmp-{dead}-ab", f".step_00000001.sha256.tmp-{dead}-cd",
-              f".step_00000000.sha256.tmp-{dead}-ef", "step_00000005.sha256"]:
-        (d / n).write_text("junk")
+    junk = [f".step_00000001.parquet.tmp-{dead}-ab", f".step_00000001.sha256.tmp-{dead}-cd",
+            f".step_00000000.sha256.tmp-{dead}-ef", "step_00000005.sha256"]
+    for n in junk:
+        (side / n).write_text("junk")
+        (d / n).write_text("junk")  # where a writer of layout 1 left them: cleaned too
     (tmp_path / f".trajstore.json.tmp-{dead}").write_text("{}")
     r = trajstore.Reader(tmp_path)
     assert r.steps == [0]
     assert_batch_equal(r[0], _batch(0))
     trajstore.Writer(tmp_path).close()
-    assert sorted(os.listdir(d)) == ["_index", "step_00000000.parquet", "step_00000000.sha256"]
+    assert sorted(os.listdir(d)) == ["step_00000000.parquet"]
+    assert sorted(os.listdir(side)) == ["index", "step_00000000.sha256"]
     assert not (tmp_path / f".trajstore.json.tmp-{dead}").exists()
 
 
@@ -151,6 +157,8 @@ def test_skipped_steps_are_recorded(tmp_path):
         w.append(0, _batch(0))
     d = tmp_path / "train"
     assert commit.record_skipped(d, 1, "No space left on device")
+    assert os.listdir(d) == [paths.step_name(0)]  # the record is in the side folder
+    assert (tmp_path / paths.SIDE / "train" / paths.skipped_name(1)).exists()
     r = trajstore.Reader(tmp_path)
     assert r.skipped == {1: "No space left on device"} and r.steps == [0]
     with pytest.raises(StepNotFoundError, match="recorded it as skipped: No space left"):
@@ -159,7 +167,7 @@ def test_skipped_steps_are_recorded(tmp_path):
     assert rep.ok and rep.skipped == {("train", 1): "No space left on device"}
     with trajstore.Writer(tmp_path) as w:  # writing the step later clears the record
         w.append(1, _batch(1))
-    assert r.skipped == {} and not list(d.glob("*.skipped.json"))
+    assert r.skipped == {} and not list(tmp_path.glob("**/*.skipped.json"))
     assert not commit.record_skipped(tmp_path / "missing-dir", 2, "x")  # best effort, never raises
 
 

@@ -166,7 +166,7 @@ def test_hostile_pickled_extension_type_is_not_unpickled(tmp_path):
     evil = {b"ARROW:extension:name": b"arrow.py_extension_type", b"ARROW:extension:metadata": payload}
     fields = [fl.with_metadata({**(fl.metadata or {}), **evil}) for fl in table.schema]
     pq.write_table(pa.Table.from_arrays(table.columns, schema=pa.schema(fields, table.schema.metadata)), f)
-    (f.with_suffix(".sha256")).write_text(checksums.sum_line(checksums.file_sha256(f), f.name))
+    checksums.sum_path(f).write_text(checksums.sum_line(checksums.file_sha256(f), f.name))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(pickle, "loads", _refuse)
         mp.setattr(pickle, "load", _refuse)

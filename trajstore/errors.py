@@ -90,7 +90,9 @@ class FormatVersionError(FormatError):
 
 
 class ChecksumError(FormatError):
-    """A step file's bytes do not match the SHA-256 recorded when it was committed."""
+    """A step file's bytes do not match a checksum recorded when it was written: the SHA-256 of
+    the whole file (``verify=True``, ``trajstore verify``) or the CRC32 of one of its Parquet pages
+    (checked on every read)."""
 
 
 class WriterError(TrajstoreError, RuntimeError):
@@ -149,4 +151,9 @@ class foreign_errors:
         if tp is None or issubclass(tp, TrajstoreError) or not issubclass(tp, self.MAPPED):
             return False
         doing = self.doing.format(*self.args)
+        if "CRC checksum verification failed" in str(e):  # pyarrow's page_checksum_verification
+            raise ChecksumError(f"{self.where}: {doing} failed: a Parquet page does not match the CRC32 checksum "
+                                f"written with it ({e}), so the file is damaged; run `trajstore verify` on the "
+                                "dump to find every damaged step, and restore them from a copy or write them "
+                                "again") from None
         raise FormatError(f"{self.where}: {doing} failed ({tp.__name__}: {e}); {self.then}") from None

@@ -53,11 +53,21 @@ class Reader:
     >>> r = trajstore.Reader("dumps/run1")
     >>> batch = r[12]                 # the batch of step 12, as appended
     >>> r.read(12, columns=["rewards"])
+    >>> trajstore.Reader("copied/step_00000012.parquet")[12]   # a step file on its own
+
+    ``path`` may also be one step file, copied out of its dump or renamed: the reader then holds
+    that one step (its number and split are the file's own, ``split`` is not used), ``manifest``
+    is ``{}`` and ``skipped`` is empty; with ``verify=True`` it is checked against a
+    ``<name>.sha256`` beside it (``sha256sum`` format).
     """
 
     def __init__(self, path: str | Path, split: str = "train", *, verify: bool = False):
         self.path = Path(path)
         self.verify = verify  # check each step file against its recorded SHA-256 before decoding
+        self._lone: int | None = None  # the step of a step file opened on its own
+        if self.path.is_file():
+            self._open_lone()
+            return
         self.split = paths.check_split(split)
         self.manifest = paths.read_manifest(self.path)
         self.dir = self.path / self.split
@@ -68,9 +78,27 @@ class Reader:
             )
         self.refresh()
 
+    def _open_lone(self) -> None:
+        f = self.path
+        with foreign_errors(f, "reading it as a Parquet file", then="it is damaged or not a trajstore step file"):
+            kv = pq.read_metadata(f).metadata or {}
+        try:
+            doc = json.loads(kv[b"trajstore"])
+            step, split = doc["step"], doc["split"]
+        except (KeyError, TypeError, ValueError, RecursionError):
+            raise FormatError(f"{f}: not a trajstore step file (no trajstore metadata with its step and split); "
+                              "open a dump folder, or a step file written by trajstore") from None
+        if type(step) is not int or step < 0 or type(split) is not str:
+            raise FormatError(f"{f}: its trajstore metadata names step {step!r} of split {split!r}; it is damaged")
+        self._lone, self.split, self.manifest, self.dir = step, split, {}, f.parent
+        self.refresh()
+
     # -- listing
     def refresh(self) -> list[int]:
         """Re-scan the split for steps committed since the reader was opened."""
+        if self._lone is not None:
+            self._steps = [self._lone] if self.path.exists() else []
+            return self._steps
         self._steps = paths.list_steps(self.dir)
         self._index = Index(self.dir, self.split)  # index segments are read again on demand
         return self._steps
@@ -79,10 +107,13 @@ class Reader:
         """Block until ``step`` is committed (a writer may be running); StepNotFoundError after ``timeout`` s,
         or at once if the writer recorded the step as skipped."""
         step = paths.check_step(step)
+        if self._lone is not None:
+            self.file(step)  # a lone step file holds its one step, or StepNotFoundError
+            return
         end = None if timeout is None else time.monotonic() + timeout
         f = self.dir / paths.step_name(step)
         while not f.exists():
-            if (self.dir / paths.skipped_name(step)).exists():
+            if paths.is_skipped(self.dir, step):
                 why = paths.list_skipped(self.dir).get(step, "")
                 raise StepNotFoundError(f"step {step} will not appear in dump {self.path} split {self.split!r}: "
                                         f"the writer recorded it as skipped: {why}", step=step)
@@ -97,7 +128,7 @@ class Reader:
     @property
     def skipped(self) -> dict[int, str]:
         """Steps the writer recorded as skipped (e.g. disk full), with the reason."""
-        return paths.list_skipped(self.dir)
+        return {} if self._lone is not None else paths.list_skipped(self.dir)
 
     @property
     def steps(self) -> list[int]:
@@ -105,12 +136,14 @@ class Reader:
 
     @property
     def splits(self) -> list[str]:
-        return paths.list_splits(self.path)
+        return [self.split] if self._lone is not None else paths.list_splits(self.path)
 
     def __len__(self) -> int:
         return len(self._steps)
 
     def __contains__(self, step: object) -> bool:
+        if self._lone is not None:
+            return step == self._lone and self.path.exists()
         return isinstance(step, int) and (self.dir / paths.step_name(step)).exists()
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
@@ -124,6 +157,11 @@ class Reader:
     def file(self, step: int) -> Path:
         """The committed file of ``step`` (raises StepNotFoundError)."""
         step = paths.check_step(step)
+        if self._lone is not None:
+            if step == self._lone and self.path.exists():
+                return self.path
+            raise StepNotFoundError(f"step {step} is not in {self.path}: the file holds step {self._lone} of "
+                                    f"split {self.split!r} alone", step=step)
         f = self.dir / paths.step_name(step)
         if not f.exists():
             self.refresh()
@@ -144,7 +182,7 @@ class Reader:
         f = self.file(step)
         with foreign_errors(f, "reading it as a Parquet file", then="the step is damaged"):
             src = pa.BufferReader(checksums.read_verified(f, step)) if self.verify else f
-            pf = pq.ParquetFile(src, memory_map=False)
+            pf = pq.ParquetFile(src, memory_map=False, page_checksum_verification=True)
             kv = pf.metadata.metadata or {}  # the footer's key-value pairs (no Arrow schema build)
         raw = kv.get(b"trajstore")
         if raw is None:
@@ -230,7 +268,7 @@ class Reader:
         parse) contends for the GIL, and one thread is faster (benchmarks/RESULTS.md).
         Stack the values with ``torch.stack(list(d.values()))`` when every step has the same
         batch size. A plain per-trajectory field of a step is taken from the split's index
-        (``<split>/_index/``, docs/FORMAT.md section 6) when a segment holds it and the step file
+        (``<dump>/_trajstore/<split>/index/``, docs/FORMAT.md section 6) when a segment holds it and the step file
         is still the one indexed, without opening the file; every other step is read from its
         file. With ``verify=True`` the index is not used: each file is checked whole first."""
         if type(name) is not str:
@@ -238,7 +276,7 @@ class Reader:
         steps = list(self._steps) if steps is None else [paths.check_step(s) for s in steps]
         if workers is not None and (type(workers) is not int or workers < 1):
             raise ConfigError(f"workers must be an int >= 1, got {workers!r}")
-        got = {} if self.verify or not steps else self._index.values(name, steps)
+        got = {} if self.verify or not steps or self._lone is not None else self._index.values(name, steps)
         rest = [s for s in steps if s not in got] if got else steps
         n = workers or 1
         if n == 1 or len(rest) < 2:
@@ -328,7 +366,8 @@ def _read_columns(pf: pq.ParquetFile, src: Any, cols: list[str] | None) -> pa.Ta
     if size > PARALLEL_READ_BYTES:
         # pre_buffer=False: the column chunks are read as they are decoded, not gathered first,
         # which is faster on a step of many row groups (benchmarks/RESULTS.md)
-        return pq.read_table(src, columns=cols, use_threads=threads, pre_buffer=False)
+        return pq.read_table(src, columns=cols, use_threads=threads, pre_buffer=False,
+                             page_checksum_verification=True)
     return pf.read(columns=cols, use_threads=threads)
 
 

@@ -9,7 +9,7 @@ float32), nested fields have dotted names, a rejected (``None``) trajectory is a
 ``rejected`` column is True and whose fields are missing (NaN/None).
 
 ``duckdb``: an in-memory DuckDB connection with one view per split (``train``, ``val``, ...)
-over the split's step files, every row carrying its ``step``. Columns are the stored Arrow
+over the split's step files (or over the one file of a Reader opened on a step file), every row carrying its ``step``. Columns are the stored Arrow
 columns (docs/FORMAT.md): per-token fields are lists, nested fields have dotted names (quote
 them: ``"a.b"``), JSON-valued fields are JSON strings, and bfloat16 values appear as their raw
 uint16 bits (use ``to_pandas`` for them).
@@ -75,11 +75,14 @@ def duckdb_connect(path: Any, con: Any = None) -> duckdb.DuckDBPyConnection:
     except ImportError:
         raise MissingDependencyError("SQL over a dump needs duckdb: pip install 'trajstore[cli]'") from None
     root = Path(getattr(path, "path", path))
-    paths.read_manifest(root)
+    if root.is_file() and getattr(path, "steps", None) is not None:  # a Reader of one step file
+        groups = {path.split: [str(root)]}
+    else:
+        paths.read_manifest(root)
+        groups = {split: [str(root / split / paths.step_name(s)) for s in paths.list_steps(root / split)]
+                  for split in paths.list_splits(root)}
     con = con if con is not None else duckdb.connect()
-    for split in paths.list_splits(root):
-        d = root / split
-        files = [str(d / paths.step_name(s)) for s in paths.list_steps(d)]
+    for split, files in groups.items():
         if not files:
             continue
         lst = "[" + ", ".join(_lit(f) for f in files) + "]"

@@ -110,7 +110,7 @@ class Writer:
 
     ``on_error="raise"`` (default) raises a step that failed in the background into the next
     ``append``/``flush``/``close``; ``on_error="warn"`` logs it (at ERROR) and goes on. Either way the
-    failed step is recorded as ``step_N.skipped.json`` (``Reader.skipped``).
+    failed step is recorded as ``_trajstore/<split>/step_N.skipped.json`` (``Reader.skipped``).
     ``max_pending_steps`` / ``max_pending_bytes`` bound the steps not yet on disk (``append``
     waits at the limit; see ``stats``); ``workers`` background threads write steps concurrently
     (with more than one, steps may be committed out of order). ``close()`` (or the ``with`` block)
@@ -119,7 +119,7 @@ class Writer:
     ``masks={"completion_mask": ["old_per_token_logps", ...]}`` declares which ``[B, W, ...]`` fields
     follow which mask field, where the names and shapes do not tell (docs/FORMAT.md section 3.4).
     Plain per-trajectory fields (``rewards``...) of the steps written are also kept in the split's
-    index for ``Reader.column`` (``<split>/_index/``, docs/FORMAT.md section 6): a segment every
+    index for ``Reader.column`` (``_trajstore/<split>/index/``, docs/FORMAT.md section 6): a segment every
     ``index.INDEX_EVERY`` steps and on ``flush``/``close``; an index error is only logged.
     ``on_commit`` is called on the background thread with a :class:`Committed` record once each
     step is committed, before ``flush`` returns; an error it raises is logged, never raised.
@@ -353,7 +353,7 @@ class Writer:
         table = schema.encode_plain(batch, job.tag, step=step, split=self.split, extra=job.meta,
                                     masks=self.masks)
         final = self.dir / paths.step_name(step)
-        tmp = self.dir / paths.temp_name(step)
+        tmp = paths.temp_path(self.dir, step)  # in the side folder: the split folder holds step files only
         try:
             pq.write_table(table, tmp, **parquet_options(table))
             index_rows = self._index.take(step, table)  # a copy, checked by snap.check below

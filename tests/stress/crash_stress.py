@@ -86,7 +86,8 @@ def _child(path: str, steps: list[int], version: int, overwrite: bool, kill_at=N
 
 
 def _leftovers(split_dir: Path) -> list[str]:
-    return sorted(n for n in os.listdir(split_dir) if n.startswith("."))
+    """Temporaries in the split folder and its side folder (``_trajstore/<split>/``)."""
+    return sorted(n for d in paths.places(split_dir) if d.is_dir() for n in os.listdir(d) if n.startswith("."))
 
 
 def check_dump(path: Path, attempted: dict[int, set[int]], focus: list[int] | None = None,
@@ -123,8 +124,10 @@ def check_dump(path: Path, attempted: dict[int, set[int]], focus: list[int] | No
     assert _leftovers(d) == [], _leftovers(d)
     for s in r.steps:
         f = d / paths.step_name(s)
-        assert checksums.read_sum(f.with_suffix(checksums.SUM_SUFFIX)) == checksums.file_sha256(f), f"step {s} checksum"
-    for n in os.listdir(d):
+        assert checksums.read_sum(checksums.sum_path(f)) == checksums.file_sha256(f), f"step {s} checksum"
+    assert all(paths.STEP_RE.match(n) for n in os.listdir(d)), os.listdir(d)  # the split folder: steps only
+    side = paths.side_dir(d)  # made with the first temporary: a writer killed before that has none
+    for n in os.listdir(side) if side.is_dir() else []:
         if n.endswith(checksums.SUM_SUFFIX):
             assert (d / n).with_suffix(".parquet").exists(), f"orphan checksum {n}"
     return stats

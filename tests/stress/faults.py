@@ -7,7 +7,7 @@ Points: "data" (the Parquet bytes written by pyarrow.parquet.write_table, after 
 "open", "write", "fsync", "link", "replace" (os-level calls the commit makes).  ``persist=True``
 keeps failing from the Nth call on (a full disk); otherwise the fault fires once (a transient
 error).  Only calls on paths under ``root`` count, so the rest of the process is unaffected; calls
-on the split's index (``<split>/_index/``, best effort, faulted in tests/test_index.py) do not
+on the split's index (``_trajstore/<split>/index/``, or ``<split>/_index/`` of layout 1; best effort, faulted in tests/test_index.py) do not
 count unless ``root`` is that folder.
 """
 
@@ -42,7 +42,9 @@ class Fault:
             return False
         if not p.startswith(self.root + os.sep):
             return False
-        return "_index" not in p[len(self.root):].split(os.sep)
+        parts = p[len(self.root):].split(os.sep)
+        side = [i for i, x in enumerate(parts) if x == "_trajstore"]  # _trajstore/<split>/index/
+        return "_index" not in parts and not any(parts[i + 2:i + 3] == ["index"] for i in side)
 
     def hit(self, point: str, target: str = "") -> None:
         if point != self.point:

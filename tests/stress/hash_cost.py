@@ -1,4 +1,5 @@
-"""What the per-step SHA-256 costs, next to encoding + zstd writing and next to reading.
+"""What the per-step SHA-256 and the Parquet page checksums (CRC32, written and verified by default)
+cost, next to encoding + zstd writing and next to reading.
 
     python tests/stress/hash_cost.py [--batch 64] [--tokens 8192] [--repeat 5]
 """
@@ -13,9 +14,12 @@ import time
 import zlib
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import torch
 
 import trajstore
+from trajstore import schema
+from trajstore.format.parquet import parquet_options
 from trajstore.store import checksums, paths
 
 
@@ -68,8 +72,27 @@ def main(argv=None) -> None:
               f"crc32 {t_crc * 1e3:.2f} ms, blake2b {t_blake * 1e3:.2f} ms")
         print(f"read verify=False: {t_read * 1e3:.1f} ms; verify=True: {t_readv * 1e3:.1f} ms "
               f"(+{(t_readv - t_read) / t_read:.1%})")
+        page_checksums(root, schema.encode(batch, step=0, split="train"), a.repeat)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def page_checksums(root: Path, table, repeat: int) -> None:
+    """The same step table written with and without page checksums, and read (single-threaded, as
+    the decode of one row group is) with and without verifying them."""
+    files, t_w = {}, {}
+    for crc in (False, True):
+        files[crc] = root / f"crc-{crc}.parquet"
+        opts = {**parquet_options(table), "write_page_checksum": crc}
+        t_w[crc] = _best(lambda: pq.write_table(table, files[crc], **opts), repeat)
+    t_r = {k: float("inf") for k in ("off", "written", "verified")}
+    for _ in range(repeat):  # interleaved
+        for k, f, v in (("off", files[False], False), ("written", files[True], False), ("verified", files[True], True)):
+            t_r[k] = min(t_r[k], _best(lambda: pq.read_table(f, use_threads=False, page_checksum_verification=v), 3))
+    extra = files[True].stat().st_size - files[False].stat().st_size
+    print(f"page checksums: +{extra} bytes; write {t_w[False] * 1e3:.1f} -> {t_w[True] * 1e3:.1f} ms; "
+          f"read (one thread) {t_r['off'] * 1e3:.1f} ms without, {t_r['written'] * 1e3:.1f} ms written but "
+          f"not checked, {t_r['verified'] * 1e3:.1f} ms verified (+{(t_r['verified'] - t_r['off']) / t_r['off']:.1%})")
 
 
 if __name__ == "__main__":

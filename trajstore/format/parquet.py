@@ -21,7 +21,8 @@ def parquet_options(table: pa.Table) -> dict[str, Any]:
     everything else (masks, strings, JSON), zstd at ``ZSTD_LEVEL``, and up to ``ROW_GROUPS`` row
     groups of at least ``ROW_GROUP_BYTES``, so a reader decodes a large step on several cores
     while a small step stays one row group (a smaller footer and one page per column, which keeps
-    reading one column of many steps cheap). The measurements behind each choice are in
+    reading one column of many steps cheap). Every page carries its CRC32, which trajstore's readers
+    verify (``page_checksum_verification``), so a flipped bit fails a plain read. The measurements behind each choice are in
     benchmarks/RESULTS.md (encoding benchmark)."""
     bss, dic = [], []
     for f in table.schema:
@@ -40,5 +41,6 @@ def parquet_options(table: pa.Table) -> dict[str, Any]:
         "use_dictionary": dic,
         "use_byte_stream_split": bss,
         "write_statistics": ["step"],
+        "write_page_checksum": True,  # CRC32 per page, verified on every read (docs/RELIABILITY.md)
         "row_group_size": max(1, -(-table.num_rows // max(1, min(ROW_GROUPS, table.nbytes // ROW_GROUP_BYTES)))),
     }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, NotRequired, TypedDict
 
+from .._version import __version__
 from ..errors import ConfigError, FormatError, FormatVersionError
 from . import dtypes as dt
 
@@ -23,7 +24,7 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 3  # the newest step-file version this library reads and writes
-MANIFEST_VERSION = 1  # the dump layout (trajstore.json, folders, names); steps carry their own version
+MANIFEST_VERSION = 2  # the dump layout (trajstore.json, folders, names; 2: _trajstore/ side folder); steps carry their own version
 RESERVED = ("step",)  # column names a batch field may not take
 STEP_COLUMN = "step"
 SHAPE_PREFIX = "__shape__."  # per-row shapes of a cell column
@@ -159,6 +160,8 @@ class StepDoc(TypedDict):
     """The step envelope: the JSON object under the ``trajstore`` key of a step file's metadata."""
 
     format_version: int
+    library: NotRequired[str]  # "trajstore": who wrote the file (absent in files of trajstore 0.1.0)
+    library_version: NotRequired[str]  # the writing library's version
     step: int
     split: str
     num_rows: int
@@ -174,7 +177,8 @@ def step_doc(step: int, split: str, num_rows: int, meta: dict | None, batch: Bat
     step that needs nothing new stays readable by older trajstore versions. Step metadata plain JSON
     cannot hold comes as ``extra["meta_t"]`` (its typed document) and replaces ``meta`` (version 3)."""
     assert 1 <= version <= FORMAT_VERSION
-    doc = {"format_version": version, "step": step, "split": split, "num_rows": num_rows,
+    doc = {"format_version": version, "library": "trajstore", "library_version": __version__,
+           "step": step, "split": split, "num_rows": num_rows,
            "meta": meta or {}, "batch": batch, **(extra or {})}
     if "meta_t" in doc:
         del doc["meta"]

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
+from ..errors import foreign_errors
 from ..format import typed
 from ..format.spec import counted_masks, is_dict_batch, is_token, is_token_cell, is_tokenlike
 from ..reader import Reader
@@ -89,7 +90,7 @@ def fields_of(spec: dict) -> list[dict]:
 
 
 def _column(f: Path, name: str) -> Any:
-    return pq.read_table(f, columns=[name]).column(0).combine_chunks()
+    return pq.read_table(f, columns=[name], page_checksum_verification=True).column(0).combine_chunks()
 
 
 def _nonzero(col: Any) -> int:
@@ -131,7 +132,7 @@ def _counts(f: Path, spec: dict, num_rows: int) -> tuple[int, int | None]:
     keys = dict(spec.get("elem", {}).get("keys", []))
     am = keys.get("attention_mask", {})
     if am.get("t") == "cell":
-        t = pq.read_table(f, columns=[am["col"], am["shape_col"]])
+        t = pq.read_table(f, columns=[am["col"], am["shape_col"]], page_checksum_verification=True)
         shapes = t.column(1).to_pylist()
         rows = sum(s[0] if s is not None and len(s) == 2 and s[0] > 1 else 1 for s in shapes)
         return rows, _nonzero(t.column(0).combine_chunks())
@@ -165,7 +166,8 @@ def describe(path: str | Path, split: str | None = None,
             f = r.file(s)
             doc = r.info(s)
             spec = doc["batch"]
-            rows, tokens = _counts(f, spec, doc.get("num_rows"))
+            with foreign_errors(f, "counting the trajectories of step {}", s, then="the step is damaged"):
+                rows, tokens = _counts(f, spec, doc.get("num_rows"))
             per_step.append({"step": s, "rows": rows, "tokens": tokens, "bytes": f.stat().st_size,
                              "meta": jsonable(typed.step_meta(doc, str(f)))})
             for fd in fields_of(spec):

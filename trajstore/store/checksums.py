@@ -1,5 +1,7 @@
 """The SHA-256 of every step file: the ``step_N.sha256`` sidecar (``sha256sum`` format) that
-``commit`` records before a step becomes visible, and reads checked against it (docs/RELIABILITY.md)."""
+``commit`` records before a step becomes visible, and reads checked against it (docs/RELIABILITY.md).
+The sidecar lives in the split's side folder (``paths.side_dir``: ``<dump>/_trajstore/<split>/``),
+or beside the step file in a dump of layout 1; a digest recorded in either place is accepted."""
 
 from __future__ import annotations
 
@@ -11,11 +13,18 @@ from pathlib import Path
 import pyarrow as pa
 
 from ..errors import ChecksumError, foreign_errors
+from . import paths
 
-__all__ = ["SUM_SUFFIX", "file_sha256", "sum_line", "read_sum", "pending_sums", "check_digest", "read_verified"]
+__all__ = ["SUM_SUFFIX", "sum_path", "file_sha256", "sum_line", "read_sum", "pending_sums", "check_digest",
+           "read_verified"]
 
 SUM_SUFFIX = ".sha256"
 _SUM_RE = re.compile(r"^([0-9a-f]{64})  (\S+)\n?$")
+
+
+def sum_path(f: Path) -> Path:
+    """Where ``commit`` records the checksum of step file ``f``."""
+    return paths.side_dir(f.parent) / f.with_suffix(SUM_SUFFIX).name
 
 
 def file_sha256(path: Path) -> str:
@@ -24,7 +33,8 @@ def file_sha256(path: Path) -> str:
 
 
 def sum_line(digest: str, name: str) -> str:
-    """One line in ``sha256sum`` format, so ``sha256sum -c step_*.sha256`` also checks a split."""
+    """One line in ``sha256sum`` format, so ``cd <dump>/<split> && sha256sum -c ../_trajstore/<split>/*.sha256``
+    also checks a split."""
     return f"{digest}  {name}\n"
 
 
@@ -40,37 +50,42 @@ def read_sum(path: Path) -> str | None:
 
 
 def pending_sums(split_dir: Path, step: int) -> list[str]:
-    """Digests in temporary checksum files of ``step`` (a commit interrupted after step 2)."""
+    """Digests in temporary checksum files of ``step`` (a commit interrupted after step 2), in the
+    side folder and the split folder."""
     pre = f".step_{step:08d}.sha256.tmp-"
-    try:
-        names = [n for n in os.listdir(split_dir) if n.startswith(pre)]
-    except FileNotFoundError:
-        return []
-    return [d for n in names if (d := read_sum(split_dir / n))]
+    out = []
+    for d in paths.places(split_dir):
+        try:
+            names = [n for n in os.listdir(d) if n.startswith(pre)]
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        out += [s for n in names if (s := read_sum(d / n))]
+    return out
 
 
-def _recorded(f: Path, step: int) -> tuple[str | None, list[str]]:
-    return read_sum(f.with_suffix(SUM_SUFFIX)), pending_sums(f.parent, step)
+def _sums(f: Path) -> list[str]:
+    """The digests recorded for step file ``f``: the side folder's, then one beside it (layout 1)."""
+    name = f.with_suffix(SUM_SUFFIX).name
+    return [s for d in paths.places(f.parent) if (s := read_sum(d / name))]
 
 
 def check_digest(f: Path, step: int, digest: str) -> None:
-    """Raise ChecksumError unless ``digest`` is the one recorded for step file ``f``."""
-    recorded, pending = _recorded(f, step)
-    if digest == recorded or digest in pending:
+    """Raise ChecksumError unless ``digest`` is one recorded for step file ``f``."""
+    recorded, pending = _sums(f), pending_sums(f.parent, step)
+    if digest in recorded or digest in pending:
         return
     # a writer may have renamed its temporary checksum into place between the two looks
-    recorded = read_sum(f.with_suffix(SUM_SUFFIX)) or recorded
-    if digest == recorded:
+    recorded = _sums(f) or recorded
+    if digest in recorded:
         return
-    if recorded is None and not pending:
+    if not recorded and not pending:
         raise ChecksumError(
-            f"{f}: step {step} has no recorded checksum ({f.with_suffix(SUM_SUFFIX).name} is "
-            "missing or malformed), so it cannot be verified; run `trajstore verify` on the dump, "
-            "or pass verify=False to read it anyway"
+            f"{f}: step {step} has no recorded checksum ({sum_path(f)} is missing or malformed), so it "
+            "cannot be verified; run `trajstore verify` on the dump, or pass verify=False to read it anyway"
         )
     raise ChecksumError(
         f"{f}: step {step} is damaged: its SHA-256 is {digest[:16]}..., the checksum recorded at "
-        f"commit is {(recorded or pending[0])[:16]}...; restore the file from a copy or rewrite the step"
+        f"commit is {(recorded or pending)[0][:16]}...; restore the file from a copy or rewrite the step"
     )
 
 

@@ -1,5 +1,7 @@
 """Atomic commit of a step file with its checksum, clean-up of interrupted writes, and the
-record of a step that was not written (docs/RELIABILITY.md)."""
+record of a step that was not written (docs/RELIABILITY.md). Checksums, records and temporaries
+go to the split's side folder (``paths.side_dir``: ``<dump>/_trajstore/<split>/``, or the split
+folder itself in a dump of layout 1); the split folder receives only the committed step file."""
 
 from __future__ import annotations
 
@@ -11,15 +13,16 @@ from pathlib import Path
 
 from . import checksums
 from .files import fsync, fsync_dir, stale_temps, write_durable
-from .paths import TMP_PREFIX, skipped_name, step_of
+from .paths import TMP_PREFIX, places, side_dir, skipped_name, step_of
 
 __all__ = ["commit", "clean_temp", "record_skipped"]
 
 
 def commit(tmp: Path, final: Path, overwrite: bool) -> None:
-    """Make ``tmp`` visible as ``final``, with its checksum: see docs/RELIABILITY.md.
+    """Make ``tmp`` (from ``paths.temp_path``) visible as ``final``, with its checksum: see
+    docs/RELIABILITY.md.
 
-    1. fsync ``tmp`` and write its SHA-256 to a fsynced temporary sidecar;
+    1. fsync ``tmp`` and write its SHA-256 to a fsynced temporary sidecar (in the side folder);
     2. link ``tmp`` to ``final`` (no clobber; FileExistsError if committed) or replace it;
     3. rename the temporary sidecar over ``step_N.sha256``.
     A crash between 2 and 3 leaves a temporary sidecar that matches the new file:
@@ -27,8 +30,8 @@ def commit(tmp: Path, final: Path, overwrite: bool) -> None:
     """
     fsync(tmp)
     digest = checksums.file_sha256(tmp)
-    side = final.with_suffix(checksums.SUM_SUFFIX)
-    side_tmp = final.parent / f".{side.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
+    side = checksums.sum_path(final)
+    side_tmp = side.parent / f".{side.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
     try:
         write_durable(side_tmp, checksums.sum_line(digest, final.name))
         if overwrite:
@@ -46,29 +49,33 @@ def commit(tmp: Path, final: Path, overwrite: bool) -> None:
         os.replace(side_tmp, side)
     except OSError:
         pass  # side_tmp stays: readers accept it as the step's checksum, clean_temp promotes it
-    try:
-        (final.parent / skipped_name(step_of(final))).unlink(missing_ok=True)
-    except OSError:
-        pass
+    for d in places(final.parent):
+        try:
+            (d / skipped_name(step_of(final))).unlink(missing_ok=True)
+        except OSError:
+            pass
     fsync_dir(final.parent)
+    if side.parent != final.parent:
+        fsync_dir(side.parent)
 
 
 def clean_temp(split_dir: Path, keep_own: bool = False) -> list[str]:
     """Remove leftovers of interrupted writes (promoting a temporary checksum that
     matches its committed step); returns the names removed.  Temporaries of other live
     processes are kept, and this process's own too with ``keep_own`` (another Writer of
-    this process may be writing them)."""
+    this process may be writing them). Looks in the side folder and the split folder."""
     gone = []
-    for n in stale_temps(split_dir, TMP_PREFIX, keep_own):
-        m = re.match(r"^\.(step_\d{8,})\.sha256\.tmp-", n)
-        if m and _promote(split_dir, m.group(1), split_dir / n):
-            continue
-        (split_dir / n).unlink(missing_ok=True)
-        gone.append(n)
-    for n in os.listdir(split_dir) if split_dir.exists() else []:
-        if n.endswith(checksums.SUM_SUFFIX) and not (split_dir / n).with_suffix(".parquet").exists():
-            (split_dir / n).unlink(missing_ok=True)  # checksum of a step that was never committed
+    for d in places(split_dir):
+        for n in stale_temps(d, TMP_PREFIX, keep_own):
+            m = re.match(r"^\.(step_\d{8,})\.sha256\.tmp-", n)
+            if m and _promote(split_dir, m.group(1), d / n):
+                continue
+            (d / n).unlink(missing_ok=True)
             gone.append(n)
+        for n in os.listdir(d) if d.is_dir() else []:
+            if n.endswith(checksums.SUM_SUFFIX) and not (split_dir / n).with_suffix(".parquet").exists():
+                (d / n).unlink(missing_ok=True)  # checksum of a step that was never committed
+                gone.append(n)
     return gone
 
 
@@ -78,9 +85,10 @@ def _promote(split_dir: Path, stem: str, side_tmp: Path) -> bool:
         recorded = checksums.read_sum(side_tmp)
         if not final.exists() or recorded is None or checksums.file_sha256(final) != recorded:
             return False
-        if checksums.read_sum(final.with_suffix(checksums.SUM_SUFFIX)) != recorded:
-            os.replace(side_tmp, final.with_suffix(checksums.SUM_SUFFIX))
-            fsync_dir(split_dir)
+        side = side_tmp.parent / f"{stem}{checksums.SUM_SUFFIX}"
+        if checksums.read_sum(side) != recorded:
+            os.replace(side_tmp, side)
+            fsync_dir(side.parent)
             return True
     except OSError:
         return False
@@ -92,14 +100,18 @@ def record_skipped(split_dir: Path, step: int, reason: str) -> bool:
 
     Best effort: returns False if the record itself cannot be written (the disk may be full).
     """
-    path = split_dir / skipped_name(step)
-    tmp = split_dir / f".{path.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
+    d = side_dir(split_dir)
+    path = d / skipped_name(step)
+    tmp = d / f".{path.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
     doc = {"step": step, "reason": str(reason)[:2000],
            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     try:
+        if d != split_dir and not split_dir.is_dir():
+            return False  # no such split
+        d.mkdir(exist_ok=True)
         write_durable(tmp, json.dumps(doc))
         os.replace(tmp, path)
-        fsync_dir(split_dir)
+        fsync_dir(d)
         return True
     except OSError:
         return False

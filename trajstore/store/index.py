@@ -2,7 +2,10 @@
 
 ``Reader.column("rewards", steps)`` would open every step file (a footer parse each); the index
 keeps the plain per-trajectory fields of many steps (one primitive value per trajectory:
-``rewards``, ``seq_len``...) in a few immutable *segments*, ``<split>/_index/steps_<first>-<last>.<hex>.parquet``.
+``rewards``, ``seq_len``...) in a few immutable *segments* (Parquet files),
+``<dump>/_trajstore/<split>/index/steps_<first>-<last>.<hex>.index`` (not named ``*.parquet``: a glob
+of the dump's step files must not reach them); a dump of layout 1 keeps them, and gets new ones, in
+``<split>/_index/steps_<first>-<last>.<hex>.parquet``, and readers look in both places.
 
 * :class:`Collector` (writer side): after a step is committed its indexable columns are kept in
   memory with the step file's identity ``(st_ino, st_size, st_mtime_ns)``, and written as a
@@ -35,12 +38,13 @@ from ..format.dtypes import as_value
 from ..format.spec import is_dict_batch, is_plain_sample
 from . import files, paths
 
-DIR = "_index"
+DIR = "_index"  # layout 1: in the split folder
+SIDE_DIR = "index"  # layout 2: in the split's side folder (paths.side_dir)
 VERSION = 1
 KEY = b"trajstore.index"
 INDEX_EVERY = 256  # steps per segment (fewer on flush/close, or when the indexed fields change)
 INDEX_MAX_ROWS = 1 << 22  # ...or fewer when they hold this many trajectories (bounds the memory kept)
-SEGMENT_RE = re.compile(r"^steps_(\d{8,})-(\d{8,})\.[0-9a-f]{8}\.parquet$")
+SEGMENT_RE = re.compile(r"^steps_(\d{8,})-(\d{8,})\.[0-9a-f]{8}\.(?:parquet|index)$")
 RESERVED = ("step", "row")  # the segment's own columns: a field stored under either name is not indexed
 
 wlog = logging.getLogger("trajstore.writer")
@@ -52,6 +56,18 @@ def fields(spec: Any) -> list[list]:
     if not is_dict_batch(spec):
         return []
     return [[k, n] for k, n in spec["keys"] if is_plain_sample(n) and n["col"] not in RESERVED]
+
+
+def _place(split_dir: Path) -> tuple[Path, str]:
+    """The folder new segments of ``split_dir`` go to, and their suffix."""
+    side = paths.side_dir(split_dir)
+    return (split_dir / DIR, "parquet") if side == split_dir else (side / SIDE_DIR, "index")
+
+
+def dirs(split_dir: Path) -> list[Path]:
+    """The folders that may hold segments of ``split_dir``: its side folder's, then layout 1's."""
+    side = paths.side_dir(split_dir)
+    return [split_dir / DIR] if side == split_dir else [side / SIDE_DIR, split_dir / DIR]
 
 
 def _ident(st: os.stat_result) -> tuple[int, int, int]:
@@ -136,12 +152,12 @@ class Collector:
             meta = {"version": VERSION, "split": self.split, "fields": fs,
                     "steps": [[s, rows[s][0], *rows[s][1]] for s in steps]}
             table = pa.table(arrays).replace_schema_metadata({KEY: json.dumps(meta)})
-            d = self.dir / DIR
-            d.mkdir(exist_ok=True)  # not made durable: losing the folder only loses the speed-up
-            name = f"steps_{steps[0]:08d}-{steps[-1]:08d}.{os.urandom(4).hex()}.parquet"
+            d, suffix = _place(self.dir)
+            d.mkdir(parents=True, exist_ok=True)  # not made durable: losing the folder only loses the speed-up
+            name = f"steps_{steps[0]:08d}-{steps[-1]:08d}.{os.urandom(4).hex()}.{suffix}"
             tmp = d / f".{name}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
             try:
-                pq.write_table(table, tmp, compression="zstd", compression_level=3)
+                pq.write_table(table, tmp, compression="zstd", compression_level=3, write_page_checksum=True)
                 files.fsync(tmp)
                 os.link(tmp, d / name)  # never replaces a segment: names are unique and never reused
             finally:
@@ -154,35 +170,35 @@ class Collector:
 
 def clean_temp(split_dir: Path, keep_own: bool = False) -> None:
     """Remove temporaries of segment writes that were interrupted (their process is gone)."""
-    d = split_dir / DIR
-    for n in files.stale_temps(d, ".steps_", keep_own):
-        try:
-            (d / n).unlink(missing_ok=True)
-        except OSError:
-            pass
+    for d in dirs(split_dir):
+        for n in files.stale_temps(d, ".steps_", keep_own):
+            try:
+                (d / n).unlink(missing_ok=True)
+            except OSError:
+                pass
 
 
 def prune(split_dir: Path) -> list[str]:
     """Delete the segments whose step range ``first..last`` holds no step file any more (after
     ``max_keep`` rotation deleted steps); returns their names. Other segments are left alone."""
-    d = split_dir / DIR
-    try:
-        names = os.listdir(d)
-    except OSError:
-        return []
     steps, gone = paths.list_steps(split_dir), []
-    for n in names:
-        m = SEGMENT_RE.match(n)
-        if not m:
-            continue
-        i = bisect.bisect_left(steps, int(m.group(1)))
-        if i < len(steps) and steps[i] <= int(m.group(2)):
-            continue
+    for d in dirs(split_dir):
         try:
-            (d / n).unlink()
-            gone.append(n)
+            names = os.listdir(d)
         except OSError:
-            pass
+            continue
+        for n in names:
+            m = SEGMENT_RE.match(n)
+            if not m:
+                continue
+            i = bisect.bisect_left(steps, int(m.group(1)))
+            if i < len(steps) and steps[i] <= int(m.group(2)):
+                continue
+            try:
+                (d / n).unlink()
+                gone.append(n)
+            except OSError:
+                pass
     return gone
 
 
@@ -194,7 +210,7 @@ class _Segment:
     def __init__(self, path: Path, split: str, lo: int, hi: int):
         self.path = path
         with open(path, "rb") as fh:
-            pf = pq.ParquetFile(fh)
+            pf = pq.ParquetFile(fh, page_checksum_verification=True)
             raw = (pf.metadata.metadata or {}).get(KEY)
             if raw is None:
                 raise FormatError("no trajstore.index metadata")
@@ -251,7 +267,7 @@ class _Segment:
         a = self._cols.get(name)
         if a is None:
             with open(self.path, "rb") as fh:
-                pf = pq.ParquetFile(fh)
+                pf = pq.ParquetFile(fh, page_checksum_verification=True)
                 a = self._cols[name] = self._read(pf, node["col"], dt.arrow_type(node["dtype"]),
                                                   sum(self.counts))
         i = self.pos[step]
@@ -265,7 +281,8 @@ class Index:
     """The segments of one split, read on demand and cached by file name."""
 
     def __init__(self, split_dir: Path, split: str):
-        self.split_dir, self.dir, self.split = str(split_dir), split_dir / DIR, split
+        self.split_dir, self.dirs, self.split = str(split_dir), dirs(split_dir), split
+        self.dir = self.dirs[0]
         self._segs: dict[str, _Segment | None] = {}
         self._lock = threading.Lock()
 
@@ -280,14 +297,16 @@ class Index:
             return {}
 
     def _values(self, name: str, steps: list[int]) -> dict[int, Any]:
-        try:
-            names = os.listdir(self.dir)
-        except OSError:
-            return {}
+        found = []
+        for d in self.dirs:
+            try:
+                found += [(n, str(d / n)) for n in sorted(os.listdir(d))]
+            except OSError:
+                continue
         want = sorted(set(steps))
         cand: dict[int, list[tuple[str, _Segment]]] = {}
-        for n in sorted(names):
-            m = SEGMENT_RE.match(n)
+        for base, n in found:
+            m = SEGMENT_RE.match(base)
             if not m:
                 continue
             lo, hi = int(m.group(1)), int(m.group(2))
@@ -323,7 +342,7 @@ class Index:
             if n in self._segs:
                 return self._segs[n]
             try:
-                seg = _Segment(self.dir / n, self.split, lo, hi)
+                seg = _Segment(Path(n), self.split, lo, hi)
             except FileNotFoundError:
                 return None  # deleted since it was listed (rotation)
             except Exception as e:  # noqa: BLE001 - a parser of untrusted bytes: any failure is damage
@@ -335,4 +354,4 @@ class Index:
     def _bad(self, n: str, e: BaseException) -> None:
         self._segs[n] = None
         rlog.warning("trajstore: index segment %s is ignored (%s: %s); the steps it covers are read from "
-                     "their files", self.dir / n, type(e).__name__, e)
+                     "their files", n, type(e).__name__, e)

@@ -1,4 +1,11 @@
-"""The directory layout of a dump: manifest, split folders, step file names."""
+"""The directory layout of a dump: manifest, split folders, step file names, and where the files of a
+split that are not step files live (docs/FORMAT.md section 1).
+
+Layout 2 (manifest version 2): a split folder ``<dump>/<split>/`` holds only committed step files;
+checksums, skipped-step records, temporaries and the column index live in ``<dump>/_trajstore/<split>/``
+(``side_dir``), where no ``*.parquet`` glob and no directory reader of the split reaches them. Layout 1
+(manifest version 1, trajstore 0.1.0 before issue 13) kept them all in the split folder; such a dump
+keeps its layout when appended to, and readers look in both places."""
 
 from __future__ import annotations
 
@@ -15,6 +22,8 @@ from ..format.spec import MANIFEST_VERSION, check_version
 from .files import fsync, fsync_dir, stale_temps
 
 MANIFEST = "trajstore.json"
+SIDE = "_trajstore"  # <dump>/_trajstore/<split>/: a split's files that are not step files (layout 2)
+LAYOUT = {"steps": "<split>/step_<n>.parquet", "side": f"{SIDE}/<split>/"}  # the manifest's "layout"
 STEP_RE = re.compile(r"^step_(\d{8,})\.parquet$")
 TMP_PREFIX = ".step_"
 _SPLIT_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
@@ -26,7 +35,23 @@ def check_split(split: str) -> str:
             f"split {split!r} is not a valid name: use 1-128 letters, digits, '_', '-' or '.', "
             "not starting with '.' or '-' and without '/' or '..'"
         )
+    if split == SIDE:
+        raise ConfigError(f"split {split!r} is reserved: the dump keeps its checksums and index there")
     return split
+
+
+def side_dir(split_dir: Path) -> Path:
+    """Where the files of ``split_dir`` that are not step files go: ``<dump>/_trajstore/<split>/``
+    in a dump of layout 2 (one that has ``<dump>/_trajstore/``), else the split folder itself."""
+    side = split_dir.parent / SIDE
+    return side / split_dir.name if side.is_dir() else split_dir
+
+
+def places(split_dir: Path) -> list[Path]:
+    """The folders a reader looks in for a split's checksums and records: its side folder, then
+    the split folder itself (layout 1), once each."""
+    side = side_dir(split_dir)
+    return [side] if side == split_dir else [side, split_dir]
 
 
 def check_step(step) -> int:
@@ -54,7 +79,7 @@ def list_steps(split_dir: Path) -> list[int]:
 
 def list_splits(root: Path) -> list[str]:
     try:
-        return sorted(d.name for d in root.iterdir() if d.is_dir() and _SPLIT_RE.match(d.name))
+        return sorted(d.name for d in root.iterdir() if d.is_dir() and _SPLIT_RE.match(d.name) and d.name != SIDE)
     except FileNotFoundError:
         return []
 
@@ -84,10 +109,15 @@ def create_manifest(root: Path) -> dict:
     for n in stale_temps(root, f".{MANIFEST}.tmp-", keep_own=True):  # a writer killed creating the dump
         (root / n).unlink(missing_ok=True)
     if (root / MANIFEST).exists():
-        return read_manifest(root)
+        doc = read_manifest(root)
+        if doc["format_version"] >= 2:
+            (root / SIDE).mkdir(exist_ok=True)  # a copy that lost the empty folder
+        return doc
+    (root / SIDE).mkdir(exist_ok=True)  # before the manifest: a layout-2 dump always has it
     doc = {
         "format": "trajstore",
         "format_version": MANIFEST_VERSION,
+        "layout": LAYOUT,
         "library_version": __version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "environment": fingerprint.collect(),
@@ -113,25 +143,36 @@ def step_of(final: Path) -> int:
     return int(final.name.split("_", 1)[1].split(".", 1)[0])
 
 
+def is_skipped(split_dir: Path, step: int) -> bool:
+    return any((d / skipped_name(step)).exists() for d in places(split_dir))
+
+
 def list_skipped(split_dir: Path) -> dict[int, str]:
-    """Steps recorded as skipped, with the reason."""
-    out = {}
-    try:
-        names = os.listdir(split_dir)
-    except FileNotFoundError:
-        return out
-    for n in names:
-        m = re.match(r"^step_(\d{8,})\.skipped\.json$", n)
-        if m:
-            try:
-                doc = json.loads((split_dir / n).read_text())
-                out[int(m.group(1))] = str(doc.get("reason", "")) if isinstance(doc, dict) else ""
-            except (OSError, ValueError, RecursionError):
-                out[int(m.group(1))] = "(unreadable record)"
+    """Steps recorded as skipped, with the reason (from the side folder and, layout 1, the split folder)."""
+    out: dict[int, str] = {}
+    for d in reversed(places(split_dir)):  # the side folder's record wins
+        try:
+            names = os.listdir(d)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for n in names:
+            m = re.match(r"^step_(\d{8,})\.skipped\.json$", n)
+            if m:
+                try:
+                    doc = json.loads((d / n).read_text())
+                    out[int(m.group(1))] = str(doc.get("reason", "")) if isinstance(doc, dict) else ""
+                except (OSError, ValueError, RecursionError):
+                    out[int(m.group(1))] = "(unreadable record)"
     return dict(sorted(out.items()))
 
 
-def temp_name(step: int) -> str:
-    return f".{step_name(step)}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
+def temp_path(split_dir: Path, step: int) -> Path:
+    """A new temporary to write ``step`` to before ``commit`` links it into ``split_dir``: in the side
+    folder (made if needed), so the split folder never holds anything but committed step files."""
+    d = side_dir(split_dir)
+    if d != split_dir and not d.is_dir():
+        d.mkdir(exist_ok=True)
+        fsync_dir(d.parent)
+    return d / f".{step_name(step)}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
 
 
