@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from ..errors import BatchError, UnsupportedTypeError
+from ..integrations import areal
 from . import layout
 from .arrow import ColumnNames
 from .layout import Layout
@@ -315,5 +316,6 @@ def plan(batch: Any, read: bool = True, masks: Mapping | None = None) -> Plan:
 
 def check(batch: Any, masks: Mapping | None = None) -> None:
     """Raise BatchError / UnsupportedTypeError for what can be seen without reading tensor values
-    (``Writer.append``; the encoder runs the same walk)."""
-    plan(batch, read=False, masks=masks)
+    (``Writer.append``; the encoder runs the same walk). AReaL RTensors are checked by their shape
+    and dtype, nothing is fetched (``integrations.areal.check_view``; the snapshot localizes them)."""
+    plan(areal.check_view(batch), read=False, masks=masks)
