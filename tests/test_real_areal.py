@@ -13,9 +13,6 @@ stored localized, without a fetch at ``append`` and without localizing the train
 
 import asyncio
 import logging
-import os
-import subprocess
-import sys
 import threading
 import uuid
 import zlib
@@ -30,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import trajstore
-from _dumps import CORPUS, check_inspection
+from _dumps import CORPUS, check_inspection, run_python
 from trajstore.testing import assert_batch_equal
 
 # areal.utils.logging.getLogger (called when areal's modules load, and later) replaces the logging
@@ -56,7 +53,6 @@ from transformers import PreTrainedTokenizerFast  # noqa: E402
 
 _restore_logging()
 RTensor = rtensor.RTensor
-ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 KINDS = ("rlvr", "multi_turn", "vlm")
@@ -371,10 +367,7 @@ def test_recorder_dump_replays_in_another_process(tmp_path, backend):
         for s, b in enumerate(steps + [remote]):
             assert rec.batch(s, lambda: b) is b
     torch.save(steps + [RTensor.localize(_copy(remote))], tmp_path / "expect.pt")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    p = subprocess.run([sys.executable, "-c", REPLAY, str(tmp_path / "d"), str(tmp_path / "expect.pt")],
-                       capture_output=True, text=True, env=env, timeout=300)
-    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-3000:]
+    run_python(REPLAY, tmp_path / "d", tmp_path / "expect.pt")
 
 
 # ----------------------------------------------------------------------------- inspection

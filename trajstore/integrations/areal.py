@@ -9,8 +9,9 @@ a dump of the batch the engines see after ``RTensor.localize``, and replay hands
 
 When and how, so that ``Writer.append`` stays cheap and never waits for the network:
 
-* ``Writer.append`` checks the batch (``format/check.py``) on ``check_view(batch)``: each remote
-  RTensor stands in as a one-element tensor expanded to its shape and dtype. Nothing is fetched.
+* ``Writer.append`` checks the batch (``format/check.py``); one refused there is checked again on
+  ``check_view(batch)``, where each remote RTensor stands in as a one-element tensor expanded to
+  its shape and dtype (so batches without RTensors pay nothing). Nothing is fetched.
 * The snapshot taken at ``append`` (``snapshot.py``) starts one batched fetch of all the batch's
   remote RTensors on a background thread (``fetch``), right away, so the shards are read before
   the trainer frees them at the end of its step (``clear_batches``); the writer's encoder waits
@@ -31,7 +32,6 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -78,27 +78,42 @@ def _stand_in(rt: Any) -> torch.Tensor:
     return torch.empty((), dtype=d.dtype).expand(d.shape)
 
 
-def _replace(obj: Any, fn: Callable[[Any], Any]) -> Any:
-    """``obj`` with ``fn(rt)`` in place of each RTensor in its dicts, lists and tuples; ``obj``
-    itself where it holds none."""
+def _replace(obj: Any, cls: type) -> Any:
+    """``obj`` with a stand-in (``_stand_in``) in place of each ``cls`` (RTensor) value in its
+    dicts, lists and tuples; ``obj`` itself where it holds none (nothing is copied then)."""
+    if type(obj) is cls:
+        return _stand_in(obj)
     if isinstance(obj, dict):
-        new = {k: _replace(v, fn) for k, v in obj.items()}
-        return obj if all(new[k] is v for k, v in obj.items()) else new
+        new = None
+        for k, v in obj.items():
+            if type(v) is torch.Tensor:  # the common leaf, at the cost of one check
+                continue
+            r = _replace(v, cls)
+            if r is not v:
+                new = dict(obj) if new is None else new
+                new[k] = r
+        return obj if new is None else new
     if isinstance(obj, list | tuple):
-        items = [_replace(v, fn) for v in obj]
-        if all(a is b for a, b in zip(items, obj)):
+        items = None
+        for i, v in enumerate(obj):
+            if type(v) is torch.Tensor:
+                continue
+            r = _replace(v, cls)
+            if r is not v:
+                items = list(obj) if items is None else items
+                items[i] = r
+        if items is None:
             return obj
         return items if isinstance(obj, list) else tuple(items)
-    return fn(obj) if is_rtensor(obj) else obj
+    return obj
 
 
 def check_view(batch: Any) -> Any:
     """``batch`` as ``Writer.append`` checks it: each RTensor replaced by a tensor of its shape and
     dtype (its local data where it has it). ``batch`` itself when AReaL's RTensor module is not
     loaded in this process (then no batch can hold one) or the batch holds none."""
-    if RTENSOR_MODULE not in sys.modules:
-        return batch
-    return _replace(batch, _stand_in)
+    cls = getattr(sys.modules.get(RTENSOR_MODULE), "RTensor", None)
+    return batch if cls is None else _replace(batch, cls)
 
 
 def _localize(rts: list) -> list[torch.Tensor]:
