@@ -21,6 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -28,6 +29,7 @@ from hypothesis import strategies as st
 
 import trajstore
 from _dumps import CORPUS, check_inspection, run_python
+from trajstore.errors import UnsupportedTypeError
 from trajstore.testing import assert_batch_equal
 
 # areal.utils.logging.getLogger (called when areal's modules load, and later) replaces the logging
@@ -214,8 +216,6 @@ def test_any_lengths_round_trip_exactly(tmp_path_factory, kind, group_size, leng
 
 def _column_bytes(path: Path, fields: set[str]) -> int:
     """Compressed bytes on disk of the columns of ``fields`` (values and shapes)."""
-    import pyarrow.parquet as pq
-
     def ours(p: str) -> bool:
         return any(p == k or p.startswith((k + ".", "__shape__." + k)) for k in fields)
 
@@ -243,6 +243,9 @@ def test_per_token_fields_stored_unpadded(tmp_path, kind):
     _write(tmp_path / "d", {0: batch})
     on_disk = _column_bytes(tmp_path / "d", tokens)
     assert 0 < on_disk <= 0.5 * padded_bytes, (on_disk, padded_bytes)
+    # each element at its own width (its longest trajectory's), not the batch's
+    shapes = pq.read_table(next((tmp_path / "d").rglob("*.parquet")), columns=["__shape__.input_ids"])
+    assert [s[-1] for s in shapes.column(0).to_pylist()] == [int(t["attention_mask"].sum(-1).max()) for t in batch]
 
 
 # ----------------------------------------------------------------------------- RTensor
@@ -316,6 +319,15 @@ def test_rtensor_batch_is_stored_localized(tmp_path, backend, kind):
     assert not any(isinstance(x, RTensor) for x in _leaves(got))
 
 
+def test_rtensor_batch_that_cannot_be_stored_fails_at_append(tmp_path, backend):
+    remote = _remote(rollout("rlvr", n=2, group_size=1))
+    remote[1]["phase"] = RTensor.remotize(torch.zeros(1, 3, dtype=torch.complex64), node_addr="local")
+    with trajstore.Writer(tmp_path / "d") as w:
+        with pytest.raises(UnsupportedTypeError, match="phase.*complex64"):
+            w.append(0, remote)
+    assert backend.fetches == 0 and trajstore.Reader(tmp_path / "d").steps == []
+
+
 def _copy(remote):
     """Copies of the RTensors (localize fills its arguments' data in place)."""
     if isinstance(remote, dict):
@@ -349,6 +361,7 @@ REPLAY = """
 import sys
 import torch
 from trajstore import Recorder
+from trajstore.errors import UnsupportedTypeError
 from trajstore.testing import assert_batch_equal
 expect = torch.load(sys.argv[2], weights_only=True)
 assert "areal" not in sys.modules

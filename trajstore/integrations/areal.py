@@ -78,17 +78,23 @@ def _stand_in(rt: Any) -> torch.Tensor:
     return torch.empty((), dtype=d.dtype).expand(d.shape)
 
 
-def _replace(obj: Any, cls: type) -> Any:
+_MAX_DEPTH = 16  # RTensors sit at most 4 levels down (list, dict, multi_modal_input list, dict)
+
+
+def _replace(obj: Any, cls: type, depth: int = 0) -> Any:
     """``obj`` with a stand-in (``_stand_in``) in place of each ``cls`` (RTensor) value in its
-    dicts, lists and tuples; ``obj`` itself where it holds none (nothing is copied then)."""
+    dicts, lists and tuples down to ``_MAX_DEPTH`` levels; ``obj`` itself where it holds none
+    (nothing is copied then)."""
     if type(obj) is cls:
         return _stand_in(obj)
+    if depth > _MAX_DEPTH:
+        return obj
     if isinstance(obj, dict):
         new = None
         for k, v in obj.items():
             if type(v) is torch.Tensor:  # the common leaf, at the cost of one check
                 continue
-            r = _replace(v, cls)
+            r = _replace(v, cls, depth + 1)
             if r is not v:
                 new = dict(obj) if new is None else new
                 new[k] = r
@@ -98,7 +104,7 @@ def _replace(obj: Any, cls: type) -> Any:
         for i, v in enumerate(obj):
             if type(v) is torch.Tensor:
                 continue
-            r = _replace(v, cls)
+            r = _replace(v, cls, depth + 1)
             if r is not v:
                 items = list(obj) if items is None else items
                 items[i] = r
