@@ -6,8 +6,7 @@ installed and a step needs it (``load``), so trajstore works, and reads every du
 them.
 
 * ``verl``: verl's and ROLL's ``DataProto`` classes, restored on replay whatever the import order.
-* ``areal``: AReaL's single-controller ``RTensor`` values, stored as their local tensors (fetched off
-  the caller's thread, the caller's RTensors left remote).
+* ``areal``: AReaL's single-controller ``RTensor`` values, stored as their local tensors.
 
 Each module says what it adapts and where the format stores it (docs/frameworks/<name>.md has the
 user-facing side).
