@@ -186,6 +186,16 @@ def check_inspection(dump: Path, per_step: list[int], capsys: Any) -> None:
                     "--format", "json"]) == 0
     assert [json.loads(x)["n"] for x in capsys.readouterr().out.splitlines()] == per_step
 
+def run_python(code: str, *args: Any) -> None:
+    """Run ``code`` in a fresh Python process (the repository on its path, ``args`` as ``sys.argv[1:]``)
+    and assert it printed ``ok`` and nothing failed: a replay in another process than the dump."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-3000:]
+
+
 def cli() -> list[str]:
     """The installed console script."""
     exe = Path(sys.executable).parent / "trajstore"

@@ -35,6 +35,8 @@ def test_groups_are_trajectories(tmp_path, capsys):
     t = json.loads(capsys.readouterr().out)
     assert t["index"] == 5 and t["reward"] == 2.0
     assert trajstore.diff(tmp_path, tmp_path).identical
+    sql = r.duckdb().execute('SELECT "group", len(input_ids), rewards FROM train').fetchall()
+    assert sorted(sql) == sorted((j, n, [float(i + j)]) for j in (0, 1) for i, n in enumerate(lengths[j]))
 
 
 def test_single_episodes_stay_one_row_each(tmp_path):

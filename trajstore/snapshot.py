@@ -14,6 +14,10 @@
   and string arrays are copied shallowly.
 * dicts, lists and tuples are rebuilt at ``append`` (a shallow copy of the structure, one level
   per container); Python scalars and strings are immutable. Other objects are kept by reference.
+* AReaL ``RTensor`` values are taken as their local tensors: one whose data is local like a CPU
+  tensor; remote ones are fetched in one batch on a background thread started here, through
+  AReaL's own API on copies (the caller's RTensors stay remote), and ``batch()`` waits for it
+  (``integrations/areal.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import torch
 
 from .errors import WriterError
 from .format.spec import where
+from .integrations import areal
 from .torch_bridge import CudaSnapshot, PinnedPool, map_tree, snapshot_cuda
 
 __all__ = ["Snapshot"]
@@ -32,6 +37,13 @@ __all__ = ["Snapshot"]
 
 class _CudaSlot:
     """Where a CUDA tensor sits in the snapshot until its host copy is ready."""
+
+    def __init__(self, i: int):
+        self.i = i
+
+
+class _RemoteSlot:
+    """Where a remote AReaL RTensor sits in the snapshot until its fetch is done."""
 
     def __init__(self, i: int):
         self.i = i
@@ -46,12 +58,14 @@ class Snapshot:
         self.copy = copy
         self.versions: list[tuple[str, torch.Tensor, int]] = []
         self.cuda: list[tuple[str, torch.Tensor]] = []
+        self.remote: list[tuple[str, Any]] = []  # AReaL RTensors whose values are elsewhere
         self.nbytes = 0
         self._batch = map_tree(batch, self._take, ())
         self._hosts: list[torch.Tensor] = []
         self._cuda_snaps: list[CudaSnapshot] = []
         if self.cuda:
             self._hosts, self._cuda_snaps = snapshot_cuda([t for _, t in self.cuda], pool)
+        self._fetch = areal.fetch([rt for _, rt in self.remote]) if self.remote else None
 
     def _take(self, v: Any, path: tuple) -> Any:
         """One value of the batch (a ``map_tree`` leaf) as the background will encode it."""
@@ -69,16 +83,42 @@ class Snapshot:
         if isinstance(v, np.ndarray):
             self.nbytes += v.nbytes
             return v.copy()
+        if areal.is_rtensor(v):
+            if not areal.is_remote(v):
+                return self._take(v.data, path)
+            self.nbytes += areal.nbytes(v)
+            self.remote.append((where(path), v))
+            return _RemoteSlot(len(self.remote) - 1)
         return v
 
     def batch(self) -> Any:
         """The batch to encode, with every CUDA tensor replaced by its host copy (waits for the copies)."""
         for c in self._cuda_snaps:
             c.wait()
-        if not self._hosts:
+        fetched = self._fetched()
+        if not self._hosts and not fetched:
             return self._batch
         hosts = self._hosts
-        return map_tree(self._batch, lambda v, _path: hosts[v.i] if isinstance(v, _CudaSlot) else v)
+
+        def leaf(v: Any, _path: Any) -> Any:
+            if isinstance(v, _CudaSlot):
+                return hosts[v.i]
+            return fetched[v.i] if isinstance(v, _RemoteSlot) else v
+
+        return map_tree(self._batch, leaf)
+
+    def _fetched(self) -> list[torch.Tensor]:
+        """The local tensors of the remote RTensors, in order (waits for their fetch)."""
+        if self._fetch is None:
+            return []
+        try:
+            return self._fetch.result()
+        except Exception as e:  # noqa: BLE001 - any failure of AReaL's backend fails this step only
+            raise WriterError(
+                f"fetching the values of {len(self.remote)} AReaL RTensor(s) (the first: field "
+                f"{self.remote[0][0]!r}) failed: {type(e).__name__}: {e}; the shards must stay stored "
+                "until the fetch started at append is done"
+            ) from e
 
     def check(self, step: int) -> None:
         for name, t, ver in self.versions:
@@ -94,3 +134,4 @@ class Snapshot:
         for c in self._cuda_snaps:
             c.release()
         self._batch, self._hosts, self._cuda_snaps, self.versions, self.cuda = None, [], [], [], []
+        self.remote, self._fetch = [], None

@@ -12,13 +12,19 @@ float32), nested fields have dotted names, a rejected (``None``) trajectory is a
 over the split's step files (or over the one file of a Reader opened on a step file), every row carrying its ``step``. Columns are the stored Arrow
 columns (docs/FORMAT.md): per-token fields are lists, nested fields have dotted names (quote
 them: ``"a.b"``), JSON-valued fields are JSON strings, and bfloat16 values appear as their raw
-uint16 bits (use ``to_pandas`` for them).
+uint16 bits (use ``to_pandas`` for them). A step appended as a list of trajectory dicts whose
+``attention_mask`` is ``[g, T]`` (AReaL's groups) has one row per trajectory, as in ``to_pandas``:
+its per-token cells cut by the trajectory's mask row, other tensor cells split along their first
+dimension, other fields repeated, and ``group`` (the element's index) where ``g > 1``.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import pyarrow.parquet as pq
 
 from .errors import FormatError, MissingDependencyError
 from .format import containers
@@ -85,10 +91,54 @@ def duckdb_connect(path: Any, con: Any = None) -> duckdb.DuckDBPyConnection:
     for split, files in groups.items():
         if not files:
             continue
-        lst = "[" + ", ".join(_lit(f) for f in files) + "]"
+        by_select: dict[str | None, list[str]] = {}  # files whose rows are trajectories: None
+        for f in files:
+            by_select.setdefault(_group_select(f), []).append(f)
+        parts = []
+        for sel, fs in by_select.items():
+            lst = "[" + ", ".join(_lit(f) for f in fs) + "]"
+            parts.append(f"SELECT * FROM read_parquet({lst}, union_by_name = true)" if sel is None else
+                         sel.replace(_FILES, lst))
         try:
-            con.execute(f"CREATE OR REPLACE VIEW {_quote(split)} AS "
-                        f"SELECT * FROM read_parquet({lst}, union_by_name = true)")
+            con.execute(f"CREATE OR REPLACE VIEW {_quote(split)} AS " + " UNION ALL BY NAME ".join(parts))
         except duckdb.Error as e:
             raise FormatError(f"dump {root} split {split!r}: DuckDB cannot open its step files ({e})") from None
     return con
+
+
+_FILES = "\x00files\x00"  # where _group_select's SELECT takes its file list (no column name has a NUL)
+
+
+def _group_select(f: str) -> str | None:
+    """For a step file of a list batch whose elements have an ``attention_mask`` cell (AReaL's
+    episodes ``[1, T]`` and groups ``[g, T]``): a SELECT (``_FILES`` to fill in) with one row per
+    trajectory (the ``__shape__`` columns stay the stored element's); None for any other file (its
+    rows are trajectories already). Reads the footer's spec only; a file the spec lies about fails
+    in DuckDB (a FormatError)."""
+    try:
+        doc = json.loads((pq.read_metadata(f).metadata or {}).get(b"trajstore", b"{}"))
+    except (OSError, ValueError, RecursionError):
+        return None  # DuckDB's own read of the file reports it
+    spec = doc.get("batch") if isinstance(doc, dict) else None
+    elem = spec.get("elem") if isinstance(spec, dict) and spec.get("t") == "seq" else None
+    keys = elem.get("keys") if isinstance(elem, dict) and elem.get("t") == "struct" else None
+    keys = [k for k in keys if isinstance(k, list) and len(k) == 2] if isinstance(keys, list) else []
+    cells = {k: (n["col"], n["shape_col"]) for k, n in keys if isinstance(n, dict) and n.get("t") == "cell"
+             and isinstance(n.get("col"), str) and isinstance(n.get("shape_col"), str)}
+    if "attention_mask" not in cells or {"group", "__t", "file_row_number"} & {k for k, _ in keys}:
+        return None
+    q = _quote
+    (mc, ms), t = map(q, cells["attention_mask"]), '"__t"'
+    grouped = f"len({ms}) = 2"  # a [g, T] mask (g = 1 for an episode); a rejected row has none
+    g = f"(CASE WHEN {grouped} THEN {ms}[1] ELSE 1 END)"
+    mask = f"list_slice(CAST({mc} AS BOOLEAN[]), {t} * {ms}[2] + 1, ({t} + 1) * {ms}[2])"
+    exprs = []
+    for c, sc in cells.values():
+        n = f"(len({q(c)}) // {g})"
+        row = f"list_slice({q(c)}, {t} * {n} + 1, ({t} + 1) * {n})"  # trajectory t's part of [g, ...]
+        exprs.append(f"CASE WHEN {grouped} AND {q(sc)} = {ms} THEN list_where({row}, {mask}) "
+                     f"WHEN {grouped} AND {q(sc)}[1] = {ms}[1] THEN {row} ELSE {q(c)} END AS {q(c)}")
+    drop = ", ".join([t, '"file_row_number"'] + [q(c) for c, _ in cells.values()])
+    return (f"SELECT * EXCLUDE ({drop}), CASE WHEN {g} > 1 THEN \"file_row_number\" END AS \"group\", "
+            + ", ".join(exprs) + f" FROM (SELECT *, unnest(range({g})) AS {t} FROM "
+            f"read_parquet({_FILES}, union_by_name = true, file_row_number = true))")

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ..errors import BatchError, UnsupportedTypeError
+from ..integrations import areal
 from ..integrations import trl
 from . import layout
 from .arrow import ColumnNames
@@ -343,5 +344,13 @@ def plan(batch: Any, read: bool = True, masks: Mapping | None = None) -> Plan:
 
 def check(batch: Any, masks: Mapping | None = None) -> None:
     """Raise BatchError / UnsupportedTypeError for what can be seen without reading tensor values
-    (``Writer.append``; the encoder runs the same walk)."""
-    plan(batch, read=False, masks=masks)
+    (``Writer.append``; the encoder runs the same walk). A batch refused for holding AReaL
+    RTensors is checked again with each one's shape and dtype in its place, nothing fetched
+    (``integrations.areal.check_view``; the snapshot localizes them), so other batches pay nothing."""
+    try:
+        plan(batch, read=False, masks=masks)
+    except BatchError:
+        view = areal.check_view(batch)
+        if view is batch:
+            raise
+        plan(view, read=False, masks=masks)

@@ -8,6 +8,7 @@ them.
 * ``verl``: verl's and ROLL's ``DataProto`` classes, restored on replay whatever the import order.
 * ``trl``: TRL/Qwen-VL ``pixel_values`` (and ``image_grid_thw``) split per sample by
   ``image_grid_thw`` and ``num_images``, stored as segmented tensors (docs/FORMAT.md 3.9).
+* ``areal``: AReaL's single-controller ``RTensor`` values, stored as their local tensors.
 
 Each module says what it adapts and where the format stores it (docs/frameworks/<name>.md has the
 user-facing side).
