@@ -43,3 +43,33 @@ def test_v1_dump_forms_and_checks(dump):
     assert trajstore.verify(dump, deep=True).ok
     # the index segments written then still serve Reader.column
     assert sorted(r.column("rewards", [0, 1, 2, 3])) == [0, 1, 2, 3]
+
+
+def test_cli_names_the_versions_and_upgrades_the_layout(tmp_path):
+    """info and verify say which layout and step formats a dump uses; `trajstore upgrade` moves a
+    layout-1 dump to the current layout, after which every step still reads bit for bit."""
+    import json
+
+    from trajstore.cli import main
+    from trajstore.format.spec import MANIFEST_VERSION
+
+    p = tmp_path / "v1"
+    shutil.copytree(DUMP, p)
+    rep = trajstore.verify(p)
+    assert rep.layout == 1 and rep.formats == {1: 7} and "trajstore upgrade" in rep.summary()
+    from trajstore.inspection.describe import describe
+
+    d = describe(p)
+    assert d["format_version"] == 1 and {sp["formats"][0] for sp in d["splits"].values()} == {1}
+    assert main(["upgrade", str(p)]) == 0
+    assert json.loads((p / "trajstore.json").read_text())["format_version"] == MANIFEST_VERSION
+    rep = trajstore.verify(p, deep=True)
+    assert rep.ok and rep.layout == MANIFEST_VERSION and "upgrade" not in rep.summary()
+    for split, step, batch, meta in CASES:
+        r = trajstore.Reader(p, split, verify=True)
+        got, want = (adapters.unwrap(r[step])[0], adapters.unwrap(batch)[0]) if split == "containers" else (r[step], batch)
+        assert_batch_equal(got, want)
+    with trajstore.Writer(tmp_path / "new") as w:  # a new dump: current layout, nothing to upgrade
+        w.append(0, CASES[0][2])
+    assert trajstore.verify(tmp_path / "new").formats == {1: 1}
+    assert main(["upgrade", "--json", str(tmp_path / "new")]) == 0

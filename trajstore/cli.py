@@ -72,8 +72,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(d, indent=2))
         return 0
-    print(f"dump {d['path']}  (format {d['format_version']}, trajstore {d['library_version']}, "
-          f"created {d['created']})")
+    formats = sorted({v for sp in d["splits"].values() for v in sp["formats"]})
+    print(f"dump {d['path']}  (layout {d['format_version']}, step format {', '.join(map(str, formats)) or '-'}, "
+          f"trajstore {d['library_version']}, created {d['created']})")
     for name, sp in d["splits"].items():
         st = sp["steps"]
         out.heading(f"split {name}")
@@ -318,6 +319,20 @@ def cmd_verify(args: argparse.Namespace) -> int:
     else:
         print(rep.summary())
     return 0 if rep.ok else 1
+
+
+# ----------------------------------------------------------------------------- upgrade
+@command("upgrade", "move a dump of an older layout to the current one (step files are not touched)", PATH, JSON)
+def cmd_upgrade(args: argparse.Namespace) -> int:
+    from .store.upgrade import upgrade_layout
+
+    moved = upgrade_layout(args.path)
+    if args.json:
+        print(json.dumps({"path": args.path, "moved": moved}, indent=2))
+    else:
+        print(f"{args.path}: moved {len(moved)} file(s) to the current layout" if moved else
+              f"{args.path}: already of the current layout; nothing to do")
+    return 0
 
 
 # ----------------------------------------------------------------------------- import

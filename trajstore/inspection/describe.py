@@ -168,7 +168,8 @@ def describe(path: str | Path, split: str | None = None,
             spec = doc["batch"]
             with foreign_errors(f, "counting the trajectories of step {}", s, then="the step is damaged"):
                 rows, tokens = _counts(f, spec, doc.get("num_rows"))
-            per_step.append({"step": s, "rows": rows, "tokens": tokens, "bytes": f.stat().st_size,
+            per_step.append({"step": s, "format": doc["format_version"], "rows": rows, "tokens": tokens,
+                             "bytes": f.stat().st_size,
                              "meta": jsonable(typed.step_meta(doc, str(f)))})
             for fd in fields_of(spec):
                 cur = fields.setdefault(fd["name"], {**fd, "steps": 0})
@@ -182,6 +183,7 @@ def describe(path: str | Path, split: str | None = None,
             "rows": sum(p["rows"] or 0 for p in per_step),
             "tokens": sum(tok) if tok else None,
             "bytes": sum(p["bytes"] for p in per_step),
+            "formats": sorted({p["format"] for p in per_step}),
             "per_step": per_step,
             "fields": list(fields.values()),
         }

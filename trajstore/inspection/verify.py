@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..errors import DumpNotFoundError, TrajstoreError
 from ..reader import Reader
+from ..format.spec import MANIFEST_VERSION
 from ..store import checksums, paths
 
 __all__ = ["verify", "VerifyReport"]
@@ -20,6 +21,8 @@ class VerifyReport:
     checked: dict[str, int] = field(default_factory=dict)
     damaged: dict[tuple[str, int], str] = field(default_factory=dict)
     skipped: dict[tuple[str, int], str] = field(default_factory=dict)
+    layout: int | None = None  # the manifest's format version (the dump's layout)
+    formats: dict[int, int] = field(default_factory=dict)  # step-file format version -> steps of it
 
     @property
     def ok(self) -> bool:
@@ -31,7 +34,11 @@ class VerifyReport:
     def summary(self) -> str:
         n = sum(self.checked.values())
         lines = [f"{self.path}: {n} step(s) checked in {len(self.checked)} split(s), "
-                 f"{len(self.damaged)} damaged, {len(self.skipped)} recorded as skipped"]
+                 f"{len(self.damaged)} damaged, {len(self.skipped)} recorded as skipped",
+                 f"layout {self.layout}; step files of format "
+                 + (", ".join(f"{v} ({c})" for v, c in sorted(self.formats.items())) or "-")
+                 + (" (`trajstore upgrade` moves it to the current layout)" if (self.layout or 0) < MANIFEST_VERSION
+                    else "")]
         lines += [f"DAMAGED {s}/{step}: {why}" for (s, step), why in sorted(self.damaged.items())]
         lines += [f"skipped {s}/{step}: {why}" for (s, step), why in sorted(self.skipped.items())]
         return "\n".join(lines)
@@ -44,25 +51,27 @@ def verify(path: str | Path, split: str | None = None, *, deep: bool = False) ->
     Returns a :class:`VerifyReport`; ``report.damaged`` maps ``(split, step)`` to the reason.
     """
     root = Path(path)
-    paths.read_manifest(root)
+    layout = paths.read_manifest(root)["format_version"]
     splits = [paths.check_split(split)] if split is not None else paths.list_splits(root)
     if split is not None and not (root / split).is_dir():
         raise DumpNotFoundError(f"dump {root} has no split {split!r}; splits present: "
                                 f"{paths.list_splits(root) or 'none'}")
-    rep = VerifyReport(root)
+    rep = VerifyReport(root, layout=layout)
     for s in splits:
         d = root / s
         steps = paths.list_steps(d)
         rep.checked[s] = len(steps)
         rep.skipped.update({(s, k): why for k, why in paths.list_skipped(d).items()})
-        reader = Reader(root, s, verify=True) if deep else None
+        reader = Reader(root, s, verify=deep)
         for step in steps:
             f = d / paths.step_name(step)
             try:
-                if reader is not None:
+                if deep:
                     reader.read(step)
                 else:
                     checksums.check_digest(f, step, checksums.file_sha256(f))
+                v = reader.info(step)["format_version"]  # the footer only
+                rep.formats[v] = rep.formats.get(v, 0) + 1
             except TrajstoreError as e:
                 rep.damaged[(s, step)] = str(e)
             except OSError as e:
