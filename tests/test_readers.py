@@ -1,0 +1,222 @@
+"""Issue 13: the reader x field matrix. Every batch form trajstore stores (tests/_reader_forms.py),
+read by Parquet readers nobody here wrote; each cell asserts the reader reads exactly the values the
+spec promises for that column (bf16 / fp16 as their real numbers). A cell that does not hold today
+is ``xfail(strict=True)`` with its reason in ``KNOWN``: when a fix lands the cell fails and its entry
+must go, so this module is the living compatibility table.
+
+Spark needs a JRE (``apt-get install -y --no-install-recommends openjdk-17-jre-headless``) and
+``pyspark``; Ray Data needs ``ray`` (tests/frameworks.txt); the other readers are in the ``test`` extra.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+import trajstore
+from _reader_forms import FORMS, assert_column, locate
+
+# ----------------------------------------------------------------------------- readers
+_sessions: dict[str, Any] = {}
+
+
+def _pandas(engine: str) -> Callable:
+    def read(target: Any, columns: list[str] | None) -> dict:
+        pd = pytest.importorskip("pandas")
+        if engine == "fastparquet":
+            pytest.importorskip("fastparquet")
+        df = pd.read_parquet(target, engine=engine, columns=columns)
+        # pandas' str dtype marks a missing string with NaN: that is its None
+        return {c: [None if isinstance(df[c].dtype, pd.StringDtype) and pd.isna(x) else x for x in df[c].tolist()]
+                for c in df.columns}
+    return read
+
+
+def _polars(target: Any, columns: list[str] | None) -> dict:
+    pl = pytest.importorskip("polars")
+    return pl.read_parquet(target, columns=columns).to_dict(as_series=False)
+
+
+def _duckdb(target: Any, columns: list[str] | None) -> dict:
+    duckdb = pytest.importorskip("duckdb")
+    if isinstance(target, Path) and target.is_dir():
+        target = target / "*.parquet"  # DuckDB reads a folder through a glob
+    sel = ", ".join(f'"{c}"' for c in columns) if columns else "*"
+    rel = duckdb.connect().sql(f"SELECT {sel} FROM read_parquet('{target}')")
+    return dict(zip(rel.columns, map(list, zip(*rel.fetchall()))) if rel.shape[0] else {c: [] for c in rel.columns})
+
+
+def _dataset(target: Any, columns: list[str] | None) -> dict:
+    import pyarrow.dataset as ds
+
+    return ds.dataset(target, format="parquet").to_table(columns=columns).to_pydict()
+
+
+def _datafusion(target: Any, columns: list[str] | None) -> dict:
+    datafusion = pytest.importorskip("datafusion")
+    df = datafusion.SessionContext().read_parquet(str(target))
+    if columns:
+        df = df.select(*[datafusion.col(f'"{c}"') for c in columns])
+    return df.to_arrow_table().to_pydict()
+
+
+def _fastparquet(target: Any, columns: list[str] | None) -> dict:
+    fastparquet = pytest.importorskip("fastparquet")
+    df = fastparquet.ParquetFile(str(target)).to_pandas(columns=columns)
+    return {c: df[c].tolist() for c in df.columns}
+
+
+def _spark(target: Any, columns: list[str] | None) -> dict:
+    if "spark" not in _sessions:
+        pytest.importorskip("pyspark")
+        if not shutil.which("java") and not os.environ.get("JAVA_HOME"):
+            pytest.skip("Spark needs a JRE: apt-get install -y --no-install-recommends openjdk-17-jre-headless")
+        from pyspark.sql import SparkSession
+
+        _sessions["spark"] = (SparkSession.builder.master("local[1]").appName("trajstore-readers")
+                              .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "1")
+                              .getOrCreate())
+        _sessions["spark"].sparkContext.setLogLevel("OFF")
+    df = _sessions["spark"].read.parquet(str(target))
+    if columns:
+        df = df.select(*[f"`{c}`" for c in columns])
+    got = [r.asDict(recursive=True) for r in df.collect()]
+    return {c: [r[c] for r in got] for c in df.columns}
+
+
+def _ray(target: Any, columns: list[str] | None) -> dict:
+    if "ray" not in _sessions:
+        ray = pytest.importorskip("ray")
+        pytest.importorskip("ray.data")
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        ray.data.DataContext.get_current().enable_progress_bars = False
+        _sessions["ray"] = ray
+    got = _sessions["ray"].data.read_parquet(str(target), columns=columns).take_all()
+    return {c: [r[c] for r in got] for c in (columns or (list(got[0]) if got else []))}
+
+
+READERS: dict[str, Callable] = {
+    "pandas": _pandas("pyarrow"), "pandas-fastparquet": _pandas("fastparquet"), "polars": _polars,
+    "duckdb": _duckdb, "pyarrow.dataset": _dataset, "datafusion": _datafusion, "fastparquet": _fastparquet,
+    "spark": _spark, "ray": _ray,
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_sessions():
+    yield
+    if "spark" in _sessions:
+        _sessions.pop("spark").stop()
+    if "ray" in _sessions:
+        _sessions.pop("ray").shutdown()
+
+
+# ----------------------------------------------------------------------------- dumps and cells
+def _forms() -> dict[str, tuple[Any, list]]:
+    out = {}
+    for name, build in FORMS.items():
+        try:
+            out[name] = build()
+        except ImportError:  # tensordict not installed: its forms are left out
+            continue
+    return out
+
+
+_FORMS = _forms()
+CELLS = [(form, *cell) for form, (_, cells) in _FORMS.items() for cell in cells]
+
+
+def cell_id(form: str, label: str, path: Any, part: str) -> str:
+    name = path if isinstance(path, str) else ".".join(path[1:]) or path[0]
+    return f"{form}:{name}" + ("" if part == "col" else f":{part}")
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory) -> dict[str, Path]:
+    """One dump per form (two identical steps of ``padded``); the step file of each."""
+    root = tmp_path_factory.mktemp("readers")
+    files = {}
+    for name, (batch, _) in _FORMS.items():
+        with trajstore.Writer(root / name) as w:
+            for s in (0, 1) if name == "padded" else (0,):
+                w.append(s, batch)
+        files[name] = Path(sorted(glob.glob(str(root / name / "train" / "step_*.parquet")))[0])
+    return files
+
+
+_cache: dict[tuple, Any] = {}
+
+
+def read_column(reader: str, path: Path, column: str) -> list:
+    """Column ``column`` of the file at ``path``: from one whole-file read per reader and file, or,
+    where that read fails, from a read of that column alone."""
+    key = (reader, path)
+    if key not in _cache:
+        try:
+            _cache[key] = READERS[reader](path, None)
+        except (pytest.skip.Exception, KeyboardInterrupt):
+            raise
+        except Exception as e:  # noqa: BLE001 -- the column alone may still read
+            _cache[key] = e
+    whole = _cache[key]
+    if not isinstance(whole, Exception):
+        return whole[column]
+    return READERS[reader](path, [column])[column]
+
+
+# ----------------------------------------------------------------------------- what fails today
+BITS = "issue 13: bf16 is stored as uint16 bits, readers show the bits, not the numbers"
+ENC9 = "issue 13: fastparquet cannot decode BYTE_STREAM_SPLIT (NotImplementedError: Encoding 9)"
+DOTS = "issue 13: fastparquet cannot read a column whose name holds a dot (__pad__.x, __shape__.x)"
+F16 = "issue 13: Spark rejects the Parquet FLOAT16 logical type (PARQUET_TYPE_ILLEGAL)"
+NEQB = "issue 13: packed with N == B stores a [B] field per token (one list per trajectory)"
+
+
+PDFP = "pandas' (deprecated) fastparquet engine returns bool / int64 columns as float64"
+DUCK16 = "issue 13: DuckDB reads BYTE_STREAM_SPLIT only for FLOAT, DOUBLE, INT32, INT64, not FLOAT16"
+_BSS = ("int16", "int32", "int64", "fp16", "bf16", "fp32", "fp64")  # 3.5: stored BYTE_STREAM_SPLIT
+
+
+def known(reader: str, form: str, label: str, part: str) -> str | None:
+    """Why cell (reader, form/column) does not hold today, or None where it does."""
+    if reader in ("fastparquet", "pandas-fastparquet"):
+        if part in ("pad_col", "shape_col"):
+            return DOTS
+        if label.startswith(_BSS) and "value" not in label:
+            return ENC9
+        if reader == "pandas-fastparquet" and label in ("bool sample", "int value", "bool value", "span start"):
+            return PDFP
+    if "N == B" in label:
+        return NEQB
+    if label in ("fp16 token", "fp16 sample") and reader == "duckdb":
+        return DUCK16
+    if "fp16" in label and reader == "spark":
+        return F16
+    return BITS if "bf16" in label else None
+
+
+def _params() -> list:
+    out = []
+    for reader in READERS:
+        for form, label, path, part, expected in CELLS:
+            why = known(reader, form, label, part)
+            marks = [pytest.mark.xfail(strict=True, reason=why)] if why else []
+            out.append(pytest.param(reader, form, path, part, expected, marks=marks,
+                                    id=f"{reader}-{cell_id(form, label, path, part)}"))
+    return out
+
+
+@pytest.mark.parametrize("reader, form, path, part, expected", _params())
+def test_cell(dumps, reader, form, path, part, expected):
+    f = dumps[form]
+    spec = json.loads(pq.read_schema(f).metadata[b"trajstore"])
+    column = locate(spec, path, part)
+    assert_column(read_column(reader, f, column), expected, f"{reader} {f.name} {column}")
