@@ -24,6 +24,9 @@ import torch
 import trajstore
 from _reader_forms import FORMS, assert_column, locate
 
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),  # Ray Data's own settings
+              pytest.mark.filterwarnings("ignore:The 'fastparquet' engine is deprecated")]
+
 # ----------------------------------------------------------------------------- readers
 _sessions: dict[str, Any] = {}
 
@@ -103,6 +106,7 @@ def _ray(target: Any, columns: list[str] | None) -> dict:
     return {c: [r[c] for r in got] for c in (columns or (list(got[0]) if got else []))}
 
 
+HEAVY = ("spark", "ray")  # start a JVM / a Ray cluster: marked heavy_readers
 READERS: dict[str, Callable] = {
     "pandas": _pandas("pyarrow"), "pandas-fastparquet": _pandas("fastparquet"), "polars": _polars,
     "duckdb": _duckdb, "pyarrow.dataset": _dataset, "datafusion": _datafusion, "fastparquet": _fastparquet,
@@ -209,6 +213,7 @@ def _params() -> list:
         for form, label, path, part, expected in CELLS:
             why = known(reader, form, label, part)
             marks = [pytest.mark.xfail(strict=True, reason=why)] if why else []
+            marks += [pytest.mark.heavy_readers] if reader in HEAVY else []
             out.append(pytest.param(reader, form, path, part, expected, marks=marks,
                                     id=f"{reader}-{cell_id(form, label, path, part)}"))
     return out
@@ -229,7 +234,8 @@ INDEX = "issue 13: dump/**/*.parquet also reads the _index/ segments: every step
 
 
 @pytest.mark.parametrize("reader", [
-    pytest.param(r, marks=[pytest.mark.xfail(strict=True, reason=DIRS)] if r in ("pandas", "polars", "pyarrow.dataset", "spark") else [])
+    pytest.param(r, marks=([pytest.mark.xfail(strict=True, reason=DIRS)] if r in ("pandas", "polars", "pyarrow.dataset", "spark")
+                           else []) + ([pytest.mark.heavy_readers] if r in HEAVY else []))
     for r in ("pandas", "polars", "duckdb", "pyarrow.dataset", "datafusion", "spark", "ray")])
 def test_split_folder(dumps, reader):
     """``read(split_dir)`` reads exactly the steps (DuckDB through ``split/*.parquet``)."""
