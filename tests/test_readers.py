@@ -13,7 +13,9 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any, Callable
 
@@ -77,11 +79,20 @@ def _fastparquet(target: Any, columns: list[str] | None) -> dict:
     return {c: df[c].tolist() for c in df.columns}
 
 
+def _java_major() -> int:
+    java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else shutil.which("java")
+    if not java:
+        return 0
+    out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
+    m = re.search(r'version "(?:1\.)?(\d+)', out)
+    return int(m.group(1)) if m else 0
+
+
 def _spark(target: Any, columns: list[str] | None) -> dict:
     if "spark" not in _sessions:
         pytest.importorskip("pyspark")
-        if not shutil.which("java") and not os.environ.get("JAVA_HOME"):
-            pytest.skip("Spark needs a JRE: apt-get install -y --no-install-recommends openjdk-17-jre-headless")
+        if _java_major() < 17:
+            pytest.skip("Spark 4 needs a JRE >= 17: apt-get install -y --no-install-recommends openjdk-17-jre-headless")
         from pyspark.sql import SparkSession
 
         _sessions["spark"] = (SparkSession.builder.master("local[1]").appName("trajstore-readers")
@@ -182,8 +193,6 @@ ENC9 = "issue 13: fastparquet cannot decode BYTE_STREAM_SPLIT (NotImplementedErr
 DOTS = "issue 13: fastparquet cannot read a column whose name holds a dot (__pad__.x, __shape__.x)"
 F16 = "issue 13: Spark rejects the Parquet FLOAT16 logical type (PARQUET_TYPE_ILLEGAL)"
 NEQB = "issue 13: packed with N == B stores a [B] field per token (one list per trajectory)"
-
-
 PDFP = "pandas' (deprecated) fastparquet engine returns bool / int64 columns as float64"
 DUCK16 = "issue 13: DuckDB reads BYTE_STREAM_SPLIT only for FLOAT, DOUBLE, INT32, INT64, not FLOAT16"
 _BSS = ("int16", "int32", "int64", "fp16", "bf16", "fp32", "fp64")  # 3.5: stored BYTE_STREAM_SPLIT
