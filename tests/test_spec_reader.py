@@ -6,8 +6,6 @@ from __future__ import annotations
 import ast
 import glob
 import json
-import math
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,7 @@ import spec_reader
 import trajstore
 from _reader_forms import FORMS
 from spec_reader import SpecError, Tensor, Wrapped, read_step, typed
-from trajstore.testing import batches, padded_batches, typed_batches
+from trajstore.testing import assert_batch_equal, batches, padded_batches, typed_batches
 
 HERE = Path(__file__).parent
 
@@ -39,81 +37,54 @@ def test_spec_reader_imports_only_pyarrow_and_numpy():
 
 
 # ----------------------------------------------------------------------------- comparison
-def _bits(t: torch.Tensor) -> np.ndarray:
-    t = t.detach().cpu().contiguous()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(np.uint16)
-    return t.numpy()
-
-
-def from_trajstore(x: Any, top: bool = True) -> Any:
-    """What trajstore.Reader returned, in the spec reader's terms (Tensor for torch tensors,
-    ("tensordict", batch_size, fields) / ("dataproto", batch, non_tensor_batch, meta_info) for containers)."""
-    if isinstance(x, torch.Tensor):
-        return Tensor(str(x.dtype).removeprefix("torch."), _bits(x))
+def containers(x: Any, top: bool = True) -> Any:
+    """What trajstore.Reader returned, with its containers as ("tensordict", batch_size, fields) /
+    ("dataproto", batch, non_tensor_batch, meta_info); nested TensorDicts as plain dicts."""
     if all(hasattr(x, k) for k in ("batch", "non_tensor_batch", "meta_info")) and not isinstance(x, dict):
-        return ("dataproto", None if x.batch is None else from_trajstore(x.batch),
-                {k: from_trajstore(v, False) for k, v in x.non_tensor_batch.items()}, from_trajstore(x.meta_info, False))
-    if hasattr(x, "batch_size") and hasattr(x, "to_dict"):  # a TensorDict; nested ones are plain groups
-        fields = {k: from_trajstore(x[k], False) for k in x.keys()}
+        return ("dataproto", None if x.batch is None else containers(x.batch),
+                {k: containers(v, False) for k, v in x.non_tensor_batch.items()}, containers(x.meta_info, False))
+    if hasattr(x, "batch_size") and hasattr(x, "to_dict"):
+        fields = {k: containers(x[k], False) for k in x.keys()}
         return ("tensordict", list(x.batch_size), fields) if top else fields
     if isinstance(x, dict):
-        return {k: from_trajstore(v, False) for k, v in x.items()}
-    if isinstance(x, list):
-        return [from_trajstore(v, False) for v in x]
-    if isinstance(x, tuple):
-        return tuple(from_trajstore(v, False) for v in x)
+        return {k: containers(v, False) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return type(x)(containers(v, False) for v in x)
     if isinstance(x, np.ndarray) and x.dtype == object:
         out = np.empty(x.shape, dtype=object)
         for i, v in enumerate(x.reshape(-1)):
-            out.reshape(-1)[i] = from_trajstore(v, False)
+            out.reshape(-1)[i] = containers(v, False)
         return out
     return x
 
 
 def from_spec(x: Any) -> Any:
-    """The spec reader's containers in the same terms: a DataProto's ``non_tensor_keys`` are its
-    non-tensor batch, the rest its TensorDict, ``meta_info`` or the typed ``meta_info_t``."""
+    """The spec reader's values in the same terms: its Tensors as torch tensors (bf16 from its bits),
+    a DataProto's ``non_tensor_keys`` as its non-tensor batch, the rest its TensorDict, ``meta_info``
+    or the typed ``meta_info_t``."""
+    if isinstance(x, Tensor):
+        if x.dtype == "bfloat16":
+            return torch.from_numpy(x.array.view(np.int16).copy()).view(torch.bfloat16)
+        return torch.from_numpy(x.array.copy())
+    if isinstance(x, dict):
+        return {k: from_spec(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return type(x)(from_spec(v) for v in x)
+    if isinstance(x, np.ndarray) and x.dtype == object:
+        out = np.empty(x.shape, dtype=object)
+        for i, v in enumerate(x.reshape(-1)):
+            out.reshape(-1)[i] = from_spec(v)
+        return out
     if not isinstance(x, Wrapped):
         return x
-    w = x.wrapper
+    w, value = x.wrapper, from_spec(x.value)
     if w["type"] == "tensordict":
-        return ("tensordict", list(w["batch_size"]), x.value)
+        return ("tensordict", list(w["batch_size"]), value)
     assert w["type"] == "dataproto", w
-    nt = set(w["non_tensor_keys"])
-    td = w["td"]
-    batch = None if td is None else ("tensordict", list(td["batch_size"]), {k: v for k, v in x.value.items() if k not in nt})
-    meta = w["meta_info"] if "meta_info" in w else typed(w["meta_info_t"])
-    return ("dataproto", batch, {k: x.value[k] for k in w["non_tensor_keys"]}, meta)
-
-
-def assert_same(a: Any, b: Any, path: str = "batch") -> None:
-    """``a`` (spec reader) and ``b`` (trajstore) hold the same structure, types and bits."""
-    assert type(a) is type(b), f"{path}: {type(a).__name__} != {type(b).__name__}"
-    if isinstance(a, Tensor):
-        assert a.dtype == b.dtype, f"{path}: dtype {a.dtype} != {b.dtype}"
-        assert_same(a.array, b.array, path)
-    elif isinstance(a, np.ndarray):
-        assert (a.dtype, a.shape) == (b.dtype, b.shape), f"{path}: {a.dtype}{a.shape} != {b.dtype}{b.shape}"
-        if a.dtype == object:
-            for i, (x, y) in enumerate(zip(a.reshape(-1), b.reshape(-1))):
-                assert_same(x, y, f"{path}[{i}]")
-        else:
-            assert a.tobytes() == b.tobytes(), f"{path}: values differ"
-    elif isinstance(a, np.generic):
-        assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), f"{path}: {a!r} != {b!r}"
-    elif isinstance(a, dict):
-        assert list(a) == list(b), f"{path}: keys {list(a)} != {list(b)}"
-        for k in a:
-            assert_same(a[k], b[k], f"{path}[{k!r}]")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), f"{path}: length {len(a)} != {len(b)}"
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same(x, y, f"{path}[{i}]")
-    elif isinstance(a, float):
-        assert struct.pack("<d", a) == struct.pack("<d", b) or (math.isnan(a) and math.isnan(b)), f"{path}: {a!r} != {b!r}"
-    else:
-        assert a == b, f"{path}: {a!r} != {b!r}"
+    nt, td = w["non_tensor_keys"], w["td"]
+    batch = None if td is None else ("tensordict", list(td["batch_size"]), {k: v for k, v in value.items() if k not in nt})
+    meta = w["meta_info"] if "meta_info" in w else from_spec(typed(w["meta_info_t"]))
+    return ("dataproto", batch, {k: value[k] for k in nt}, meta)
 
 
 def check(path: Path, batch: Any, step: int = 0) -> None:
@@ -122,7 +93,7 @@ def check(path: Path, batch: Any, step: int = 0) -> None:
         w.append(step, batch)
     ours = read_step(path / "train" / f"step_{step:08d}.parquet")
     theirs = trajstore.Reader(path, "train")[step]
-    assert_same(from_spec(ours), from_trajstore(theirs))
+    assert_batch_equal(from_spec(ours), containers(theirs))
 
 
 # ----------------------------------------------------------------------------- the cases
