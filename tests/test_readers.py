@@ -237,14 +237,10 @@ def test_cell(dumps, reader, form, path, part, expected):
 
 
 # ----------------------------------------------------------------------------- whole folders
-DIRS = ("issue 13: the split folder holds step_N.sha256 next to the steps "
-        "(pyarrow: 'Parquet magic bytes not found'; Polars: 'different file extensions')")
-INDEX = "issue 13: dump/**/*.parquet also reads the _index/ segments: every step counted twice"
 
 
 @pytest.mark.parametrize("reader", [
-    pytest.param(r, marks=([pytest.mark.xfail(strict=True, reason=DIRS)] if r in ("pandas", "polars", "pyarrow.dataset", "spark")
-                           else []) + ([pytest.mark.heavy_readers] if r in HEAVY else []))
+    pytest.param(r, marks=[pytest.mark.heavy_readers] if r in HEAVY else [])
     for r in ("pandas", "polars", "duckdb", "pyarrow.dataset", "datafusion", "spark", "ray")])
 def test_split_folder(dumps, reader):
     """``read(split_dir)`` reads exactly the steps (DuckDB through ``split/*.parquet``)."""
@@ -254,8 +250,7 @@ def test_split_folder(dumps, reader):
     assert_column([got["rewards"][i] for i in order], [("f", x.hex()) for x in [1.5, -0.25, 3.0] * 2], reader)
 
 
-@pytest.mark.parametrize("reader", [pytest.param("duckdb", marks=pytest.mark.xfail(strict=True, reason=INDEX)),
-                                    pytest.param("polars", marks=pytest.mark.xfail(strict=True, reason=INDEX))])
+@pytest.mark.parametrize("reader", ["duckdb", "polars"])
 def test_dump_glob(dumps, reader):
     """``read_parquet('dump/**/*.parquet')`` reads exactly the step files of the dump."""
     got = READERS[reader](str(dumps["padded"].parent.parent / "**" / "*.parquet"), ["step"])
