@@ -24,6 +24,7 @@ import pytest
 import torch
 
 import trajstore
+from _provision import ensure_apt
 from _reader_forms import FORMS, assert_column, locate
 
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning"),  # Ray Data's own settings
@@ -91,8 +92,10 @@ def _java_major() -> int:
 def _spark(target: Any, columns: list[str] | None) -> dict:
     if "spark" not in _sessions:
         pytest.importorskip("pyspark")
-        if _java_major() < 17:
-            pytest.skip("Spark 4 needs a JRE >= 17: apt-get install -y --no-install-recommends openjdk-17-jre-headless")
+        if _java_major() < 17:  # a fresh CI machine: the tests install the JRE themselves (as root)
+            why = ensure_apt("openjdk-17-jre-headless")
+            if why or _java_major() < 17:
+                pytest.skip(f"Spark 4 needs a JRE >= 17: {why or 'java on PATH is older than 17'}")
         from pyspark.sql import SparkSession
 
         _sessions["spark"] = (SparkSession.builder.master("local[1]").appName("trajstore-readers")
