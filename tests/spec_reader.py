@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-KNOWN_VERSIONS = (1, 2)
+KNOWN_VERSIONS = (1, 2, 3)
 STEP_NAME = re.compile(r"^step_(\d{8,})\.parquet$")
 
 # 3.2: logical dtype -> numpy storage dtype (bfloat16 as its raw uint16 bits)
@@ -67,7 +67,32 @@ def read_step(path: str | Path) -> Any:
         raise SpecError(f"{path}: step / num_rows of the spec do not match the file")
     cols = {name: table.column(name).combine_chunks() if table.column(name).num_chunks != 1
             else table.column(name).chunk(0) for name in table.column_names}
-    return _Decoder(cols, table.num_rows).top(meta["batch"])
+    step_meta(meta, path)  # 3.6: a lying meta / meta_t is refused even when only the batch is read
+    return _Decoder(cols, table.num_rows, meta["format_version"]).top(meta["batch"])
+
+
+def read_meta(path: str | Path) -> dict:
+    """The step metadata of one step file (3.6): ``meta``, or the typed document ``meta_t`` decoded."""
+    path = Path(path)
+    meta = json.loads((pq.read_schema(path).metadata or {})[b"trajstore"])
+    if meta.get("format_version") not in KNOWN_VERSIONS:  # section 4
+        raise SpecError(f"{path}: format_version {meta.get('format_version')!r} unknown")
+    return step_meta(meta, path)
+
+
+def step_meta(meta: dict, path: Any) -> dict:
+    """3.6: ``meta`` (plain JSON) or ``meta_t`` (version 3, a typed document of a dict), never both."""
+    if "meta_t" not in meta:
+        out = meta.get("meta", {})  # GAP 3.6: "`{}` if none" -- a file without either key reads as {}
+        if not isinstance(out, dict):
+            raise SpecError(f"{path}: meta is not an object")
+        return out
+    if "meta" in meta or meta["format_version"] < 3:
+        raise SpecError(f"{path}: meta_t together with meta, or in a file of version {meta['format_version']}")
+    out = typed(meta["meta_t"])
+    if not isinstance(out, dict):
+        raise SpecError(f"{path}: meta_t is not the typed document of a dict")
+    return out
 
 
 # ----------------------------------------------------------------------------- values
@@ -149,8 +174,8 @@ def _json(s: str) -> Any:
 
 # ----------------------------------------------------------------------------- decoding
 class _Decoder:
-    def __init__(self, cols: dict[str, pa.Array], B: int):
-        self.cols, self.B = cols, B
+    def __init__(self, cols: dict[str, pa.Array], B: int, version: int = 1):
+        self.cols, self.B, self.version = cols, B, version
 
     def col(self, name: str, want: pa.DataType | None = None, listed: bool = False) -> pa.Array:
         if name not in self.cols:
@@ -205,6 +230,8 @@ class _Decoder:
         t = node["t"]
         if t == "tensor":
             return self.tensor(node)
+        if t == "segtensor":
+            return self.segtensor(node)
         if t == "gtensor":
             return _inline(node)
         if t == "json":
@@ -264,6 +291,29 @@ class _Decoder:
                     raise SpecError(f"{pad_col}: row {i} holds {len(p)} values, expected {(W - n) * k}")
                 out[i, where] = p.reshape((W - n, *trail))
         return _tensor(dtype, node["lib"], out)
+
+    def segtensor(self, node: dict) -> Any:
+        """3.7 segtensor (version 3): the column's rows concatenated, reshaped to ``[N, *trail]``."""
+        if self.version < 3:
+            raise SpecError(f"segtensor {node.get('col')!r} in a file of format_version {self.version}")
+        if node["lib"] not in ("torch", "numpy"):
+            raise SpecError(f"segtensor {node['col']!r}: lib {node['lib']!r}")
+        counts, trail, dtype = node["counts"], tuple(node["trail"]), node["dtype"]
+        if (not isinstance(counts, list) or len(counts) != self.B
+                or not all(type(c) is int and c >= 0 for c in counts)):
+            raise SpecError(f"segtensor {node['col']!r}: counts is not {self.B} non-negative ints")
+        if not all(type(d) is int and d >= 0 for d in trail):
+            raise SpecError(f"segtensor {node['col']!r}: trail {list(trail)}")
+        vals, off, valid = self.rows(node["col"], dtype)
+        # GAP 3.7: the doc does not say whether a segment row may be null; a null row would hold no
+        # values, so it is refused unless its count is 0 -- and refused outright here (trajstore
+        # writes none).
+        if not valid.all():
+            raise SpecError(f"segtensor {node['col']!r}: a null row")
+        k = math.prod(trail)
+        if not np.array_equal(np.diff(off), np.asarray(counts, np.int64) * k):
+            raise SpecError(f"segtensor {node['col']!r}: a row's value count is not counts[i] * prod(trail)")
+        return _tensor(dtype, node["lib"], vals.reshape((sum(counts), *trail)))
 
     def starts(self, group: dict, lens: np.ndarray, W: int) -> np.ndarray:
         side = group["side"]

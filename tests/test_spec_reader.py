@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 import spec_reader
 import trajstore
 from _reader_forms import FORMS
-from spec_reader import SpecError, Tensor, Wrapped, read_step, typed
-from trajstore.testing import assert_batch_equal, batches, padded_batches, typed_batches
+from spec_reader import SpecError, Tensor, Wrapped, read_meta, read_step, typed
+from trajstore.testing import assert_batch_equal, batches, padded_batches, typed_batches, typed_values
 
 HERE = Path(__file__).parent
 
@@ -87,13 +87,15 @@ def from_spec(x: Any) -> Any:
     return ("dataproto", batch, {k: value[k] for k in nt}, meta)
 
 
-def check(path: Path, batch: Any, step: int = 0) -> None:
-    """Write ``batch``; the spec reader's decode of the step file equals trajstore's read."""
+def check(path: Path, batch: Any, step: int = 0, meta: dict | None = None) -> None:
+    """Write ``batch`` (and ``meta``); the spec reader's decode of the step file (batch and meta)
+    equals trajstore's read."""
     with trajstore.Writer(path) as w:
-        w.append(step, batch)
-    ours = read_step(path / "train" / f"step_{step:08d}.parquet")
-    theirs = trajstore.Reader(path, "train")[step]
-    assert_batch_equal(from_spec(ours), containers(theirs))
+        w.append(step, batch, meta=meta)
+    f = path / "train" / f"step_{step:08d}.parquet"
+    reader = trajstore.Reader(path, "train")
+    assert_batch_equal(from_spec(read_step(f)), containers(reader[step]))
+    assert_batch_equal(from_spec(read_meta(f)), reader.meta(step))
 
 
 # ----------------------------------------------------------------------------- the cases
@@ -121,9 +123,11 @@ def test_nested_tensordict(tmp_path):
     check(tmp_path, td)
 
 
-@given(st.one_of(batches(), typed_batches(dataproto=True)))
-def test_any_batch(tmp_path_factory, batch):
-    check(tmp_path_factory.mktemp("spec"), batch)
+@given(st.one_of(batches(), typed_batches(dataproto=True)),
+       st.none() | st.dictionaries(st.text(max_size=4), typed_values(max_leaves=4), max_size=3))
+def test_any_batch(tmp_path_factory, batch, meta):
+    """Every batch form, and step metadata plain (``meta``) or typed (``meta_t``, version 3)."""
+    check(tmp_path_factory.mktemp("spec"), batch, meta=meta)
 
 
 @given(padded_batches())
@@ -146,4 +150,33 @@ def test_refuses_what_the_spec_refuses(tmp_path):
         pq.write_table(t.replace_schema_metadata({b"trajstore": json.dumps(m)}), bad / f.name)
         with pytest.raises(SpecError):
             read_step(bad / f.name)
-    assert spec_reader.KNOWN_VERSIONS == (1, 2)
+    assert spec_reader.KNOWN_VERSIONS == (1, 2, 3)
+
+
+def test_refuses_version_3_constructs_in_older_files(tmp_path):
+    """A segtensor node or a ``meta_t`` in a file claiming version 2, and a segtensor whose counts
+    do not fit its rows, are refused (3.6, 3.7)."""
+    batch = {"rewards": torch.zeros(2), "pixel_values": torch.ones(5, 3),
+             "image_grid_thw": torch.tensor([[1, 1, 2], [1, 1, 3]])}
+    check(tmp_path, batch, meta={"t": (1, 2)})
+    f = tmp_path / "train" / "step_00000000.parquet"
+    table = pq.read_table(f)
+    meta = json.loads(table.schema.metadata[b"trajstore"])
+    assert meta["format_version"] == 3 and "meta_t" in meta
+    seg = dict(meta["batch"]["keys"])["pixel_values"]
+    assert seg["t"] == "segtensor" and seg["counts"] == [2, 3]
+
+    def with_counts(m, counts):
+        keys = [[k, {**n, "counts": counts} if k == "pixel_values" else n] for k, n in m["batch"]["keys"]]
+        return {**m, "batch": {**m["batch"], "keys": keys}}
+
+    for name, m, fails in [("v2", {**meta, "format_version": 2}, (read_step, read_meta)),
+                           ("counts", with_counts(meta, [3, 2]), (read_step,)),
+                           ("short", with_counts(meta, [5]), (read_step,)),
+                           ("both", {**meta, "meta": {}}, (read_step, read_meta))]:
+        bad = tmp_path / name
+        bad.mkdir()
+        pq.write_table(table.replace_schema_metadata({b"trajstore": json.dumps(m)}), bad / f.name)
+        for fn in fails:
+            with pytest.raises(SpecError):
+                fn(bad / f.name)
