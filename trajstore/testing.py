@@ -102,6 +102,9 @@ def padded_batches(draw: st.DrawFn, max_batch: int = 6) -> dict[str, Any]:
     if draw(st.booleans()):
         k = draw(st.integers(1, 3))
         batch["topk"] = draw(tensors((B, T, k)))  # pad region arbitrary: stored whole
+    if draw(st.booleans()):  # token axis last ([B, C, T], mrope-like); C == T sometimes: dim 1 wins
+        shape = (B, *draw(st.lists(st.integers(0, 3), min_size=1, max_size=2)), T)
+        batch["rope"] = _padded_values(draw, mask.reshape(B, *[1] * (len(shape) - 2), T).expand(shape), TORCH_DTYPES)
     batch["rewards"] = draw(tensors((B,), [torch.float32]))
     if draw(st.booleans()):
         batch["extra"] = draw(tensors((B, draw(st.integers(0, 3))), numpy=None))
@@ -285,7 +288,7 @@ def typed_batches(draw: st.DrawFn, max_batch: int = 4, dataproto: bool = False) 
                                                        and v.ndim and len(v) == B}, meta_info=meta)
 # ----------------------------------------------------------------------------- several masks
 def _padded_values(draw: st.DrawFn, mask: torch.Tensor, dtypes: Sequence[torch.dtype]) -> torch.Tensor:
-    """A [B, W] tensor of arbitrary bits whose padded positions hold one pad value, or (sometimes)
+    """A tensor shaped like ``mask`` of arbitrary bits whose padded positions hold one pad value, or (sometimes)
     values of their own (non-constant padding)."""
     x = draw(tensors(tuple(mask.shape), dtypes))
     if draw(st.booleans()):
@@ -320,6 +323,8 @@ def two_sided_batches(draw: st.DrawFn, max_batch: int = 5) -> dict[str, Any]:
     out: dict[str, Any] = {"prompts": ids[:, :P], "responses": ids[:, P:], "response_mask": rm.to(mdt),
                            "input_ids": ids, "attention_mask": am.to(mdt),
                            "position_ids": torch.clamp(am.long().cumsum(1) - 1, min=0)}
+    if draw(st.booleans()):  # Qwen2-VL mrope: [B, 4, P + R], token axis last
+        out["position_ids"] = _padded_values(draw, am[:, None].expand(B, 4, P + R), [torch.int64])
     for name in draw(st.lists(st.sampled_from(["old_log_probs", "advantages", "ref_log_prob"]),
                               unique=True, max_size=3)):
         out[name] = _padded_values(draw, rm, [torch.float32, torch.bfloat16, torch.float16])

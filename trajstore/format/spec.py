@@ -45,6 +45,8 @@ class TensorNode(TypedDict):
     pad: NotRequired[int | None]  # token, padded batch: the padded positions' bits, one value for all
     pad_col: NotRequired[str]  # token, padded batch: the padded positions' values, row by row
     tokenlike: NotRequired[bool]  # sample: a [B, T, 0...] field of a padded batch, stored whole
+    axis: NotRequired[Literal["last"]]  # token: the field is [B, *trail, T], stored as [B, T, *trail] (version 3)
+    mask: NotRequired[int]  # masked batch: the mask group it follows
 
 
 class SegTensorNode(TypedDict):

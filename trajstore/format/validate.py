@@ -156,6 +156,8 @@ class _Checker:
         trail = _shape(node.get("trail"), "trail shape")
         w = math.prod(trail)
         kind = node.get("kind")
+        if kind == "sample" and "axis" in node:
+            raise _Bad(f"sample field {node.get('col')!r} has a token axis")
         if kind == "sample" and not trail:
             self.col(node, "col", lambda t: t == dt.arrow_type(name))
             return
@@ -173,6 +175,12 @@ class _Checker:
             return
         if kind != "token":
             raise _Bad(f"tensor kind {kind!r} is not 'token' or 'sample'")
+        if "axis" in node:  # [B, C..., T] stored token-major (format version 3)
+            if node["axis"] != "last" or not trail or not w:
+                raise _Bad(f"token field {node['col']!r} has axis {node['axis']!r} with trailing shape {trail}")
+            if type(self.version) is int and self.version < 3:
+                raise _Bad(f"a token field with its token axis last in a file of format version {self.version} "
+                           "(it needs 3)")
         pad = node.get("pad")
         lo, hi = (0, 1 << 8) if size == 1 else (-(1 << (8 * size - 1)), 1 << (8 * size - 1))
         if pad is not None and (type(pad) is not int or not lo <= pad < hi):
