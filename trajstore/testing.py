@@ -30,6 +30,7 @@ __all__ = [
     "tensors",
     "padded_batches",
     "trajectory_lists",
+    "group_lists",
     "packed_batches",
     "multimodal_batches",
     "non_tensor_values",
@@ -131,6 +132,31 @@ def trajectory_lists(draw: st.DrawFn, max_batch: int = 6) -> list[dict[str, Any]
             "rewards": draw(tensors((1,), [torch.float32])),
             "uid": draw(st.text(max_size=5)),
         })
+    return out
+
+
+@st.composite
+def group_lists(draw: st.DrawFn, max_batch: int = 4) -> list[dict[str, Any] | None]:
+    """AReaL-style groups (``GroupedRolloutWorkflow`` / ``concat_padded_tensors``): a list of dicts of
+    ``[g, T]`` tensors whose ``attention_mask`` marks one run per trajectory (right-padded, sometimes
+    left, anywhere, or with holes), per-token ``[g, T]`` / ``[g, T, k]`` fields whose padded positions
+    hold one pad value or their own values, per-trajectory ``[g]`` rewards, and sometimes ``None``."""
+    out: list = []
+    side = draw(st.sampled_from(["right", "right", "left", "span"]))
+    k = draw(st.integers(0, 2))
+    for _ in range(draw(st.integers(0, max_batch))):
+        if draw(st.integers(0, 5)) == 0:
+            out.append(None)
+            continue
+        g, T = draw(st.integers(1, 4)), draw(st.integers(0, 8))
+        m = _run_mask(draw, g, T, side)
+        if draw(st.integers(0, 6)) == 0:
+            m[0] = draw(tensors((T,), [torch.bool]))  # holes: the group is stored whole
+        out.append({"input_ids": _padded_values(draw, m, [torch.int32, torch.int64]),
+                    "attention_mask": m.to(draw(st.sampled_from([torch.bool, torch.int32]))),
+                    "logprobs": _padded_values(draw, m, [torch.float32, torch.bfloat16]),
+                    "topk": _padded_values(draw, m[..., None].expand(g, T, k), [torch.float16]),
+                    "rewards": draw(tensors((g,), [torch.float32])), "uid": draw(st.text(max_size=3))})
     return out
 
 
@@ -383,7 +409,7 @@ def image_batches(draw: st.DrawFn) -> dict[str, Any]:
 
 def batches() -> st.SearchStrategy[Any]:
     """Any batch form trajstore accepts."""
-    return st.one_of(padded_batches(), trajectory_lists(), packed_batches(), multimodal_batches(),
+    return st.one_of(padded_batches(), trajectory_lists(), group_lists(), packed_batches(), multimodal_batches(),
                      non_tensor_batches(), typed_batches(), two_sided_batches(), prompt_completion_batches(),
                      image_batches())
 
