@@ -124,3 +124,13 @@ def test_rows_that_do_not_hold_their_block_are_refused():
     with pytest.raises(FormatError):
         validate.check(doc, t.schema, t.num_rows, "x")
         schema.decode(t, doc["batch"], where="x")
+
+
+def test_rows_of_partial_tokens_are_refused_when_packed():
+    am = torch.tensor([[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0]])  # 5 and 4 tokens of 4 channels: 20 + 16 values
+    b = {"attention_mask": am, "pos": torch.arange(2 * 4 * 6).reshape(2, 4, 6)}
+    _, doc, t = roundtrip(b)
+    dict(doc["batch"]["keys"])["pos"]["trail"] = [3]  # 36 values are 12 tokens of 3, but row 0's 20 are not
+    validate.check(doc, t.schema, t.num_rows, "x")
+    with pytest.raises(FormatError, match="not whole tokens"):
+        schema.decode(t, doc["batch"], where="x", layout="packed")

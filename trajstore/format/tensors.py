@@ -195,7 +195,10 @@ def decode_flat(cols: Columns, node: TensorNode, n: int, tokens: int = 0) -> Any
         raise FormatError(f"{cols.where}: column {node['col']!r} has inconsistent offsets")
     if node.get("axis") != "last":
         return dt.as_value(v, node).reshape([-1 if w else tokens] + trail)
-    x = dt.as_value(v[channel_major(np.diff(off) // w, w)], node).reshape([-1] + trail)  # token-major
+    rows = np.diff(off)
+    if bool((rows % w).any()):
+        raise FormatError(f"{cols.where}: column {node['col']!r} rows are not whole tokens of {trail}")
+    x = dt.as_value(v[channel_major(rows // w, w)], node).reshape([-1] + trail)  # token-major
     return np.ascontiguousarray(np.moveaxis(x, 0, -1)) if isinstance(x, np.ndarray) else x.movedim(0, -1).contiguous()
 
 
