@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from hypothesis import given, settings
@@ -112,3 +113,33 @@ def test_an_old_version_with_runs_is_refused():
     doc["format_version"] = 2
     with pytest.raises(FormatError, match="version 2"):
         validate.check(doc, t.schema, t.num_rows, "x")
+
+
+def test_sql_and_to_pandas_cut_each_trajectory(tmp_path):
+    """Left-padded and two-sided groups, a group with holes (stored whole), a rejected element, and
+    a [g, T, k] field: SQL and to_pandas give each trajectory its own tokens."""
+    m_left = torch.tensor([[0, 0, 1, 1], [0, 1, 1, 1]], dtype=torch.bool)
+    m_span = torch.tensor([[0, 1, 1, 0, 0], [0, 0, 0, 1, 1], [1, 1, 1, 1, 0]], dtype=torch.bool)
+    m_holes = torch.tensor([[1, 0, 1], [1, 1, 0]], dtype=torch.bool)
+    batch = []
+    for s, m in enumerate((m_left, m_span, m_holes)):
+        g, T = m.shape
+        batch.append({"input_ids": (torch.arange(g * T).reshape(g, T) + 100 * s).masked_fill(~m, -1),
+                      "attention_mask": m, "topk": torch.arange(g * T * 2, dtype=torch.float32).reshape(g, T, 2),
+                      "rewards": torch.arange(g, dtype=torch.float32)})
+        if s == 1:
+            batch.append(None)
+    with trajstore.Writer(tmp_path) as w:
+        w.append(0, batch)
+    r = trajstore.Reader(tmp_path)
+    assert_batch_equal(batch, r.read(0))
+    want = [(e["input_ids"][j][e["attention_mask"][j]].tolist(), e["topk"][j][e["attention_mask"][j]].reshape(-1).tolist())
+            for e in batch if e is not None for j in range(len(e["input_ids"]))]
+    got = r.duckdb().execute("SELECT input_ids, topk FROM train").fetchall()
+    got = [(list(a), list(b)) for a, b in got if a is not None]
+    assert [a for a, _ in got] == [a for a, _ in want]
+    assert [b for b, _ in zip(got, range(5))] == [b for b, _ in zip(want, range(5))]  # the groups stored by runs
+    df = r.to_pandas(0)
+    assert [x.tolist() for x in df["input_ids"] if isinstance(x, np.ndarray)] == [a for a, _ in want]
+    runs = pq.read_table(next(tmp_path.rglob("*.parquet")), columns=["__runs__.attention_mask"]).column(0).to_pylist()
+    assert runs == [[2, 1, 2, 3], [1, 3, 0, 2, 2, 4], None, None]
