@@ -143,7 +143,8 @@ def test_two_sided_roundtrip(batch):
     assert_batch_equal(out, batch)
     spec = doc["batch"]
     am = batch["attention_mask"] != 0
-    assert doc["format_version"] == (2 if spec["form"] == "masked" else 1)
+    last = any(n.get("axis") == "last" for _, n in spec["keys"])  # mrope position_ids [B, 4, T]: version 3
+    assert doc["format_version"] == (3 if last else 2 if spec["form"] == "masked" else 1)
     if spec["masks"][0]["side"] is not None:
         p, _, _ = roundtrip(batch, "packed")
         assert torch.equal(p["input_ids"], batch["input_ids"][am])
@@ -171,13 +172,15 @@ def test_prompt_completion_roundtrip(batch):
 
 
 def test_mrope_position_ids_are_not_a_response_field():
-    """verl's Qwen2-VL position_ids [B, 4, T] with R == 4: only 2-D fields follow verl's parts."""
+    """verl's Qwen2-VL position_ids [B, 4, T] with R == 4: only 2-D fields follow verl's parts; it
+    follows the whole attention_mask on its last axis (tests/test_layouts_last_axis.py)."""
     batch = verl_batch(B=3, P=5, R=4)
     batch["position_ids"] = batch["position_ids"][:, None].expand(3, 4, 9).contiguous()
     out, doc, _ = roundtrip(batch)
     assert_batch_equal(out, batch)
     keys = dict(doc["batch"]["keys"])
-    assert keys["position_ids"]["kind"] == "sample" and "mask" not in keys["position_ids"]
+    assert keys["position_ids"]["kind"] == "token" and keys["position_ids"]["mask"] == 0
+    assert keys["position_ids"]["axis"] == "last" and keys["position_ids"]["trail"] == [4]
     assert keys["old_log_probs"]["mask"] == 2
 
 

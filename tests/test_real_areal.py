@@ -231,7 +231,8 @@ def _column_bytes(path: Path, fields: set[str]) -> int:
 @pytest.mark.parametrize("kind", KINDS)
 def test_per_token_fields_stored_unpadded(tmp_path, kind):
     """A batch whose trajectories spread 4x in length: its per-token fields take at most half the
-    bytes of the trainer's padded batch (concat_batch), each trajectory (group) stored at its length."""
+    bytes of the trainer's padded batch (concat_batch); a group's trajectories are stored unpadded
+    (docs/FORMAT.md 3.10), restored at the group's width."""
     batch = rollout(kind, n=8, group_size=1 if kind == "multi_turn" else 2, lengths=(84, 660))  # rewarded: one turn
     padded, _ = areal_data.concat_batch(batch)
     lens = padded["attention_mask"].sum(-1)
@@ -243,9 +244,25 @@ def test_per_token_fields_stored_unpadded(tmp_path, kind):
     _write(tmp_path / "d", {0: batch})
     on_disk = _column_bytes(tmp_path / "d", tokens)
     assert 0 < on_disk <= 0.5 * padded_bytes, (on_disk, padded_bytes)
-    # each element at its own width (its longest trajectory's), not the batch's
-    shapes = pq.read_table(next((tmp_path / "d").rglob("*.parquet")), columns=["__shape__.input_ids"])
+    # each element restored at its own width (its longest trajectory's), not the batch's ...
+    f = next((tmp_path / "d").rglob("*.parquet"))
+    shapes = pq.read_table(f, columns=["__shape__.input_ids"])
     assert [s[-1] for s in shapes.column(0).to_pylist()] == [int(t["attention_mask"].sum(-1).max()) for t in batch]
+    # ... but a group's padding is not stored: each row holds its trajectories' tokens only
+    lens = [t["attention_mask"].sum(-1) for t in batch]
+    stored = pq.read_table(f, columns=sorted(tokens))
+    for k in tokens:
+        assert [len(x) for x in stored.column(k).to_pylist()] == [int(n.sum()) for n in lens], k
+    if kind == "multi_turn":  # [1, T] episodes: no padding, nothing to cut
+        assert "__runs__.attention_mask" not in pq.read_schema(f).names
+    else:
+        runs = pq.read_table(f, columns=["__runs__.attention_mask"]).column(0).to_pylist()
+        assert runs == [[0] * len(n) + n.tolist() for n in lens]  # right-padded by concat_padded_tensors
+    got = trajstore.Reader(tmp_path / "d").read(0)
+    assert_batch_equal(batch, got)
+    df = trajstore.Reader(tmp_path / "d").duckdb().execute("SELECT input_ids, logprobs FROM train").fetchdf()
+    want = [t["input_ids"][j][t["attention_mask"][j].bool()].tolist() for t in batch for j in range(len(t["input_ids"]))]
+    assert [list(x) for x in df["input_ids"]] == want
 
 
 # ----------------------------------------------------------------------------- RTensor

@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 from hypothesis import given, settings
@@ -237,6 +238,32 @@ def test_per_token_fields_are_stored_unpadded(tmp_path):
     kinds = {k: n.get("kind") for k, n in spec["keys"] if n["t"] == "tensor"}
     assert all(kinds[k] == "token" for k, v in b.batch.items() if v.dim() == 2 and v.shape[1] > 1), kinds
     _same(b, trajstore.Reader(tmp_path / "d").read(0))
+
+
+def test_vlm_position_ids_are_stored_unpadded(tmp_path):
+    """Qwen2-VL's mrope position_ids [B, 4, L] follow attention_mask on their last axis: row i holds
+    its [4, n_i] valid block; verl's padded positions (0 left, the last position repeated right)
+    are kept in the pad column; read packed, [4, N] as verl's remove-padding path wants it."""
+    b = batches(vlm=True, B=4, N=2, P=64, R=256, lengths=lambda j: (16 * (j % 4 + 1), 64 * (j % 4 + 1)))[1]
+    pos, am = b.batch["position_ids"], b.batch["attention_mask"].bool()
+    assert pos.shape == (8, 4, 320) and am.sum(-1).max() == 4 * am.sum(-1).min()
+    with trajstore.Writer(tmp_path / "d") as w:
+        w.append(0, b)
+    r = trajstore.Reader(tmp_path / "d")
+    node = dict(r.info(0)["batch"]["keys"])["position_ids"]
+    assert node["kind"] == "token" and node["axis"] == "last" and node["trail"] == [4]
+    f = next((tmp_path / "d").rglob("*.parquet"))
+    t = pq.read_table(f, columns=["position_ids"])
+    assert [len(x) for x in t.column(0).to_pylist()] == (4 * am.sum(-1)).tolist()  # valid positions only
+    assert t.column(0).to_pylist()[0] == pos[0][:, am[0]].reshape(-1).tolist()
+    md = pq.ParquetFile(f).metadata
+    on_disk = sum(md.row_group(g).column(c).total_compressed_size for g in range(md.num_row_groups)
+                  for c in range(md.num_columns) if "position_ids" in md.row_group(g).column(c).path_in_schema)
+    assert 0 < on_disk <= 0.5 * pos.numel() * pos.element_size(), on_disk
+    _same(b, r.read(0))
+    packed = r.read(0, layout="packed")
+    assert torch.equal(packed.batch["position_ids"], pos.movedim(1, 0)[:, am])
+    assert list(packed.batch["cu_seqlens"].diff()) == am.sum(-1).tolist()
 
 
 # ----------------------------------------------------------------------------- Recorder, another process

@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from .errors import FormatError, MissingDependencyError
 from .format import containers
+from .format.grouped import RUNS_COL
 from .format.rows import rows
 from .store import paths
 
@@ -132,11 +133,22 @@ def _group_select(f: str) -> str | None:
     grouped = f"len({ms}) = 2"  # a [g, T] mask (g = 1 for an episode); a rejected row has none
     g = f"(CASE WHEN {grouped} THEN {ms}[1] ELSE 1 END)"
     mask = f"list_slice(CAST({mc} AS BOOLEAN[]), {t} * {ms}[2] + 1, ({t} + 1) * {ms}[2])"
+    runs = {k for k, n in keys if isinstance(n, dict) and n.get("t") == "cell" and n.get("runs") == RUNS_COL}
+    rc = q(RUNS_COL)
+    if runs:  # a row stored by runs keeps only valid mask entries: trajectory t's mask from its run
+        mask = (f"(CASE WHEN {rc} IS NOT NULL THEN list_transform(range({ms}[2]), lambda x: x >= {rc}[{t} + 1] AND "
+                f"x < {rc}[{t} + 1] + {rc}[{g} + {t} + 1]) ELSE {mask} END)")
     exprs = []
-    for c, sc in cells.values():
+    for k, (c, sc) in cells.items():
         n = f"(len({q(c)}) // {g})"
         row = f"list_slice({q(c)}, {t} * {n} + 1, ({t} + 1) * {n})"  # trajectory t's part of [g, ...]
-        exprs.append(f"CASE WHEN {grouped} AND {q(sc)} = {ms} THEN list_where({row}, {mask}) "
+        unpadded = ""
+        if k in runs:  # a group stored by runs (docs/FORMAT.md 3.10): trajectory t's run, already unpadded
+            w = f"(len({q(c)}) // greatest(list_sum(list_slice({rc}, {g} + 1, 2 * {g})), 1))"
+            at = f"coalesce(list_sum(list_slice({rc}, {g} + 1, {g} + {t})), 0)"
+            unpadded = (f"WHEN {grouped} AND {rc} IS NOT NULL THEN list_slice({q(c)}, {at} * {w} + 1, "
+                        f"({at} + {rc}[{g} + {t} + 1]) * {w}) ")
+        exprs.append(f"CASE {unpadded}WHEN {grouped} AND {q(sc)} = {ms} THEN list_where({row}, {mask}) "
                      f"WHEN {grouped} AND {q(sc)}[1] = {ms}[1] THEN {row} ELSE {q(c)} END AS {q(c)}")
     drop = ", ".join([t, '"file_row_number"'] + [q(c) for c, _ in cells.values()])
     return (f"SELECT * EXCLUDE ({drop}), CASE WHEN {g} > 1 THEN \"file_row_number\" END AS \"group\", "

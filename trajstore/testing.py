@@ -30,6 +30,7 @@ __all__ = [
     "tensors",
     "padded_batches",
     "trajectory_lists",
+    "group_lists",
     "packed_batches",
     "multimodal_batches",
     "non_tensor_values",
@@ -102,6 +103,9 @@ def padded_batches(draw: st.DrawFn, max_batch: int = 6) -> dict[str, Any]:
     if draw(st.booleans()):
         k = draw(st.integers(1, 3))
         batch["topk"] = draw(tensors((B, T, k)))  # pad region arbitrary: stored whole
+    if draw(st.booleans()):  # token axis last ([B, C, T], mrope-like); C == T sometimes: dim 1 wins
+        shape = (B, *draw(st.lists(st.integers(0, 3), min_size=1, max_size=2)), T)
+        batch["rope"] = _padded_values(draw, mask.reshape(B, *[1] * (len(shape) - 2), T).expand(shape), TORCH_DTYPES)
     batch["rewards"] = draw(tensors((B,), [torch.float32]))
     if draw(st.booleans()):
         batch["extra"] = draw(tensors((B, draw(st.integers(0, 3))), numpy=None))
@@ -128,6 +132,31 @@ def trajectory_lists(draw: st.DrawFn, max_batch: int = 6) -> list[dict[str, Any]
             "rewards": draw(tensors((1,), [torch.float32])),
             "uid": draw(st.text(max_size=5)),
         })
+    return out
+
+
+@st.composite
+def group_lists(draw: st.DrawFn, max_batch: int = 4) -> list[dict[str, Any] | None]:
+    """AReaL-style groups (``GroupedRolloutWorkflow`` / ``concat_padded_tensors``): a list of dicts of
+    ``[g, T]`` tensors whose ``attention_mask`` marks one run per trajectory (right-padded, sometimes
+    left, anywhere, or with holes), per-token ``[g, T]`` / ``[g, T, k]`` fields whose padded positions
+    hold one pad value or their own values, per-trajectory ``[g]`` rewards, and sometimes ``None``."""
+    out: list = []
+    side = draw(st.sampled_from(["right", "right", "left", "span"]))
+    k = draw(st.integers(0, 2))
+    for _ in range(draw(st.integers(0, max_batch))):
+        if draw(st.integers(0, 5)) == 0:
+            out.append(None)
+            continue
+        g, T = draw(st.integers(1, 4)), draw(st.integers(0, 8))
+        m = _run_mask(draw, g, T, side)
+        if draw(st.integers(0, 6)) == 0:
+            m[0] = draw(tensors((T,), [torch.bool]))  # holes: the group is stored whole
+        out.append({"input_ids": _padded_values(draw, m, [torch.int32, torch.int64]),
+                    "attention_mask": m.to(draw(st.sampled_from([torch.bool, torch.int32]))),
+                    "logprobs": _padded_values(draw, m, [torch.float32, torch.bfloat16]),
+                    "topk": _padded_values(draw, m[..., None].expand(g, T, k), [torch.float16]),
+                    "rewards": draw(tensors((g,), [torch.float32])), "uid": draw(st.text(max_size=3))})
     return out
 
 
@@ -285,7 +314,7 @@ def typed_batches(draw: st.DrawFn, max_batch: int = 4, dataproto: bool = False) 
                                                        and v.ndim and len(v) == B}, meta_info=meta)
 # ----------------------------------------------------------------------------- several masks
 def _padded_values(draw: st.DrawFn, mask: torch.Tensor, dtypes: Sequence[torch.dtype]) -> torch.Tensor:
-    """A [B, W] tensor of arbitrary bits whose padded positions hold one pad value, or (sometimes)
+    """A tensor shaped like ``mask`` of arbitrary bits whose padded positions hold one pad value, or (sometimes)
     values of their own (non-constant padding)."""
     x = draw(tensors(tuple(mask.shape), dtypes))
     if draw(st.booleans()):
@@ -320,6 +349,8 @@ def two_sided_batches(draw: st.DrawFn, max_batch: int = 5) -> dict[str, Any]:
     out: dict[str, Any] = {"prompts": ids[:, :P], "responses": ids[:, P:], "response_mask": rm.to(mdt),
                            "input_ids": ids, "attention_mask": am.to(mdt),
                            "position_ids": torch.clamp(am.long().cumsum(1) - 1, min=0)}
+    if draw(st.booleans()):  # Qwen2-VL mrope: [B, 4, P + R], token axis last
+        out["position_ids"] = _padded_values(draw, am[:, None].expand(B, 4, P + R), [torch.int64])
     for name in draw(st.lists(st.sampled_from(["old_log_probs", "advantages", "ref_log_prob"]),
                               unique=True, max_size=3)):
         out[name] = _padded_values(draw, rm, [torch.float32, torch.bfloat16, torch.float16])
@@ -378,7 +409,7 @@ def image_batches(draw: st.DrawFn) -> dict[str, Any]:
 
 def batches() -> st.SearchStrategy[Any]:
     """Any batch form trajstore accepts."""
-    return st.one_of(padded_batches(), trajectory_lists(), packed_batches(), multimodal_batches(),
+    return st.one_of(padded_batches(), trajectory_lists(), group_lists(), packed_batches(), multimodal_batches(),
                      non_tensor_batches(), typed_batches(), two_sided_batches(), prompt_completion_batches(),
                      image_batches())
 

@@ -54,6 +54,7 @@ class Tensor:
     role: str | None  # GLOBAL, TOKENS, FLAT, SAMPLE; None: a packed batch's N is not known yet
     group: int | None = None  # TOKENS: the index of the mask group it follows (layout.MaskGroup)
     counts: list[int] | None = None  # SEGMENTS: leading-dimension rows per trajectory, once read
+    last: bool = False  # TOKENS: the token axis is the last dimension ([B, C, T]: mrope position_ids)
 
     @property
     def col(self) -> str:
@@ -208,6 +209,9 @@ class _Walk:
             self.names.claim(t.col, path)
             return t
         g = layout.group_of(lay, path, shape) if lay.form in ("padded", "masked") else None
+        if g is None and lay.form == "padded":
+            g = layout.last_axis_group(lay, shape)
+            t.last = g is not None
         if g is not None:
             t.role, t.group = TOKENS, g
         elif lay.form == "packed":

@@ -9,7 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from . import containers, layout, sequences, tensors, typed
+from . import containers, grouped, layout, sequences, tensors, typed
 from .arrow import TableBuilder
 from .check import Group, Json, Plan, Seq, Tensor, TValue, plan
 from .layout import Layout
@@ -53,7 +53,10 @@ def _dict_batch(enc: TableBuilder, p: Plan, batch: Any) -> BatchNode:
 
 
 def _list_batch(enc: TableBuilder, p: Plan, batch: list | tuple) -> SeqNode:
+    runs = grouped.plan(p.elem)  # groups [g, T] with padding: their token cells unpadded (version 3)
     elem: Any = sequences.encode_elems(enc, p.elem)
+    if runs is not None:
+        grouped.encode_runs(enc, runs)
     sequences.mark_list_tokens(elem, batch)
     return {"t": "seq", "container": p.container, "elem": elem}  # type: ignore[typeddict-item]
 

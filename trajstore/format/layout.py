@@ -23,7 +23,7 @@ from .spec import START_PREFIX
 from .values import as_cpu, describe, is_tensorlike
 
 __all__ = ["Layout", "MaskGroup", "token_mask", "structure", "batch_size", "read_cu_seqlens", "read_groups",
-           "padded_mask", "span_mask", "group_of", "classify", "count_tokens"]
+           "padded_mask", "span_mask", "group_of", "last_axis_group", "channel_major", "classify", "count_tokens"]
 
 _CU_SEQLENS = "field 'cu_seqlens': must be a non-empty 1-D integer tensor starting at 0 and non-decreasing"
 
@@ -202,6 +202,31 @@ def group_of(lay: Layout, path: tuple, shape: list[int]) -> int | None:
     if len(named) == 1:
         return named[0]
     return cands[0] if len(cands) == 1 else None
+
+
+def last_axis_group(lay: Layout, shape: list[int]) -> int | None:
+    """The mask group of a field whose token axis is its LAST dimension (verl's Qwen2-VL mrope
+    ``position_ids`` ``[B, 4, T]``): at least 3 dims, ``[B, ..., T]`` with ``T`` the width of
+    ``attention_mask``. Asked only of a field ``group_of`` found per-sample, so dim 1 wins where
+    both match (docs/FORMAT.md 3.4); either way the field is restored exactly."""
+    if lay.T is None or not lay.groups or lay.groups[0].src != "attention_mask" or lay.groups[0].part:
+        return None
+    if len(shape) >= 3 and shape[0] == lay.B and shape[-1] == lay.T:
+        return 0
+    return None
+
+
+def channel_major(lengths: Any, w: int) -> np.ndarray:
+    """For rows of ``lengths`` tokens of ``w`` channels each, laid out one after another: where each
+    value of the token-major order (row by row, token by token, channel by channel) goes in the
+    channel-major order (row by row, channel by channel, token by token), the order a field whose
+    token axis is last stores each row's ``[C..., n]`` block in (docs/FORMAT.md 3.4)."""
+    ln = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    o = np.zeros(len(ln), dtype=np.int64)
+    np.cumsum(ln[:-1], out=o[1:])
+    r = np.repeat(np.arange(len(ln)), ln)
+    j = np.arange(int(ln.sum()), dtype=np.int64) - o[r]
+    return ((o[r] * w + j)[:, None] + np.arange(w, dtype=np.int64)[None, :] * ln[r][:, None]).reshape(-1)
 
 
 def read_cu_seqlens(lay: Layout) -> None:

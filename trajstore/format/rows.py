@@ -13,6 +13,8 @@ returns ``[dict | None]`` with one entry per trajectory:
   (``response_mask``, ``old_log_probs``, ``advantages``...) by the response part;
 * a segmented field (``segtensor``: TRL/Qwen-VL ``pixel_values``) gives each trajectory its own run
   of leading-dimension rows (its images' patch rows);
+* a field whose token axis is its last dimension (``"axis": "last"``: verl's Qwen2-VL
+  ``position_ids`` ``[B, 4, T]``) is cut on that axis: ``[4, n]`` per trajectory;
 * a batch with several masks (form ``masked``: TRL's ``prompt_mask`` / ``completion_mask``, verl's
   two-sided ``attention_mask``): every per-token field is cut by the mask it follows in the spec;
 * tensors become numpy arrays (bfloat16 becomes float32, which holds every bfloat16 exactly);
@@ -181,6 +183,7 @@ def rows(batch: Any, spec: dict) -> list[dict | None]:
     flat: dict = {}
     _flat("", batch, flat)
     tokens = _names(spec.get("keys", []), is_tokenlike)
+    last = _names(spec.get("keys", []), lambda n: n.get("axis") == "last")  # [B, C..., T]: cut on the last axis
     skip = _names(spec.get("keys", []), _is_global)
     form = spec.get("form")
     out: list[dict] = [{} for _ in range(B)]
@@ -202,6 +205,10 @@ def rows(batch: Any, spec: dict) -> list[dict | None]:
         if name in segs:
             for i in range(B):
                 out[i][name] = v[segs[name][i]:segs[name][i + 1]]
+        elif name in last and (gm is not None or mask is not None):
+            m = gm if gm is not None else mask
+            for i in range(B):
+                out[i][name] = v[i][..., m[i]]
         elif gm is not None:
             for i in range(B):
                 out[i][name] = v[i][gm[i]]

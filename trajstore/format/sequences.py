@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from ..errors import FormatError
 from . import dtypes as dt
-from . import typed
+from . import grouped, typed
 from .arrow import Columns, TableBuilder, list_array
 from .check import MISSING, Cells, Empty, Seq, Struct, Values
 from .spec import SHAPE_PREFIX, ElemNode, SeqNode
@@ -55,6 +55,8 @@ def encode_elems(enc: TableBuilder, p: Empty | Cells | Struct | Values) -> ElemN
         node["missing"] = missing
     if isinstance(p, Empty):
         node["t"] = "empty"
+    elif isinstance(p, grouped.RunCells):  # a list batch's groups, unpadded (format version 3)
+        grouped.encode_cells(enc, node, p)
     elif isinstance(p, Cells):
         _encode_cells(enc, node, p)
     elif isinstance(p, Struct):
@@ -150,7 +152,7 @@ def decode_elems(cols: Columns, node: ElemNode, n: int, keys: list[str] | None =
     if t == "empty":
         out: list = [None] * n
     elif t == "cell":
-        out = _decode_cells(cols, node, n)
+        out = grouped.decode_cells(cols, node, n) if "runs" in node else _decode_cells(cols, node, n)
     elif t == "value":
         out = _decode_values(cols, node)
     elif t == "struct":

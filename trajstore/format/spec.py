@@ -45,6 +45,8 @@ class TensorNode(TypedDict):
     pad: NotRequired[int | None]  # token, padded batch: the padded positions' bits, one value for all
     pad_col: NotRequired[str]  # token, padded batch: the padded positions' values, row by row
     tokenlike: NotRequired[bool]  # sample: a [B, T, 0...] field of a padded batch, stored whole
+    axis: NotRequired[Literal["last"]]  # token: the field is [B, *trail, T], stored as [B, T, *trail] (version 3)
+    mask: NotRequired[int]  # masked batch: the mask group it follows
 
 
 class SegTensorNode(TypedDict):
@@ -261,8 +263,8 @@ def is_plain_sample(node: Any) -> bool:
 def node_columns(node: dict, out: list[str], masks: list | None = None) -> None:
     """Append every Arrow column ``node`` (and the nodes below it) is stored in to ``out``;
     ``masks``: a masked batch's mask groups (a field following a span group needs its starts)."""
-    for key in ("col", "shape_col", "pad_col"):
-        if key in node:
+    for key in ("col", "shape_col", "pad_col", "runs"):  # runs: a group's cell stored by runs (shared)
+        if key in node and node[key] not in out:
             out.append(node[key])
     if masks and type(node.get("mask")) is int and 0 <= node["mask"] < len(masks):
         g = masks[node["mask"]]

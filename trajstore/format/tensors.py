@@ -28,7 +28,7 @@ from ..errors import FormatError
 from . import dtypes as dt
 from .arrow import Columns, TableBuilder, empty, list_array
 from .check import FLAT, GLOBAL, SEGMENTS, TOKENS, Tensor
-from .layout import Layout, MaskGroup, start_col
+from .layout import Layout, MaskGroup, channel_major, start_col
 from .spec import PAD_PREFIX, GTensorNode, SegTensorNode, TensorNode
 from .values import as_cpu, bits, dumps, storage
 
@@ -49,6 +49,12 @@ def encode(enc: TableBuilder, lay: Layout, f: Tensor) -> TensorNode | GTensorNod
     node: Any = {"t": "tensor", "col": f.col, "lib": lib, "dtype": name}
     B = lay.B
     g = lay.groups[f.group] if f.role == TOKENS else None
+    if f.last and g is not None:  # [B, C..., W]: each row's [C..., n] block (format version 3)
+        if g.side is None or not math.prod(x.shape[1:-1]):  # holes, or nothing per token: stored whole
+            return _encode_sample(enc, node, f.path, x, B)
+        x = np.ascontiguousarray(np.moveaxis(x, -1, 1)) if isinstance(x, np.ndarray) else x.movedim(-1, 1).contiguous()
+        node["axis"] = "last"  # x is now token-major: _encode_token / _encode_padvals store it channel-major
+        enc.needs(3)
     if g is not None and lay.form == "masked":
         node["mask"] = f.group
     if g is not None and g.side:
@@ -100,7 +106,7 @@ def _encode_padvals(enc: TableBuilder, node: dict, path: tuple, x: Any, nm: torc
                     npad: torch.Tensor, w: int) -> None:
     """The values at padded positions, row by row in position order: column ``__pad__.<col>``."""
     xt = torch.from_numpy(x) if isinstance(x, np.ndarray) else x
-    values = storage(xt[nm] if node["lib"] == "torch" else xt[nm].numpy()).reshape(-1)
+    values = _stored_order(node, storage(xt[nm] if node["lib"] == "torch" else xt[nm].numpy()).reshape(-1), npad, w)
     offsets = np.zeros(B + 1, dtype=np.int64)
     np.cumsum(np.asarray(npad, dtype=np.int64) * w, out=offsets[1:])
     node["pad_col"] = PAD_PREFIX + node["col"]
@@ -113,13 +119,23 @@ def _encode_token(enc: TableBuilder, node: dict, path: tuple, vals: Any, lengths
     width = math.prod(trail)
     if isinstance(vals, torch.Tensor) and lib != "torch":
         vals = vals.numpy()
-    values = storage(vals).reshape(-1)
+    values = _stored_order(node, storage(vals).reshape(-1), lengths, width)
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(np.asarray(lengths, dtype=np.int64) * width, out=offsets[1:])
     node.update(kind="token", trail=trail, pad=pad)
     enc.add(node["col"], list_array(offsets, values),
             {"dtype": node["dtype"], "kind": "token", "shape": dumps(["n"] + trail)}, path)
     return node
+
+
+def _stored_order(node: dict, values: np.ndarray, lengths: Any, w: int) -> np.ndarray:
+    """Token-major values as stored: unchanged, or each row's ``[C..., n]`` block for a field
+    whose token axis is last (``layout.channel_major``)."""
+    if node.get("axis") != "last":
+        return values
+    out = np.empty_like(values)
+    out[channel_major(lengths, w)] = values
+    return out
 
 
 def _encode_sample(enc: TableBuilder, node: dict, path: tuple, x: Any, B: int, tokenlike: bool = False) -> TensorNode:
@@ -177,7 +193,13 @@ def decode_flat(cols: Columns, node: TensorNode, n: int, tokens: int = 0) -> Any
     off, v = cols.list_parts(node["col"], node["dtype"])
     if len(off) != n + 1 or (len(v) and int(off[-1]) - int(off[0]) != len(v)) or (len(v) % w if w else len(v)):
         raise FormatError(f"{cols.where}: column {node['col']!r} has inconsistent offsets")
-    return dt.as_value(v, node).reshape([-1 if w else tokens] + trail)
+    if node.get("axis") != "last":
+        return dt.as_value(v, node).reshape([-1 if w else tokens] + trail)
+    rows = np.diff(off)
+    if bool((rows % w).any()):
+        raise FormatError(f"{cols.where}: column {node['col']!r} rows are not whole tokens of {trail}")
+    x = dt.as_value(v[channel_major(rows // w, w)], node).reshape([-1] + trail)  # token-major
+    return np.ascontiguousarray(np.moveaxis(x, 0, -1)) if isinstance(x, np.ndarray) else x.movedim(0, -1).contiguous()
 
 
 def decode_segments(cols: Columns, node: SegTensorNode, n: int) -> Any:
@@ -226,15 +248,24 @@ def decode_padded(cols: Columns, node: TensorNode, n: int, T: int | None, side: 
         raise FormatError(f"{cols.where}: column {node['col']!r} has a row of {longest} "
                           f"tokens, longer than the padded length {T}")
     mask = mask_for(lengths, T, side)
-    out = alloc([n, T] + trail, node)
+    last = node.get("axis") == "last"
+    if last:  # [n, *trail, T], filled through its [n, T, *trail] view
+        full = alloc([n] + trail + [T], node)
+        out = full.movedim(-1, 1)
+    else:
+        full = out = alloc([n, T] + trail, node)
     pads = _padvals(cols, node, n, lengths, T, w, parts)
     jobs = []
     for i, ((r0, v), r1) in enumerate(zip(parts, [r for r, _ in parts[1:]] + [n])):
         x = dt.as_value(v, node)
         src = bits(x if isinstance(x, np.ndarray) else x.contiguous()).reshape(-1)
+        if last:  # each row's [C..., n] block -> token-major
+            src = src[torch.from_numpy(channel_major(lengths[r0:r1], w))]
         pv = None if pads is None else (pads[0] - pads[0][r0], pads[1][i])
+        if pv is not None and last:
+            pv = (pv[0], pv[1][torch.from_numpy(channel_major((T - lengths)[r0:r1], w))])
         jobs.append(FillJob(out, mask, src, off - off[r0], node.get("pad") or 0, r0, r1, pv))
-    return as_lib(out, node), jobs
+    return as_lib(full, node), jobs
 
 
 def _padvals(cols: Columns, node: TensorNode, n: int, lengths: np.ndarray, T: int, w: int,

@@ -156,6 +156,8 @@ class _Checker:
         trail = _shape(node.get("trail"), "trail shape")
         w = math.prod(trail)
         kind = node.get("kind")
+        if kind == "sample" and "axis" in node:
+            raise _Bad(f"sample field {node.get('col')!r} has a token axis")
         if kind == "sample" and not trail:
             self.col(node, "col", lambda t: t == dt.arrow_type(name))
             return
@@ -173,12 +175,13 @@ class _Checker:
             return
         if kind != "token":
             raise _Bad(f"tensor kind {kind!r} is not 'token' or 'sample'")
-        pad = node.get("pad")
-        lo, hi = (0, 1 << 8) if size == 1 else (-(1 << (8 * size - 1)), 1 << (8 * size - 1))
-        if pad is not None and (type(pad) is not int or not lo <= pad < hi):
-            raise _Bad(f"pad {pad!r} is not an int of {size * 8} bits")
-        if "pad_col" in node:
-            self.col(node, "pad_col", lambda t: pa.types.is_large_list(t) and t.value_type == dt.arrow_type(name))
+        if "axis" in node:  # [B, C..., T] stored token-major (format version 3)
+            if node["axis"] != "last" or not trail or not w:
+                raise _Bad(f"token field {node['col']!r} has axis {node['axis']!r} with trailing shape {trail}")
+            if type(self.version) is int and self.version < 3:
+                raise _Bad(f"a token field with its token axis last in a file of format version {self.version} "
+                           "(it needs 3)")
+        self.pad(node, name, size)
         if spec.get("form") == "padded":
             self.add(self.n * spec["T"] * w * size, f"field {node['col']!r} padded to [{self.n}, {spec['T']}]")
         if spec.get("form") == "masked":
@@ -245,6 +248,24 @@ class _Checker:
             if side == "span":
                 self.col(g, "start_col", lambda t: t == pa.int64())
 
+    def pad(self, node: dict, name: str, size: int) -> None:
+        """A token field's ``pad`` (an int of the dtype's width) and its ``pad_col`` column."""
+        pad = node.get("pad")
+        lo, hi = (0, 1 << 8) if size == 1 else (-(1 << (8 * size - 1)), 1 << (8 * size - 1))
+        if pad is not None and (type(pad) is not int or not lo <= pad < hi):
+            raise _Bad(f"pad {pad!r} is not an int of {size * 8} bits")
+        if "pad_col" in node:
+            self.col(node, "pad_col", lambda t: pa.types.is_large_list(t) and t.value_type == dt.arrow_type(name))
+
+    def runs(self, node: dict, name: str) -> None:
+        """A token cell whose grouped rows hold their runs only: the runs column, pad or pad_col."""
+        if type(self.version) is int and self.version < 3:
+            raise _Bad(f"a cell stored by runs in a file of format version {self.version} (it needs 3)")
+        if node.get("runs") != "__runs__.attention_mask" or node.get("kind") != "token":
+            raise _Bad(f"cell {node.get('col')!r} names runs column {node.get('runs')!r}")
+        self.col(node, "runs", lambda t: t == pa.list_(pa.int64()))
+        self.pad(node, name, dt.storage_numpy(name).itemsize)
+
     def seq(self, node: dict, depth: int) -> None:
         c = node.get("container")
         if c not in ("list", "tuple", "ndarray"):
@@ -279,6 +300,8 @@ class _Checker:
             name, _ = self.dtype(node)
             self.col(node, "col", lambda t: pa.types.is_large_list(t) and t.value_type == dt.arrow_type(name))
             self.col(node, "shape_col", lambda t: t == pa.list_(pa.int64()))
+            if "runs" in node:  # a list batch's groups unpadded (format version 3)
+                self.runs(node, name)
         elif t == "value":
             p = node.get("ptype")
             want = {"str": pa.string(), "json": pa.string(), "tjson": pa.string(), "bool": pa.bool_(), "float": pa.float64(),
