@@ -463,10 +463,10 @@ class _Decoder:
                 p = pvals[poff[i]:poff[i + 1]]
                 if len(p) != (g * T - sum(n)) * k:
                     raise SpecError(f"{pad_col}: row {i} holds {len(p)} values, expected {(g * T - sum(n)) * k}")
-                x[~valid_pos] = p.reshape((-1, k))
+                x[~valid_pos] = p.reshape((g * T - sum(n), k))
             else:
                 x[...] = _fill(dtype, node.get("pad"))
-            x[valid_pos] = v.reshape((-1, k))  # runs in trajectory order == row-major order of [g, T]
+            x[valid_pos] = v.reshape((sum(n), k))  # runs in trajectory order == row-major order of [g, T]
             out.append(_tensor(dtype, node["lib"], x.reshape(shape)))
         return out
 
