@@ -304,6 +304,7 @@ class _Decoder:
             raise SpecError(f"{col}: row sizes are not multiples of {k}")
         lens = np.diff(off) // k
         if self.form == "packed":  # 3.7: read packed it is [*trail, N]
+            # GAP 3.7 (fixed in the doc): [*trail, N] is the rows' blocks joined on the last axis
             blocks = [vals[off[i]:off[i + 1]].reshape((*trail, int(lens[i]))) for i in range(self.B)]
             flat = np.concatenate(blocks, axis=-1) if blocks else np.empty((*trail, 0), vals.dtype)
             return _tensor(dtype, node["lib"], flat)
@@ -446,6 +447,8 @@ class _Decoder:
                     raise SpecError(f"{col}: row {i} has {len(v)} values for shape {shape}")
                 out.append(_tensor(dtype, node["lib"], v.reshape(shape).copy()))
                 continue
+            # GAP 3.10 (fixed in the doc): g, T and k are the row's shape's; a null pad without a
+            # pad_col fills 0; a row without runs holds no pad_col values (not read here).
             if len(shape) < 2:
                 raise SpecError(f"{col}: row {i} has runs but shape {shape}")
             g, T, k = shape[0], shape[1], math.prod(shape[2:])
@@ -482,8 +485,8 @@ class _Decoder:
 
 def _fill(dtype: str, pad: int | None) -> Any:
     """3.4 pad: the bit pattern of the padded positions, 0 when null."""
-    # GAP 3.4: "bits read as a signed integer of the same width" vs uint8 pad 255: take the
-    # integer modulo 2**bits, which reads both.
+    # GAP 3.4 (fixed in the doc): 1-byte dtypes record their bits unsigned (an int8 pad of -1 as
+    # 255), wider ones signed; the integer modulo 2**bits reads both.
     if dtype == "bool":
         return bool(pad or 0)
     bits = np.dtype(STORAGE[dtype]).itemsize * 8
