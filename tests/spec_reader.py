@@ -245,6 +245,8 @@ class _Decoder:
         raise SpecError(f"field node {t!r}")
 
     def tensor(self, node: dict) -> Any:
+        if "axis" in node:  # 3.4 / 3.7 token axis last (version 3)
+            return self.last_axis(node)
         dtype, trail, kind = node["dtype"], tuple(node["trail"]), node["kind"]
         k = math.prod(trail)
         if kind == "sample":
@@ -271,13 +273,7 @@ class _Decoder:
             raise SpecError(f"{node['col']}: row sizes are not multiples of {k}")
         starts = self.starts(group, lens, W)
         out = np.empty((self.B, W, *trail), dtype=vals.dtype)
-        pad = node.get("pad")
-        # GAP 3.4: "bits read as a signed integer of the same width" vs uint8 pad 255: take the
-        # integer modulo 2**bits, which reads both.
-        bits = np.dtype(STORAGE[dtype]).itemsize * 8
-        fill = np.array([(pad or 0) % (1 << bits)], dtype=f"<u{bits // 8}").view(vals.dtype)[0] \
-            if dtype != "bool" else bool(pad or 0)
-        out[...] = fill
+        out[...] = _fill(dtype, node.get("pad"))
         pad_col = node.get("pad_col")
         pvals, poff = (self.rows(pad_col, dtype)[:2]) if pad_col else (None, None)
         for i in range(self.B):
@@ -290,6 +286,45 @@ class _Decoder:
                 if len(p) != (W - n) * k:
                     raise SpecError(f"{pad_col}: row {i} holds {len(p)} values, expected {(W - n) * k}")
                 out[i, where] = p.reshape((W - n, *trail))
+        return _tensor(dtype, node["lib"], out)
+
+    def last_axis(self, node: dict) -> Any:
+        """3.4 "Token axis last" / 3.7 (version 3): a token field ``[B, *trail, W]`` whose row *i*
+        holds its ``[*trail, len_i]`` block of valid positions (``pad_col``: ``[*trail, W - len_i]``)."""
+        col, dtype, trail = node.get("col"), node["dtype"], tuple(node["trail"])
+        if self.version < 3:
+            raise SpecError(f"{col!r}: axis in a file of format_version {self.version}")
+        if node["axis"] != "last" or node["kind"] != "token":
+            raise SpecError(f"{col!r}: axis {node['axis']!r} on a {node['kind']!r} field")
+        k = math.prod(trail)
+        if not trail or k == 0:
+            raise SpecError(f"{col!r}: axis last with trail {list(trail)}")
+        vals, off, _ = self.rows(col, dtype)
+        if np.any(np.diff(off) % k):
+            raise SpecError(f"{col}: row sizes are not multiples of {k}")
+        lens = np.diff(off) // k
+        if self.form == "packed":  # 3.7: read packed it is [*trail, N]
+            # GAP 3.7 (fixed in the doc): [*trail, N] is the rows' blocks joined on the last axis
+            blocks = [vals[off[i]:off[i + 1]].reshape((*trail, int(lens[i]))) for i in range(self.B)]
+            flat = np.concatenate(blocks, axis=-1) if blocks else np.empty((*trail, 0), vals.dtype)
+            return _tensor(dtype, node["lib"], flat)
+        group = self.groups[0] if self.form == "padded" else self.groups[node["mask"]]
+        W = group["W"]
+        starts = self.starts(group, lens, W)
+        out = np.empty((self.B, *trail, W), dtype=vals.dtype)
+        out[...] = _fill(dtype, node.get("pad"))
+        pad_col = node.get("pad_col")
+        pvals, poff = (self.rows(pad_col, dtype)[:2]) if pad_col else (None, None)
+        for i in range(self.B):
+            s, n = int(starts[i]), int(lens[i])
+            out[i, ..., s:s + n] = vals[off[i]:off[i + 1]].reshape((*trail, n))
+            if pad_col is not None:
+                p = pvals[poff[i]:poff[i + 1]]
+                if len(p) != (W - n) * k:
+                    raise SpecError(f"{pad_col}: row {i} holds {len(p)} values, expected {(W - n) * k}")
+                where = np.ones(W, bool)
+                where[s:s + n] = False
+                out[i][..., where] = p.reshape((*trail, W - n))
         return _tensor(dtype, node["lib"], out)
 
     def segtensor(self, node: dict) -> Any:
@@ -373,6 +408,8 @@ class _Decoder:
         return rows
 
     def cells(self, node: dict) -> list:
+        if "runs" in node:  # 3.10 groups stored by runs (version 3)
+            return self.run_cells(node)
         dtype = node["dtype"]
         vals, off, valid = self.rows(node["col"], dtype)
         shapes = self.col(node["shape_col"], pa.int64(), listed=True).to_pylist()
@@ -387,6 +424,55 @@ class _Decoder:
             out.append(_tensor(dtype, node["lib"], v.reshape(shapes[i]).copy()))
         return out
 
+    def run_cells(self, node: dict) -> list:
+        """3.10: token cells ``[g, T, *k]`` whose rows with runs hold each trajectory's run only
+        (``[s_0..s_{g-1}, l_0..l_{g-1}]`` in the runs column), the padded positions ``pad`` or, in
+        row-major order of ``[g, T]``, the ``pad_col`` row."""
+        col, dtype = node["col"], node["dtype"]
+        if self.version < 3 or node["runs"] != "__runs__.attention_mask" or node.get("kind") != "token":
+            raise SpecError(f"{col!r}: runs {node['runs']!r} on a {node.get('kind')!r} cell in version {self.version}")
+        vals, off, valid = self.rows(col, dtype)
+        shapes = self.col(node["shape_col"], pa.int64(), listed=True).to_pylist()
+        runs = self.col(node["runs"], pa.int64(), listed=True).to_pylist()
+        pad_col = node.get("pad_col")
+        pvals, poff = (self.rows(pad_col, dtype)[:2]) if pad_col else (None, None)
+        out: list = []
+        for i in range(self.B):
+            if not valid[i] or shapes[i] is None:
+                out.append(None)
+                continue
+            v, shape = vals[off[i]:off[i + 1]], shapes[i]
+            if runs[i] is None:  # stored whole
+                if len(v) != math.prod(shape):
+                    raise SpecError(f"{col}: row {i} has {len(v)} values for shape {shape}")
+                out.append(_tensor(dtype, node["lib"], v.reshape(shape).copy()))
+                continue
+            # GAP 3.10 (fixed in the doc): g, T and k are the row's shape's; a null pad without a
+            # pad_col fills 0; a row without runs holds no pad_col values (not read here).
+            if len(shape) < 2:
+                raise SpecError(f"{col}: row {i} has runs but shape {shape}")
+            g, T, k = shape[0], shape[1], math.prod(shape[2:])
+            r = runs[i]
+            s, n = r[:g], r[g:]
+            if len(r) != 2 * g or any(a < 0 or b < 0 or a + b > T for a, b in zip(s, n)):
+                raise SpecError(f"{node['runs']}: row {i} {r} is not {g} runs within {T}")
+            if len(v) != sum(n) * k:
+                raise SpecError(f"{col}: row {i} has {len(v)} values for runs of {sum(n)} tokens x {k}")
+            x = np.empty((g, T, k), dtype=vals.dtype)
+            valid_pos = np.zeros((g, T), bool)
+            for j in range(g):
+                valid_pos[j, s[j]:s[j] + n[j]] = True
+            if pad_col is not None:
+                p = pvals[poff[i]:poff[i + 1]]
+                if len(p) != (g * T - sum(n)) * k:
+                    raise SpecError(f"{pad_col}: row {i} holds {len(p)} values, expected {(g * T - sum(n)) * k}")
+                x[~valid_pos] = p.reshape((g * T - sum(n), k))
+            else:
+                x[...] = _fill(dtype, node.get("pad"))
+            x[valid_pos] = v.reshape((sum(n), k))  # runs in trajectory order == row-major order of [g, T]
+            out.append(_tensor(dtype, node["lib"], x.reshape(shape)))
+        return out
+
     def values(self, node: dict) -> list:
         ptype = node["ptype"]
         rows = self.col(node["col"], VALUE_TYPES[ptype]).to_pylist()
@@ -395,6 +481,16 @@ class _Decoder:
         if ptype == "tjson":
             return [None if r is None else typed(_json(r)) for r in rows]
         return rows
+
+
+def _fill(dtype: str, pad: int | None) -> Any:
+    """3.4 pad: the bit pattern of the padded positions, 0 when null."""
+    # GAP 3.4 (fixed in the doc): 1-byte dtypes record their bits unsigned (an int8 pad of -1 as
+    # 255), wider ones signed; the integer modulo 2**bits reads both.
+    if dtype == "bool":
+        return bool(pad or 0)
+    bits = np.dtype(STORAGE[dtype]).itemsize * 8
+    return np.array([(pad or 0) % (1 << bits)], dtype=f"<u{bits // 8}").view(STORAGE[dtype])[0]
 
 
 def _np(arr: pa.Array, dtype: str) -> np.ndarray:

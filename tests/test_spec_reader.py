@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -180,3 +181,102 @@ def test_refuses_version_3_constructs_in_older_files(tmp_path):
         for fn in fails:
             with pytest.raises(SpecError):
                 fn(bad / f.name)
+
+
+# ----------------------------------------------------------------------------- version-3 layouts
+def _spec(path: Path) -> tuple[pa.Table, dict]:
+    f = path / "train" / "step_00000000.parquet"
+    table = pq.read_table(f)
+    return table, json.loads(table.schema.metadata[b"trajstore"])
+
+
+def _rewrite(tmp_path: Path, name: str, table: pa.Table, meta: dict) -> Path:
+    bad = tmp_path / name
+    bad.mkdir()
+    pq.write_table(table.replace_schema_metadata({b"trajstore": json.dumps(meta)}), bad / "step_00000000.parquet")
+    return bad / "step_00000000.parquet"
+
+
+def _mrope(side: str) -> dict:
+    """verl's Qwen2-VL batch: mrope ``position_ids`` ``[B, 4, T]`` (token axis last), its padded
+    positions holding different values; ``right``: one attention_mask group (form padded), ``span``:
+    prompts left-padded and responses right-padded (form masked, a span group)."""
+    g = torch.Generator().manual_seed(40)
+    P, R = 3, 4
+    pm = torch.arange(P)[None, :] >= torch.tensor([[1], [3], [0]])
+    rm = torch.arange(R)[None, :] < torch.tensor([[2], [4], [0]])
+    am = torch.cat([pm, rm], 1) if side == "span" else torch.arange(P + R)[None, :] < torch.tensor([[5], [7], [0]])
+    pos = torch.randint(0, 50, (3, 4, P + R), generator=g)
+    batch = {"input_ids": torch.randint(1, 99, (3, P + R), generator=g) * am, "attention_mask": am.long(),
+             "position_ids": pos, "rope_f": torch.randn(3, 2, P + R, generator=g).to(torch.bfloat16).masked_fill(~am[:, None], 1.5),
+             "rewards": torch.tensor([1.0, 0.0, -1.0])}
+    if side == "span":
+        batch.update(prompts=batch["input_ids"][:, :P], responses=batch["input_ids"][:, P:], response_mask=rm.long())
+    return batch
+
+
+@pytest.mark.parametrize("side", ["right", "span"])
+def test_token_axis_last(tmp_path, side):
+    """3.4 / 3.7 (version 3): ``[B, C, T]`` fields following attention_mask on their last axis, with a
+    ``pad_col`` (position_ids) and a ``pad`` (bf16 rope_f), are decoded as trajstore does."""
+    check(tmp_path, _mrope(side))
+    table, meta = _spec(tmp_path)
+    keys = dict(meta["batch"]["keys"])
+    assert meta["format_version"] == 3 and meta["batch"]["form"] == ("masked" if side == "span" else "padded")
+    assert keys["position_ids"]["axis"] == "last" and "pad_col" in keys["position_ids"]
+    assert keys["rope_f"]["axis"] == "last" and keys["rope_f"]["trail"] == [2] and "pad_col" not in keys["rope_f"]
+
+    def node(m, **change):
+        ks = [[k, {**n, **change} if k == "position_ids" else n] for k, n in m["batch"]["keys"]]
+        return {**m, "batch": {**m["batch"], "keys": ks}}
+
+    for name, m in [("v2", {**meta, "format_version": 2}), ("axis", node(meta, axis="first")),
+                    ("sample", node(meta, kind="sample")), ("empty", node(meta, trail=[])),
+                    ("trail", node(meta, trail=[3]))]:
+        with pytest.raises(SpecError):
+            read_step(_rewrite(tmp_path, name, table, m))
+
+
+def _groups() -> list:
+    """AReaL groups: ``[g, T]`` masks right-padded, left-padded, unpadded (stored whole) and a None
+    slot; token cells ``[g, T]`` / ``[g, T, 2]`` with one pad value and with their own pad values."""
+    g = torch.Generator().manual_seed(41)
+    out: list = []
+    for lens, left in [([3, 1], False), ([2, 4, 0], True), ([4, 4], False), (None, False)]:
+        if lens is None:
+            out.append(None)
+            continue
+        G, T = len(lens), 4
+        ar = torch.arange(T)[None, :]
+        m = ar >= T - torch.tensor(lens)[:, None] if left else ar < torch.tensor(lens)[:, None]
+        out.append({"input_ids": torch.randint(1, 99, (G, T), generator=g, dtype=torch.int32) * m,
+                    "attention_mask": m.to(torch.int32), "logprobs": torch.randn(G, T, generator=g),
+                    "topk": torch.randn(G, T, 2, generator=g).half().masked_fill(~m[..., None], -2.0),
+                    "rewards": torch.randn(G, generator=g), "uid": f"g{len(out)}"})
+    return out
+
+
+def test_groups_by_runs(tmp_path):
+    """3.10 (version 3): a list batch's groups stored by runs, pad values in ``pad`` (input_ids,
+    topk) or ``pad_col`` (logprobs), a group without padding whole, are decoded as trajstore does;
+    lying runs and a version-2 file are refused."""
+    check(tmp_path, _groups())
+    table, meta = _spec(tmp_path)
+    cells = dict(meta["batch"]["elem"]["keys"])
+    assert meta["format_version"] == 3
+    assert all(cells[k]["runs"] == "__runs__.attention_mask" for k in ("input_ids", "attention_mask", "logprobs", "topk"))
+    assert "pad_col" in cells["logprobs"] and cells["input_ids"]["pad"] == 0 and "runs" not in cells["rewards"]
+    runs = table.column("__runs__.attention_mask").to_pylist()
+    assert runs[0] == [0, 0, 3, 1] and runs[1] == [2, 0, 4, 2, 4, 0] and runs[2] is None and runs[3] is None
+
+    def with_runs(row):
+        r = runs[:1] + [row] + runs[2:]
+        i = table.column_names.index("__runs__.attention_mask")
+        return table.set_column(i, table.field(i), pa.array(r, type=table.field(i).type))
+
+    for name, t, m in [("v2", table, {**meta, "format_version": 2}),
+                       ("outside", with_runs([3, 0, 0, 2, 4, 0]), meta),  # s + l > T
+                       ("count", with_runs([2, 0, 4, 1, 4, 0]), meta),  # runs of 5 tokens, values of 6
+                       ("short", with_runs([2, 0, 2, 4]), meta)]:
+        with pytest.raises(SpecError):
+            read_step(_rewrite(tmp_path, name, t, m))
