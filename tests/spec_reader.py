@@ -32,7 +32,7 @@ ARROW = {"bool": pa.bool_(), "uint8": pa.uint8(), "int8": pa.int8(), "int16": pa
          "int64": pa.int64(), "uint16": pa.uint16(), "uint32": pa.uint32(), "uint64": pa.uint64(),
          "float16": pa.float16(), "bfloat16": pa.uint16(), "float32": pa.float32(), "float64": pa.float64()}
 VALUE_TYPES = {"str": pa.string(), "bool": pa.bool_(), "int": pa.int64(), "float": pa.float64(),
-               "json": pa.string(), "tjson": pa.string()}
+               "num": pa.float64(), "json": pa.string(), "tjson": pa.string()}
 
 
 class SpecError(ValueError):
@@ -394,6 +394,15 @@ class _Decoder:
             return [None if r is None else _json(r) for r in rows]
         if ptype == "tjson":
             return [None if r is None else typed(_json(r)) for r in rows]
+        if ptype == "num":  # 3.7 (version 3): float64 rows, Python ints at the rows `ints` names
+            if self.version < 3:
+                raise SpecError(f"value column {node['col']!r}: ptype num in a file of version {self.version}")
+            ints = node["ints"]
+            for i in ([i for i, r in enumerate(rows) if r is not None] if ints is True else ints):
+                r = rows[i]
+                if r is None or not math.isfinite(r) or r != int(r) or abs(r) > 2**53:
+                    raise SpecError(f"value column {node['col']!r}: int row {i} holds {r!r}")
+                rows[i] = int(r)
         return rows
 
 

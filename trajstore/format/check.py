@@ -35,6 +35,7 @@ __all__ = ["check", "plan", "Plan", "Tensor", "Json", "TValue", "Group", "Seq", 
            "MISSING", "GLOBAL", "TOKENS", "FLAT", "SAMPLE", "SEGMENTS"]
 
 MISSING = object()  # a key absent from one element of a sequence of dicts
+EXACT = 2**53  # Python ints up to this magnitude are exact in a float64 column (the "num" value type)
 
 # what a tensor field becomes
 GLOBAL = "global"  # 0-d, or a packed batch's cu_seqlens: inline in the spec (gtensor)
@@ -118,7 +119,7 @@ class Struct(_Rows):
 
 @dataclass
 class Values(_Rows):
-    ptype: str = ""  # "str", "bool", "float", "int", "json" or "tjson" (typed, format/typed.py)
+    ptype: str = ""  # "str", "bool", "float", "num", "int", "json" or "tjson" (typed, format/typed.py)
 
 
 @dataclass
@@ -290,8 +291,10 @@ class _Walk:
             ptype = "bool"
         elif types == {float}:
             ptype = "float"
+        elif types <= {int, float} and all(type(e) is float or -EXACT <= e <= EXACT for _, e in present):
+            ptype = "num"  # one float64 column for every Python number (docs/FORMAT.md 3.3, "num")
         elif types == {int} and all(-(2**63) <= e < 2**63 for _, e in present):
-            ptype = "int"
+            ptype = "int"  # beyond float64's exact ints: int64, under another name where the split has a double
         else:
             typed = False
             for i, e in present:

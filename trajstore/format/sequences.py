@@ -89,6 +89,11 @@ def _encode_values(enc: TableBuilder, node: dict, p: Values) -> None:
     elif p.ptype == "tjson":
         arr = pa.array([None if v is None else dumps(typed.encode(v)) for v in vals], type=pa.string())
         enc.needs(2)
+    elif p.ptype == "num":  # Python numbers in one float64 column; the int rows named (version 3)
+        ints = [i for i, v in enumerate(vals) if type(v) is int]
+        arr = pa.array([None if v is None else float(v) for v in vals], type=pa.float64())
+        node["ints"] = True if len(ints) == len(vals) - vals.count(None) else ints
+        enc.needs(3)
     else:
         arr = pa.array(vals, type=_ARROW[p.ptype])
     node.update(t="value", col=p.col, ptype=p.ptype)
@@ -192,6 +197,8 @@ def _decode_cells(cols: Columns, node: dict, n: int) -> list:
 
 def _decode_values(cols: Columns, node: dict) -> list:
     vals = cols.pylist(node["col"])
+    if node["ptype"] == "num":
+        return _nums(cols, node, vals)
     if node["ptype"] not in ("json", "tjson"):
         return vals
     try:
@@ -202,3 +209,16 @@ def _decode_values(cols: Columns, node: dict) -> list:
         w = f"{cols.where}: column {node['col']!r}"
         out = [None if x is None else typed.decode(x, w) for x in out]
     return out
+
+
+def _nums(cols: Columns, node: dict, vals: list) -> list:
+    """A ``num`` column's rows: floats, and Python ints at the rows ``ints`` names (``true``: every
+    row that is not null); an int row must hold an integral float64 of magnitude at most 2**53."""
+    ints = node["ints"]
+    rows = [i for i, v in enumerate(vals) if v is not None] if ints is True else ints
+    for i in rows:
+        x = vals[i]
+        if x is None or not (math.isfinite(x) and x == int(x) and abs(x) <= 2**53):
+            raise FormatError(f"{cols.where}: column {node['col']!r} row {i} is an int row holding {x!r}")
+        vals[i] = int(x)
+    return vals
