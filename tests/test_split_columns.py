@@ -127,3 +127,17 @@ def test_any_sequence_of_kinds_reads_exactly_and_duckdb_never_wrong(tmp_path_fac
             continue
         assert type(want) is type(got) or isinstance(want, int | float) and isinstance(got, float), (want, got)
         assert got == want or (isinstance(got, float) and math.isnan(got) and math.isnan(want)), (s, want, got)
+
+
+def test_info_shows_the_split_columns(tmp_path, capsys):
+    from trajstore import cli
+    from trajstore.inspection.describe import describe
+
+    with trajstore.Writer(tmp_path) as w:
+        w.append(0, {"rewards": torch.tensor([1, 2]), "score": [1, 0.5]})
+        w.append(1, {"rewards": torch.tensor([0.5, 1.5]), "score": [2, 3]})
+    assert describe(tmp_path)["splits"]["train"]["columns"] == {"rewards": "int64", "score": "double",
+                                                                "rewards__float": "float"}
+    assert cli.main(["info", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "columns of the split" in text and "rewards__float" in text
