@@ -161,6 +161,15 @@ def typed(doc: Any) -> Any:
         return np.frombuffer(raw, dtype=dt).reshape(shape).copy()
     if t == "tensor":
         return _inline({"dtype": doc["dtype"], "shape": doc["shape"], "data": doc["v"], "lib": "torch"})
+    if t == "float" and doc["v"] in ("nan", "inf", "-inf"):  # 3.8, version 3
+        if "bits" not in doc:
+            return float(doc["v"])
+        if doc["v"] != "nan" or not re.fullmatch(r"[0-9a-f]{16}", doc["bits"]):
+            raise SpecError(f"typed float: bits {doc['bits']!r}")
+        x = float(np.frombuffer(bytes.fromhex(doc["bits"]), dtype=">f8")[0])
+        if x == x:
+            raise SpecError(f"typed float: bits {doc['bits']} are not a NaN")
+        return x
     raise SpecError(f"typed document: unknown tag {t!r}")
 
 
@@ -362,8 +371,11 @@ class _Decoder:
             rows = self.values(node)
         elif t == "struct":
             kids = [(name, self.elem(child), set(child.get("missing", ()))) for name, child in node["keys"]]
-            # GAP 3.7: "key order is first-seen order across rows" -- the spec keeps one order, the keys'.
             rows = [{name: vals[i] for name, vals, missing in kids if i not in missing} for i in range(self.B)]
+            for i, order in node.get("orders", ()):  # 3.7 (version 3): a row's own key order
+                if self.version < 3 or sorted(order) != [j for j, k in enumerate(kids) if i not in k[2]]:
+                    raise SpecError(f"struct: row {i}'s key order {order} does not fit its keys")
+                rows[i] = {kids[j][0]: rows[i][kids[j][0]] for j in order}
         elif t == "empty":
             rows = [None] * self.B
         else:

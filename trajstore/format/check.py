@@ -14,6 +14,7 @@ encoder afterwards, in the background (raised as ``BatchWriteError``, a ``Writer
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -187,9 +188,9 @@ class _Walk:
         elif isinstance(v, list | tuple):
             container, elems = "tuple" if isinstance(v, tuple) else "list", list(v)
         else:
-            if v is None or type(v) in (bool, int, float, str):
+            if v is None or type(v) in (bool, int, str) or type(v) is float and math.isfinite(v):
                 check_json(v, f"field {where(path)!r}")
-                return Json(v)
+                return Json(v)  # NaN / inf are not strict JSON: typed below
             needs_typed(v, f"field {where(path)!r}")  # raises for what cannot be stored at all
             return TValue(v)
         if len(elems) != self.n:

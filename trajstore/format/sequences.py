@@ -60,9 +60,25 @@ def encode_elems(enc: TableBuilder, p: Empty | Cells | Struct | Values) -> ElemN
     elif isinstance(p, Struct):
         node["t"] = "struct"
         node["keys"] = [[k, encode_elems(enc, child)] for k, child in p.keys]
+        orders = _orders(p)
+        if orders:  # rows whose keys are not in the node's order (version 3)
+            node["orders"] = orders
+            enc.needs(3)
     else:
         _encode_values(enc, node, p)
     return node
+
+
+def _orders(p: Struct) -> list:
+    """``[[row, [key index, ...]], ...]`` for the rows whose dict's keys come in another order than
+    the struct's keys (first seen across rows)."""
+    idx = {k: i for i, (k, _) in enumerate(p.keys)}
+    out = []
+    for i, e in p.present:
+        ks = [idx[k] for k in e]
+        if any(a > b for a, b in zip(ks, ks[1:])):
+            out.append([i, ks])
+    return out
 
 
 def _encode_cells(enc: TableBuilder, node: dict, p: Cells) -> None:
@@ -87,8 +103,9 @@ def _encode_values(enc: TableBuilder, node: dict, p: Values) -> None:
     if p.ptype == "json":
         arr = pa.array([None if v is None else dumps(v) for v in vals], type=pa.string())
     elif p.ptype == "tjson":
-        arr = pa.array([None if v is None else dumps(typed.encode(v)) for v in vals], type=pa.string())
-        enc.needs(2)
+        docs = [None if v is None else typed.encode(v) for v in vals]
+        arr = pa.array([None if d is None else dumps(d) for d in docs], type=pa.string())
+        enc.needs(max(typed.version(d) for d in docs if d is not None))  # 3 with a NaN / inf inside
     elif p.ptype == "num":  # Python numbers in one float64 column; the int rows named (version 3)
         ints = [i for i, v in enumerate(vals) if type(v) is int]
         arr = pa.array([None if v is None else float(v) for v in vals], type=pa.float64())
@@ -168,6 +185,9 @@ def decode_elems(cols: Columns, node: ElemNode, n: int, keys: list[str] | None =
             for i in range(n):
                 if i not in miss:
                     out[i][k] = vals[i]
+        names = [k for k, _ in node["keys"]]
+        for i, ks in node.get("orders", ()):  # a row's own key order (checked by format/validate.py)
+            out[i] = {names[j]: out[i][names[j]] for j in ks if names[j] in out[i]}
     else:
         raise FormatError(f"{cols.where}: unknown element type {t!r} in the spec")
     for i in node.get("none", ()):
