@@ -83,7 +83,7 @@ def read_meta(path: str | Path) -> dict:
 def step_meta(meta: dict, path: Any) -> dict:
     """3.6: ``meta`` (plain JSON) or ``meta_t`` (version 3, a typed document of a dict), never both."""
     if "meta_t" not in meta:
-        out = meta.get("meta", {})  # GAP 3.6: "`{}` if none" -- a file without either key reads as {}
+        out = meta.get("meta", {})  # 3.6: a file with neither key reads as {}
         if not isinstance(out, dict):
             raise SpecError(f"{path}: meta is not an object")
         return out
@@ -141,7 +141,7 @@ def typed(doc: Any) -> Any:
         dt = _np_dtype(doc["dtype"])
         raw = base64.b64decode(doc["v"])
         if dt.kind in "SU" and raw == b"":
-            return dt.type()  # GAP 3.8: the empty str_/bytes_ scalar, its bytes b""
+            return dt.type()  # 3.8: the empty str_/bytes_ scalar (<U0 / |S0), its bytes b""
         if len(raw) != dt.itemsize:
             raise SpecError(f"typed np: {len(raw)} bytes for {dt}")
         return np.frombuffer(raw, dtype=dt)[0]
@@ -156,6 +156,8 @@ def typed(doc: Any) -> Any:
                 out[i] = typed(d)
             return out.reshape(shape)
         raw = base64.b64decode(doc["v"])
+        if dt.itemsize == 0:  # 3.8: S0 / U0 only in `np`
+            raise SpecError(f"typed ndarray of zero-width dtype {dt}")
         if len(raw) != math.prod(shape) * dt.itemsize:
             raise SpecError("typed ndarray: byte count does not match dtype and shape")
         return np.frombuffer(raw, dtype=dt).reshape(shape).copy()
@@ -215,7 +217,7 @@ class _Decoder:
             out = self.seq(node)
         else:
             raise SpecError(f"top-level node {t!r}")
-        if "wrapper" in node:  # GAP 3.7: the wrapper's keys are listed, their meaning is not
+        if "wrapper" in node:  # 3.7 Wrappers: the container is rebuilt by whoever has its type
             return Wrapped(node["wrapper"], out)
         return out
 
@@ -281,8 +283,7 @@ class _Decoder:
         starts = self.starts(group, lens, W)
         out = np.empty((self.B, W, *trail), dtype=vals.dtype)
         pad = node.get("pad")
-        # GAP 3.4: "bits read as a signed integer of the same width" vs uint8 pad 255: take the
-        # integer modulo 2**bits, which reads both.
+        # 3.4: the pad integer modulo 2**bits is the storage's bit pattern
         bits = np.dtype(STORAGE[dtype]).itemsize * 8
         fill = np.array([(pad or 0) % (1 << bits)], dtype=f"<u{bits // 8}").view(vals.dtype)[0] \
             if dtype != "bool" else bool(pad or 0)
@@ -380,7 +381,10 @@ class _Decoder:
             rows = [None] * self.B
         else:
             raise SpecError(f"element node {t!r}")
-        for i in node.get("none", ()):  # GAP 3.7: a null row and the `none` list: `none` decides
+        listed = set(node.get("none", ())) | set(node.get("missing", ()))
+        if t in ("cell", "value") and {i for i, r in enumerate(rows) if r is None} != listed:
+            raise SpecError(f"column {node['col']!r}: null rows other than `none` / `missing` (3.7)")
+        for i in node.get("none", ()):
             rows[i] = None
         return rows
 

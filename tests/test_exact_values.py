@@ -116,3 +116,23 @@ def test_polars_and_duckdb_parse_every_json_column(tmp_path):
         got = con.sql(f"SELECT json(\"{c}\")::VARCHAR FROM read_parquet('{f}')").fetchall()
         assert [None if g[0] is None else json.loads(g[0]) for g in got] == \
             [None if s is None else json.loads(s) for s in t.column(c).to_pylist()]
+
+
+def test_a_null_the_spec_does_not_list_is_refused(tmp_path):
+    """FORMAT.md 3.7: a value or cell column is null exactly at the rows its node lists in none/missing."""
+    import pyarrow as pa
+
+    f = _roundtrip(tmp_path, {"r": torch.zeros(3), "s": ["a", None, "c"], "c": [torch.ones(1), None, torch.ones(2)]})
+    t = pq.read_table(f)
+    for col, rows in (("s", ["a", None, None]), ("s", ["a", "b", "c"]), ("c", [[1.0], None, None])):
+        arr = pa.array(rows, type=t.schema.field(col).type)
+        bad = t.set_column(t.schema.get_field_index(col), t.schema.field(col), arr)
+        pq.write_table(bad, f)
+        with pytest.raises(FormatError, match="null"):
+            trajstore.Reader(tmp_path, "train")[0]
+
+
+def test_zero_width_string_arrays_are_refused():
+    with pytest.raises(FormatError):
+        typed.decode({"$t": "ndarray", "dtype": "<U0", "shape": [2], "v": ""}, "test")
+    assert typed.decode({"$t": "np", "dtype": "<U0", "v": ""}, "test") == ""  # the empty str_ scalar

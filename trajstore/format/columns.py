@@ -34,7 +34,7 @@ def type_name(t: pa.DataType) -> str:
 def _tag(t: pa.DataType) -> str:
     """A short, portable spelling of an Arrow type for a column name: ``float``, ``int64``,
     ``string``, ``large_list_float``."""
-    s = re.sub(r"item: |not null", "", str(t))
+    s = re.sub(r"(item|element): |not null", "", str(t))
     return re.sub(r"[^0-9A-Za-z]+", "_", s).strip("_")
 
 

@@ -190,6 +190,8 @@ def decode_elems(cols: Columns, node: ElemNode, n: int, keys: list[str] | None =
             out[i] = {names[j]: out[i][names[j]] for j in ks if names[j] in out[i]}
     else:
         raise FormatError(f"{cols.where}: unknown element type {t!r} in the spec")
+    if t in ("cell", "value"):
+        _check_nulls(cols, node, out)
     for i in node.get("none", ()):
         out[i] = None
     for i in node.get("missing", ()):
@@ -197,6 +199,17 @@ def decode_elems(cols: Columns, node: ElemNode, n: int, keys: list[str] | None =
     if len(out) != n:
         raise FormatError(f"{cols.where}: column {node.get('col')!r} has {len(out)} rows, expected {n}")
     return out
+
+
+def _check_nulls(cols: Columns, node: dict, rows: list) -> None:
+    """A column's null rows are exactly the rows its node lists in ``none`` or ``missing``
+    (docs/FORMAT.md 3.7): any other null is a lie of the file, refused."""
+    listed = set(node.get("none", ())) | set(node.get("missing", ()))
+    nulls = {i for i, v in enumerate(rows) if v is None}
+    if nulls != listed:
+        bad = sorted(nulls ^ listed)[:5]
+        raise FormatError(f"{cols.where}: column {node.get('col')!r} is null at rows other than the ones its "
+                          f"spec lists as None or absent (rows {bad}); the file is damaged")
 
 
 def _decode_cells(cols: Columns, node: dict, n: int) -> list:

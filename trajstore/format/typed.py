@@ -272,6 +272,8 @@ def _dec(d: Any, depth: int) -> Any:
                 out[i] = _dec(x, depth + 1)
             return out.reshape(shape)
         raw = _raw(v)
+        if dtype.itemsize == 0:  # <U0 / |S0: only scalars (np.str_("")), numpy makes arrays width 1
+            raise _Bad(f"a numpy array of dtype {dtype} (zero-width strings) does not exist")
         if len(raw) != n * dtype.itemsize:
             raise _Bad(f"a numpy {dtype} array of shape {shape} holds {len(raw)} bytes")
         return np.frombuffer(raw, dtype).reshape(shape).copy()

@@ -257,9 +257,11 @@ class _Checker:
             if not _NP_STR.match(s):
                 raise _Bad(f"np_dtype {s!r} is not an object, str or bytes dtype")
             try:
-                np.dtype(s)
+                d = np.dtype(s)
             except TypeError:
                 raise _Bad(f"np_dtype {s!r} is not understood by numpy") from None
+            if d.kind in "SU" and d.itemsize == 0:
+                raise _Bad(f"np_dtype {s!r}: numpy has no arrays of zero-width strings")
             digits = re.sub(r"\D", "", s) if s.lstrip("<>|=")[:1] in "USO" else ""
             self.add(self.n * (int(digits or 0) * (4 if "U" in s else 1) + 8), "a numpy string array")
         if "trail" in node:
