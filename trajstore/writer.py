@@ -35,7 +35,6 @@ import pyarrow.parquet as pq
 
 from . import schema, torch_bridge
 from .format import check
-from .format import columns as fitting
 from .format import containers
 from .format import typed
 from .format.parquet import parquet_options
@@ -158,9 +157,7 @@ class Writer:
         commit.clean_temp(self.dir, keep_own=busy)
         index.clean_temp(self.dir, keep_own=busy)
         self._index = index.Collector(self.dir, self.split)  # Reader.column's index (trajstore/store/index.py)
-        self._columns = columns.load(self.dir)  # the split's column types (docs/FORMAT.md 3.10)
-        self._columns_lock = threading.Lock()
-        self._moved: set[tuple[str, str]] = set()  # (column, its other name) warned about
+        self._columns = columns.SplitColumns(self.dir)  # one type per column name (docs/FORMAT.md 3.10)
         self._closed = False
         self._lock = threading.Lock()          # one append at a time
         self._cond = threading.Condition()     # guards everything below
@@ -357,7 +354,7 @@ class Writer:
         snap.check(step)
         table = schema.encode_plain(batch, job.tag, step=step, split=self.split, extra=job.meta,
                                     masks=self.masks)
-        table = self._fit(step, table)
+        table = self._columns.fit(step, table)  # its new columns recorded before the commit
         final = self.dir / paths.step_name(step)
         tmp = paths.temp_path(self.dir, step)  # in the side folder: the split folder holds step files only
         try:
@@ -380,25 +377,6 @@ class Writer:
             raise WriterError(f"step {step}: writing {final} failed: {e}; earlier steps are intact") from e
         finally:
             tmp.unlink(missing_ok=True)
-
-    def _fit(self, step: int, table: Any) -> Any:
-        """The step's table with one column type per name in the split (docs/FORMAT.md 3.10): a
-        column whose type the split holds another of moves to a name of its own (logged once per
-        column and name); new columns are recorded before the step is committed."""
-        with self._columns_lock:
-            table, moved, types = fitting.fit(table, self._columns)
-            new = {k: v for k, v in types.items() if k not in self._columns}
-            if new:
-                columns.save(self.dir, {**self._columns, **new})
-                self._columns.update(new)
-        for old, name in moved.items():
-            if (old, name) not in self._moved:
-                self._moved.add((old, name))
-                log.warning("trajstore: step %d of %s: column %r is %s here but %s in earlier steps of the "
-                            "split; stored as %r (trajstore reads it as the same field; SQL readers see %r "
-                            "NULL in this step: docs/FORMAT.md 3.10)", step, self.dir, old, types[name],
-                            self._columns[old], name, old)
-        return table
 
     def __enter__(self) -> "Writer":
         return self

@@ -12,16 +12,18 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 
-from ..format.columns import type_name
+from ..format.columns import fit, type_name
 from ..format.spec import STEP_COLUMN
 from . import paths
 from .files import fsync, fsync_dir, stale_temps
 
-__all__ = ["NAME", "load", "save", "read"]
+__all__ = ["NAME", "SplitColumns", "load", "save", "read"]
 
 NAME = "columns.json"
 VERSION = 1
@@ -79,3 +81,32 @@ def save(split_dir: Path, cols: dict[str, str]) -> None:
     finally:
         tmp.unlink(missing_ok=True)
     fsync_dir(side)
+
+
+class SplitColumns:
+    """A writer's view of its split's column types: ``fit`` a step's table to them (thread-safe),
+    recording the step's new columns before the caller commits it."""
+
+    def __init__(self, split_dir: Path) -> None:
+        self.dir = split_dir
+        self.types = load(split_dir)
+        self._lock = threading.Lock()
+        self._warned: set[tuple[str, str]] = set()  # (column, its other name) logged once
+
+    def fit(self, step: int, table: Any) -> Any:
+        """``table`` with one type per column name in the split (docs/FORMAT.md 3.10): a column
+        whose type the split holds another of moves to a name of its own (logged once per column
+        and name); new columns are saved to the record now, before the step is committed."""
+        with self._lock:
+            table, moved, types = fit(table, self.types)
+            new = {k: v for k, v in types.items() if k not in self.types}
+            if new:
+                save(self.dir, {**self.types, **new})
+                self.types.update(new)
+            warn = [(old, name) for old, name in moved.items() if (old, name) not in self._warned]
+            self._warned.update(warn)
+        for old, name in warn:
+            log.warning("trajstore: step %d of %s: column %r is %s here but %s in earlier steps of the split; "
+                        "stored as %r (trajstore reads it as the same field; SQL readers see %r NULL in this "
+                        "step: docs/FORMAT.md 3.10)", step, self.dir, old, types[name], self.types[old], name, old)
+        return table
