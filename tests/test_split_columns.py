@@ -141,3 +141,14 @@ def test_info_shows_the_split_columns(tmp_path, capsys):
     assert cli.main(["info", str(tmp_path)]) == 0
     text = capsys.readouterr().out
     assert "columns of the split" in text and "rewards__float" in text
+
+
+def test_two_writers_of_a_split_share_the_record(tmp_path):
+    """A writer merges what another writer of the split recorded since it opened (FORMAT.md 3.10)."""
+    a = trajstore.Writer(tmp_path)
+    with trajstore.Writer(tmp_path) as b:
+        b.append(0, {"score": [1, 2]})
+    a.append(1, {"score": ["x", "y"]})  # a opened before 'score' was recorded as double
+    a.close()
+    assert _schema(tmp_path, 1).names == ["step", "score__string"]
+    assert _record(tmp_path) == {"score": "double", "score__string": "string"}

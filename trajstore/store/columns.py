@@ -98,6 +98,8 @@ class SplitColumns:
         whose type the split holds another of moves to a name of its own (logged once per column
         and name); new columns are saved to the record now, before the step is committed."""
         with self._lock:
+            for k, v in (read(self.dir) or {}).items():  # what other writers of the split recorded since
+                self.types.setdefault(k, v)
             table, moved, types = fit(table, self.types)
             new = {k: v for k, v in types.items() if k not in self.types}
             if new:
