@@ -32,7 +32,7 @@ ARROW = {"bool": pa.bool_(), "uint8": pa.uint8(), "int8": pa.int8(), "int16": pa
          "int64": pa.int64(), "uint16": pa.uint16(), "uint32": pa.uint32(), "uint64": pa.uint64(),
          "float16": pa.float16(), "bfloat16": pa.uint16(), "float32": pa.float32(), "float64": pa.float64()}
 VALUE_TYPES = {"str": pa.string(), "bool": pa.bool_(), "int": pa.int64(), "float": pa.float64(),
-               "json": pa.string(), "tjson": pa.string()}
+               "num": pa.float64(), "json": pa.string(), "tjson": pa.string()}
 
 
 class SpecError(ValueError):
@@ -83,7 +83,7 @@ def read_meta(path: str | Path) -> dict:
 def step_meta(meta: dict, path: Any) -> dict:
     """3.6: ``meta`` (plain JSON) or ``meta_t`` (version 3, a typed document of a dict), never both."""
     if "meta_t" not in meta:
-        out = meta.get("meta", {})  # GAP 3.6: "`{}` if none" -- a file without either key reads as {}
+        out = meta.get("meta", {})  # 3.6: a file with neither key reads as {}
         if not isinstance(out, dict):
             raise SpecError(f"{path}: meta is not an object")
         return out
@@ -141,7 +141,7 @@ def typed(doc: Any) -> Any:
         dt = _np_dtype(doc["dtype"])
         raw = base64.b64decode(doc["v"])
         if dt.kind in "SU" and raw == b"":
-            return dt.type()  # GAP 3.8: the empty str_/bytes_ scalar, its bytes b""
+            return dt.type()  # 3.8: the empty str_/bytes_ scalar (<U0 / |S0), its bytes b""
         if len(raw) != dt.itemsize:
             raise SpecError(f"typed np: {len(raw)} bytes for {dt}")
         return np.frombuffer(raw, dtype=dt)[0]
@@ -156,11 +156,22 @@ def typed(doc: Any) -> Any:
                 out[i] = typed(d)
             return out.reshape(shape)
         raw = base64.b64decode(doc["v"])
+        if dt.itemsize == 0:  # 3.8: S0 / U0 only in `np`
+            raise SpecError(f"typed ndarray of zero-width dtype {dt}")
         if len(raw) != math.prod(shape) * dt.itemsize:
             raise SpecError("typed ndarray: byte count does not match dtype and shape")
         return np.frombuffer(raw, dtype=dt).reshape(shape).copy()
     if t == "tensor":
         return _inline({"dtype": doc["dtype"], "shape": doc["shape"], "data": doc["v"], "lib": "torch"})
+    if t == "float" and doc["v"] in ("nan", "inf", "-inf"):  # 3.8, version 3
+        if "bits" not in doc:
+            return float(doc["v"])
+        if doc["v"] != "nan" or not re.fullmatch(r"[0-9a-f]{16}", doc["bits"]):
+            raise SpecError(f"typed float: bits {doc['bits']!r}")
+        x = float(np.frombuffer(bytes.fromhex(doc["bits"]), dtype=">f8")[0])
+        if x == x:
+            raise SpecError(f"typed float: bits {doc['bits']} are not a NaN")
+        return x
     raise SpecError(f"typed document: unknown tag {t!r}")
 
 
@@ -206,7 +217,7 @@ class _Decoder:
             out = self.seq(node)
         else:
             raise SpecError(f"top-level node {t!r}")
-        if "wrapper" in node:  # GAP 3.7: the wrapper's keys are listed, their meaning is not
+        if "wrapper" in node:  # 3.7 Wrappers: the container is rebuilt by whoever has its type
             return Wrapped(node["wrapper"], out)
         return out
 
@@ -397,13 +408,19 @@ class _Decoder:
             rows = self.values(node)
         elif t == "struct":
             kids = [(name, self.elem(child), set(child.get("missing", ()))) for name, child in node["keys"]]
-            # GAP 3.7: "key order is first-seen order across rows" -- the spec keeps one order, the keys'.
             rows = [{name: vals[i] for name, vals, missing in kids if i not in missing} for i in range(self.B)]
+            for i, order in node.get("orders", ()):  # 3.7 (version 3): a row's own key order
+                if self.version < 3 or sorted(order) != [j for j, k in enumerate(kids) if i not in k[2]]:
+                    raise SpecError(f"struct: row {i}'s key order {order} does not fit its keys")
+                rows[i] = {kids[j][0]: rows[i][kids[j][0]] for j in order}
         elif t == "empty":
             rows = [None] * self.B
         else:
             raise SpecError(f"element node {t!r}")
-        for i in node.get("none", ()):  # GAP 3.7: a null row and the `none` list: `none` decides
+        listed = set(node.get("none", ())) | set(node.get("missing", ()))
+        if t in ("cell", "value") and {i for i, r in enumerate(rows) if r is None} != listed:
+            raise SpecError(f"column {node['col']!r}: null rows other than `none` / `missing` (3.7)")
+        for i in node.get("none", ()):
             rows[i] = None
         return rows
 
@@ -480,6 +497,15 @@ class _Decoder:
             return [None if r is None else _json(r) for r in rows]
         if ptype == "tjson":
             return [None if r is None else typed(_json(r)) for r in rows]
+        if ptype == "num":  # 3.7 (version 3): float64 rows, Python ints at the rows `ints` names
+            if self.version < 3:
+                raise SpecError(f"value column {node['col']!r}: ptype num in a file of version {self.version}")
+            ints = node["ints"]
+            for i in ([i for i, r in enumerate(rows) if r is not None] if ints is True else ints):
+                r = rows[i]
+                if r is None or not math.isfinite(r) or r != int(r) or abs(r) > 2**53:
+                    raise SpecError(f"value column {node['col']!r}: int row {i} holds {r!r}")
+                rows[i] = int(r)
         return rows
 
 

@@ -135,7 +135,7 @@ def test_stale_temporaries_and_orphans_are_cleaned(tmp_path):
     assert_batch_equal(r[0], _batch(0))
     trajstore.Writer(tmp_path).close()
     assert sorted(os.listdir(d)) == ["step_00000000.parquet"]
-    assert sorted(os.listdir(side)) == ["index", "step_00000000.sha256"]
+    assert sorted(os.listdir(side)) == ["columns.json", "index", "step_00000000.sha256"]
     assert not (tmp_path / f".trajstore.json.tmp-{dead}").exists()
 
 

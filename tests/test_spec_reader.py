@@ -280,3 +280,15 @@ def test_groups_by_runs(tmp_path):
                        ("short", with_runs([2, 0, 2, 4]), meta)]:
         with pytest.raises(SpecError):
             read_step(_rewrite(tmp_path, name, t, m))
+
+
+def test_row_key_orders_nulls_and_strict_floats(tmp_path):
+    """Version-3 value constructs from the text: a struct row's own key order (``orders``), Python
+    numbers in one float64 column (``num``), NaN / inf as typed ``float`` documents."""
+    rows = [{"a": torch.ones(1), "b": 1, "c": "x"}, {"c": "y", "a": torch.ones(2), "b": 2.5}, None,
+            {"b": float("nan"), "a": torch.zeros(0)}]
+    check(tmp_path / "a", rows)
+    check(tmp_path / "b", {"r": torch.zeros(3), "n": [1, 2.5, None], "j": [{"x": float("inf")}, [1], "s"],
+                           "g": float("-inf")}, meta={"loss": float("nan")})
+    spec = json.loads(pq.read_schema(tmp_path / "a" / "train" / "step_00000000.parquet").metadata[b"trajstore"])
+    assert spec["batch"]["elem"]["orders"] == [[1, [2, 0, 1]], [3, [1, 0]]]

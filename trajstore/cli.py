@@ -93,6 +93,9 @@ def cmd_info(args: argparse.Namespace) -> int:
                   [[f["name"], f["dtype"] + (" (varies)" if f.get("varies") else ""), f["kind"],
                     "-" if f["shape"] is None else "[" + ", ".join(map(str, f["shape"])) + "]", f["steps"]]
                    for f in sp["fields"]], title="fields")
+        if sp.get("columns"):  # the split's record: one Arrow type per column name (docs/FORMAT.md 3.11)
+            out.table(["column", "arrow type"], [[k, v] for k, v in sp["columns"].items()],
+                      title="columns of the split (one type each)")
     env = d["environment"] or {}
     out.table(["key", "value"], [[k, json.dumps(v) if isinstance(v, list | dict) else v] for k, v in env.items()],
               title="environment (of the process that created the dump)")

@@ -116,7 +116,8 @@ def padded_batches(draw: st.DrawFn, max_batch: int = 6) -> dict[str, Any]:
 
 @st.composite
 def trajectory_lists(draw: st.DrawFn, max_batch: int = 6) -> list[dict[str, Any] | None]:
-    """A list of per-trajectory dicts (tensors [1, T] or [T]) with ``None`` for rejected ones."""
+    """A list of per-trajectory dicts (tensors [1, T] or [T]) with ``None`` for rejected ones; rows
+    may lack ``uid`` and hold their keys in an order of their own."""
     out: list = []
     two_d = draw(st.booleans())
     for _ in range(draw(st.integers(0, max_batch))):
@@ -125,13 +126,17 @@ def trajectory_lists(draw: st.DrawFn, max_batch: int = 6) -> list[dict[str, Any]
             continue
         T = draw(st.integers(0, 9))
         shape = (1, T) if two_d else (T,)
-        out.append({
+        row = {
             "input_ids": draw(tensors(shape, [torch.int32])),
             "attention_mask": torch.ones(shape, dtype=torch.bool),
             "logprobs": draw(tensors(shape, [torch.float32])),
             "rewards": draw(tensors((1,), [torch.float32])),
             "uid": draw(st.text(max_size=5)),
-        })
+        }
+        if draw(st.integers(0, 3)) == 0:
+            del row["uid"]  # a key some rows lack
+        order = draw(st.permutations(list(row))) if draw(st.booleans()) else list(row)
+        out.append({k: row[k] for k in order})  # each row's own key order
     return out
 
 

@@ -38,6 +38,7 @@ from .format import check
 from .format import containers
 from .format import typed
 from .format.parquet import parquet_options
+from .store import columns
 from .store import commit
 from .store import index
 from .store import paths
@@ -156,6 +157,7 @@ class Writer:
         commit.clean_temp(self.dir, keep_own=busy)
         index.clean_temp(self.dir, keep_own=busy)
         self._index = index.Collector(self.dir, self.split)  # Reader.column's index (trajstore/store/index.py)
+        self._columns = columns.SplitColumns(self.dir)  # one type per column name (docs/FORMAT.md 3.11)
         self._closed = False
         self._lock = threading.Lock()          # one append at a time
         self._cond = threading.Condition()     # guards everything below
@@ -352,6 +354,7 @@ class Writer:
         snap.check(step)
         table = schema.encode_plain(batch, job.tag, step=step, split=self.split, extra=job.meta,
                                     masks=self.masks)
+        table = self._columns.fit(step, table)  # its new columns recorded before the commit
         final = self.dir / paths.step_name(step)
         tmp = paths.temp_path(self.dir, step)  # in the side folder: the split folder holds step files only
         try:

@@ -14,6 +14,7 @@ encoder afterwards, in the background (raised as ``BatchWriteError``, a ``Writer
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,7 @@ __all__ = ["check", "plan", "Plan", "Tensor", "Json", "TValue", "Group", "Seq", 
            "MISSING", "GLOBAL", "TOKENS", "FLAT", "SAMPLE", "SEGMENTS"]
 
 MISSING = object()  # a key absent from one element of a sequence of dicts
+EXACT = 2**53  # Python ints up to this magnitude are exact in a float64 column (the "num" value type)
 
 # what a tensor field becomes
 GLOBAL = "global"  # 0-d, or a packed batch's cu_seqlens: inline in the spec (gtensor)
@@ -119,7 +121,7 @@ class Struct(_Rows):
 
 @dataclass
 class Values(_Rows):
-    ptype: str = ""  # "str", "bool", "float", "int", "json" or "tjson" (typed, format/typed.py)
+    ptype: str = ""  # "str", "bool", "float", "num", "int", "json" or "tjson" (typed, format/typed.py)
 
 
 @dataclass
@@ -187,9 +189,9 @@ class _Walk:
         elif isinstance(v, list | tuple):
             container, elems = "tuple" if isinstance(v, tuple) else "list", list(v)
         else:
-            if v is None or type(v) in (bool, int, float, str):
+            if v is None or type(v) in (bool, int, str) or type(v) is float and math.isfinite(v):
                 check_json(v, f"field {where(path)!r}")
-                return Json(v)
+                return Json(v)  # NaN / inf are not strict JSON: typed below
             needs_typed(v, f"field {where(path)!r}")  # raises for what cannot be stored at all
             return TValue(v)
         if len(elems) != self.n:
@@ -294,8 +296,10 @@ class _Walk:
             ptype = "bool"
         elif types == {float}:
             ptype = "float"
+        elif types <= {int, float} and all(type(e) is float or -EXACT <= e <= EXACT for _, e in present):
+            ptype = "num"  # one float64 column for every Python number (docs/FORMAT.md 3.3, "num")
         elif types == {int} and all(-(2**63) <= e < 2**63 for _, e in present):
-            ptype = "int"
+            ptype = "int"  # beyond float64's exact ints: int64, under another name where the split has a double
         else:
             typed = False
             for i, e in present:

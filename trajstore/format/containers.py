@@ -155,7 +155,7 @@ def unwrap(batch: Any) -> tuple[Any, dict | None]:
 
 def version(tag: dict) -> int:
     """The lowest format version that reads a container tag (2 for a typed ``meta_info``)."""
-    return 2 if "meta_info_t" in tag else 1
+    return typed.version(tag["meta_info_t"]) if "meta_info_t" in tag else 1  # 3 with a NaN / inf inside
 
 
 _FIELDS = {"batch", "non_tensor_batch", "meta_info"}

@@ -26,8 +26,9 @@ def _field(enc: TableBuilder, lay: Layout, f: Any) -> FieldNode:
     if isinstance(f, Seq):
         return sequences.encode_seq(enc, f)
     if isinstance(f, TValue):  # format/typed.py; older readers refuse the node type
-        enc.needs(2)
-        return {"t": "tvalue", "v": typed.encode(f.value)}
+        doc = typed.encode(f.value)
+        enc.needs(typed.version(doc))
+        return {"t": "tvalue", "v": doc}
     assert isinstance(f, Json)
     return {"t": "json", "v": f.value}
 

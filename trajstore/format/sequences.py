@@ -62,9 +62,25 @@ def encode_elems(enc: TableBuilder, p: Empty | Cells | Struct | Values) -> ElemN
     elif isinstance(p, Struct):
         node["t"] = "struct"
         node["keys"] = [[k, encode_elems(enc, child)] for k, child in p.keys]
+        orders = _orders(p)
+        if orders:  # rows whose keys are not in the node's order (version 3)
+            node["orders"] = orders
+            enc.needs(3)
     else:
         _encode_values(enc, node, p)
     return node
+
+
+def _orders(p: Struct) -> list:
+    """``[[row, [key index, ...]], ...]`` for the rows whose dict's keys come in another order than
+    the struct's keys (first seen across rows)."""
+    idx = {k: i for i, (k, _) in enumerate(p.keys)}
+    out = []
+    for i, e in p.present:
+        ks = [idx[k] for k in e]
+        if any(a > b for a, b in zip(ks, ks[1:])):
+            out.append([i, ks])
+    return out
 
 
 def _encode_cells(enc: TableBuilder, node: dict, p: Cells) -> None:
@@ -89,8 +105,14 @@ def _encode_values(enc: TableBuilder, node: dict, p: Values) -> None:
     if p.ptype == "json":
         arr = pa.array([None if v is None else dumps(v) for v in vals], type=pa.string())
     elif p.ptype == "tjson":
-        arr = pa.array([None if v is None else dumps(typed.encode(v)) for v in vals], type=pa.string())
-        enc.needs(2)
+        docs = [None if v is None else typed.encode(v) for v in vals]
+        arr = pa.array([None if d is None else dumps(d) for d in docs], type=pa.string())
+        enc.needs(max(typed.version(d) for d in docs if d is not None))  # 3 with a NaN / inf inside
+    elif p.ptype == "num":  # Python numbers in one float64 column; the int rows named (version 3)
+        ints = [i for i, v in enumerate(vals) if type(v) is int]
+        arr = pa.array([None if v is None else float(v) for v in vals], type=pa.float64())
+        node["ints"] = True if len(ints) == len(vals) - vals.count(None) else ints
+        enc.needs(3)
     else:
         arr = pa.array(vals, type=_ARROW[p.ptype])
     node.update(t="value", col=p.col, ptype=p.ptype)
@@ -165,8 +187,13 @@ def decode_elems(cols: Columns, node: ElemNode, n: int, keys: list[str] | None =
             for i in range(n):
                 if i not in miss:
                     out[i][k] = vals[i]
+        names = [k for k, _ in node["keys"]]
+        for i, ks in node.get("orders", ()):  # a row's own key order (checked by format/validate.py)
+            out[i] = {names[j]: out[i][names[j]] for j in ks if names[j] in out[i]}
     else:
         raise FormatError(f"{cols.where}: unknown element type {t!r} in the spec")
+    if t in ("cell", "value"):
+        _check_nulls(cols, node, out)
     for i in node.get("none", ()):
         out[i] = None
     for i in node.get("missing", ()):
@@ -174,6 +201,17 @@ def decode_elems(cols: Columns, node: ElemNode, n: int, keys: list[str] | None =
     if len(out) != n:
         raise FormatError(f"{cols.where}: column {node.get('col')!r} has {len(out)} rows, expected {n}")
     return out
+
+
+def _check_nulls(cols: Columns, node: dict, rows: list) -> None:
+    """A column's null rows are exactly the rows its node lists in ``none`` or ``missing``
+    (docs/FORMAT.md 3.7): any other null is a lie of the file, refused."""
+    listed = set(node.get("none", ())) | set(node.get("missing", ()))
+    nulls = {i for i, v in enumerate(rows) if v is None}
+    if nulls != listed:
+        bad = sorted(nulls ^ listed)[:5]
+        raise FormatError(f"{cols.where}: column {node.get('col')!r} is null at rows other than the ones its "
+                          f"spec lists as None or absent (rows {bad}); the file is damaged")
 
 
 def _decode_cells(cols: Columns, node: dict, n: int) -> list:
@@ -194,6 +232,8 @@ def _decode_cells(cols: Columns, node: dict, n: int) -> list:
 
 def _decode_values(cols: Columns, node: dict) -> list:
     vals = cols.pylist(node["col"])
+    if node["ptype"] == "num":
+        return _nums(cols, node, vals)
     if node["ptype"] not in ("json", "tjson"):
         return vals
     try:
@@ -204,3 +244,16 @@ def _decode_values(cols: Columns, node: dict) -> list:
         w = f"{cols.where}: column {node['col']!r}"
         out = [None if x is None else typed.decode(x, w) for x in out]
     return out
+
+
+def _nums(cols: Columns, node: dict, vals: list) -> list:
+    """A ``num`` column's rows: floats, and Python ints at the rows ``ints`` names (``true``: every
+    row that is not null); an int row must hold an integral float64 of magnitude at most 2**53."""
+    ints = node["ints"]
+    rows = [i for i, v in enumerate(vals) if v is not None] if ints is True else ints
+    for i in rows:
+        x = vals[i]
+        if x is None or not (math.isfinite(x) and x == int(x) and abs(x) <= 2**53):
+            raise FormatError(f"{cols.where}: column {node['col']!r} row {i} is an int row holding {x!r}")
+        vals[i] = int(x)
+    return vals

@@ -131,7 +131,8 @@ class ValueElem(_Rows):
 
     t: Literal["value"]
     col: str
-    ptype: Literal["str", "bool", "int", "float", "json", "tjson"]  # tjson: typed JSON, version 2
+    ptype: Literal["str", "bool", "int", "float", "num", "json", "tjson"]  # tjson: typed JSON, version 2; num: 3
+    ints: NotRequired[Any]  # num: true (every non-null row was an int) or the rows that were ints
 
 
 class StructElem(_Rows):

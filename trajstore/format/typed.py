@@ -14,7 +14,10 @@ a ``"$t"`` key is one of:
 * ``{"$t": "ndarray", "dtype": dtype.str, "shape": [...], "v": base64 | [items]}``: a numpy array, its
   C-order bytes, or for dtype ``|O`` its items in C order;
 * ``{"$t": "tensor", "dtype": trajstore dtype name, "shape": [...], "v": base64}``: a torch tensor's
-  little-endian storage bytes (bfloat16 as its bits).
+  little-endian storage bytes (bfloat16 as its bits);
+* ``{"$t": "float", "v": "nan" | "inf" | "-inf", "bits"?: 16 hex digits}``: a Python float JSON has
+  no number for (format version 3), ``bits`` its IEEE 754 bits where a NaN is not the usual one, so
+  every document is strict JSON (Polars ``json_decode``, DuckDB ``json``) and NaN payloads survive.
 
 ``needs_typed`` walks a value on the caller's thread (no tensor value is read) and says whether it
 is plain JSON (stored as today) or needs this encoding; it raises ``UnsupportedTypeError`` naming
@@ -29,6 +32,7 @@ import base64
 import binascii
 import math
 import re
+import struct
 from typing import Any
 
 import numpy as np
@@ -38,7 +42,7 @@ from ..errors import BatchError, FormatError, UnsupportedTypeError
 from . import dtypes as dt
 from .values import check_tensor
 
-__all__ = ["needs_typed", "check_np_dtype", "encode", "decode", "step_meta", "STORABLE", "MAX_DEPTH"]
+__all__ = ["needs_typed", "check_np_dtype", "encode", "decode", "version", "step_meta", "STORABLE", "MAX_DEPTH"]
 
 MAX_DEPTH = 200
 TAG = "$t"
@@ -46,6 +50,7 @@ STORABLE = ("None, bool, int, float, str, bytes, list, tuple, dict, a numpy scal
             "or a torch tensor")
 _NP_DTYPE = re.compile(r"^[<>|=]?(b1|[iu][1248]|f[248]|c(8|16)|[SU]\d{1,9}|[Mm]8(\[\d{0,4}[a-zA-Z]{1,2}\])?|O)$")
 _PLAIN = (type(None), bool, int, float, str)
+_NAN = 0x7FF8000000000000  # the bits of float("nan")
 
 
 def _at(what: str, at: list) -> str:
@@ -67,7 +72,7 @@ def _walk(v: Any, what: str, at: list, depth: int) -> bool:
     if t in _PLAIN:
         if t is str and not v.isascii():
             _utf8(v, what, at)
-        return False
+        return t is float and not math.isfinite(v)  # NaN / inf: not strict JSON, typed ("float")
     if depth >= MAX_DEPTH:
         raise BatchError(f"{_at(what, at)[:120]}...: a value nests more than {MAX_DEPTH} levels deep; flatten it")
     if t is list or t is tuple:
@@ -134,7 +139,7 @@ def encode(v: Any) -> Any:
     """The typed document of a value ``needs_typed`` accepted (tensors are copied to the CPU)."""
     t = type(v)
     if t in _PLAIN:
-        return v
+        return v if t is not float or math.isfinite(v) else _float(v)
     if t is list:
         return [encode(x) for x in v]
     if t is tuple:
@@ -159,6 +164,28 @@ def encode(v: Any) -> Any:
     name = dt.TORCH_NAMES[v.dtype]
     x = v.detach().cpu().resolve_conj().resolve_neg().contiguous()
     return {TAG: "tensor", "dtype": name, "shape": list(x.shape), "v": _b64(dt.to_storage(x).tobytes())}
+
+
+def _float(v: float) -> dict:
+    """The typed document of a NaN or an infinity (strict JSON has no number for them)."""
+    bits = int.from_bytes(struct.pack(">d", v), "big")
+    if v != v:
+        return {TAG: "float", "v": "nan"} if bits == _NAN else {TAG: "float", "v": "nan", "bits": f"{bits:016x}"}
+    return {TAG: "float", "v": "inf" if v > 0 else "-inf"}
+
+
+def version(doc: Any) -> int:
+    """The format version a typed document needs: 3 where it holds a ``float`` tag, else 2."""
+    stack = [doc]
+    while stack:
+        d = stack.pop()
+        if type(d) is list:
+            stack.extend(d)
+        elif type(d) is dict:
+            if d.get(TAG) == "float":
+                return 3
+            stack.extend(d.values())
+    return 2
 
 
 class _Bad(Exception):
@@ -245,6 +272,8 @@ def _dec(d: Any, depth: int) -> Any:
                 out[i] = _dec(x, depth + 1)
             return out.reshape(shape)
         raw = _raw(v)
+        if dtype.itemsize == 0:  # <U0 / |S0: only scalars (np.str_("")), numpy makes arrays width 1
+            raise _Bad(f"a numpy array of dtype {dtype} (zero-width strings) does not exist")
         if len(raw) != n * dtype.itemsize:
             raise _Bad(f"a numpy {dtype} array of shape {shape} holds {len(raw)} bytes")
         return np.frombuffer(raw, dtype).reshape(shape).copy()
@@ -256,6 +285,16 @@ def _dec(d: Any, depth: int) -> Any:
         if len(raw) != math.prod(shape) * sd.itemsize:
             raise _Bad(f"a {name} tensor of shape {shape} holds {len(raw)} bytes")
         return dt.from_storage(np.frombuffer(raw, sd).reshape(shape).copy(), name)
+    if tag == "float" and v in ("nan", "inf", "-inf") and set(d) <= {TAG, "v", "bits"}:
+        if "bits" not in d:
+            return float(v)
+        b = d["bits"]
+        if v != "nan" or type(b) is not str or not re.fullmatch(r"[0-9a-f]{16}", b):
+            raise _Bad(f"float bits {str(b)[:40]!r} are not 16 hex digits of a NaN")
+        x = struct.unpack(">d", bytes.fromhex(b))[0]
+        if x == x:
+            raise _Bad(f"float bits {b} are not a NaN")
+        return x
     raise _Bad(f"type tag {str(tag)[:40]!r} (or its value) is unknown")
 
 

@@ -140,6 +140,9 @@ class _Checker:
         else:
             raise _Bad(f"unknown node type {t!r}")
 
+    def orders(self, node: dict) -> None:
+        _check_orders(self, node)
+
     def keys(self, node: dict, depth: int, child=None) -> None:
         keys = node.get("keys")
         if type(keys) is not list:
@@ -275,9 +278,11 @@ class _Checker:
             if not _NP_STR.match(s):
                 raise _Bad(f"np_dtype {s!r} is not an object, str or bytes dtype")
             try:
-                np.dtype(s)
+                d = np.dtype(s)
             except TypeError:
                 raise _Bad(f"np_dtype {s!r} is not understood by numpy") from None
+            if d.kind in "SU" and d.itemsize == 0:
+                raise _Bad(f"np_dtype {s!r}: numpy has no arrays of zero-width strings")
             digits = re.sub(r"\D", "", s) if s.lstrip("<>|=")[:1] in "USO" else ""
             self.add(self.n * (int(digits or 0) * (4 if "U" in s else 1) + 8), "a numpy string array")
         if "trail" in node:
@@ -305,14 +310,42 @@ class _Checker:
         elif t == "value":
             p = node.get("ptype")
             want = {"str": pa.string(), "json": pa.string(), "tjson": pa.string(), "bool": pa.bool_(), "float": pa.float64(),
-                    "int": pa.int64()}.get(p) if type(p) is str else None
+                    "int": pa.int64(), "num": pa.float64()}.get(p) if type(p) is str else None
             if want is None:
                 raise _Bad(f"value type {p!r} is unknown")
+            if p == "num":  # Python numbers in a float64 column, the int rows listed (version 3)
+                if type(self.version) is int and self.version < 3:
+                    raise _Bad(f"a 'num' value column in a file of format version {self.version} (it needs 3)")
+                if node.get("ints") is not True:
+                    self.rows(node, "ints")
+                    if "ints" not in node:
+                        raise _Bad("a 'num' value column without 'ints'")
             self.col(node, "col", lambda t: t == want)
         elif t == "struct":
             self.keys(node, depth, self.elem)
+            if "orders" in node:
+                self.orders(node)
         else:
             raise _Bad(f"unknown element type {t!r}")
+
+
+def _check_orders(ch: "_Checker", node: dict) -> None:
+    """A struct's ``orders`` (version 3): ``[[row, [key index...]], ...]``, rows unique, each a
+    permutation of the indices of the keys present in that row (not ``missing`` there)."""
+    if type(ch.version) is int and ch.version < 3:
+        raise _Bad(f"a struct with per-row key orders in a file of format version {ch.version} (it needs 3)")
+    orders, kids = node["orders"], [c for _, c in node["keys"]]
+    if type(orders) is not list:
+        raise _Bad("a struct's 'orders' is not a list")
+    none, rows = set(node.get("none", ())), set()
+    for o in orders:
+        if type(o) is not list or len(o) != 2 or type(o[0]) is not int or not 0 <= o[0] < ch.n or o[0] in rows \
+                or o[0] in none or type(o[1]) is not list:
+            raise _Bad(f"a struct key order {str(o)[:60]} is not a [row, [key index, ...]] of a row with a dict")
+        rows.add(o[0])
+        present = [j for j, c in enumerate(kids) if o[0] not in c.get("missing", ())]
+        if sorted(o[1]) != present or any(type(j) is not int for j in o[1]):
+            raise _Bad(f"the key order of row {o[0]} is not an order of the keys the row holds")
 
 
 def _longest(cu: dict) -> int:

@@ -19,7 +19,7 @@ from ..errors import foreign_errors
 from ..format import typed
 from ..format.spec import counted_masks, is_dict_batch, is_token, is_token_cell, is_tokenlike
 from ..reader import Reader
-from ..store import paths
+from ..store import columns, paths
 
 __all__ = ["describe", "fields_of", "gaps", "jsonable", "short"]
 
@@ -186,5 +186,6 @@ def describe(path: str | Path, split: str | None = None,
             "formats": sorted({p["format"] for p in per_step}),
             "per_step": per_step,
             "fields": list(fields.values()),
+            "columns": columns.read(root / sp),  # the split's column types (docs/FORMAT.md 3.11), or None
         }
     return out
