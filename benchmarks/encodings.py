@@ -1,18 +1,29 @@
-"""Parquet encodings for the two columns that dominate a dump: token ids and log-probs.
+"""Parquet encodings for the columns that dominate a dump: token ids and log-probs (float32, and
+bfloat16 as today's uint16 bits or widened to float32 as format version 3 stores it).
 
 Each option writes the step's flat values (as the writer stores them: the leaf values of a
 ``large_list`` column, one row per trajectory, 8 row groups) to memory with zstd, then reads
-them back on one thread; we report bytes, write and read time. ``trajstore.format.parquet.parquet_options`` follows
-the result (see RESULTS.md).
+them back on one thread (for bfloat16, and back to its uint16 bits, as trajstore decodes it); we
+report bytes, write and read time. ``steps`` writes and reads whole steps with trajstore: bfloat16
+log-probs stored as bits or widened, with the portable and the compact encodings.
+``trajstore.format.parquet.parquet_options`` follows the result (see RESULTS.md).
 """
 
 from __future__ import annotations
 
+import statistics
+import tempfile
 import time
+from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import torch
+
+import trajstore
+from trajstore.format import dtypes as dt
 
 OPTIONS = {
     "plain": {"use_dictionary": False},
@@ -27,12 +38,15 @@ def _table(values: np.ndarray, offsets: np.ndarray) -> pa.Table:
     return pa.table({"x": arr})
 
 
-def measure(name: str, values: np.ndarray, offsets: np.ndarray, levels=(1, 3, 9), repeat: int = 2) -> list[dict]:
+def measure(name: str, values: np.ndarray, offsets: np.ndarray, levels=(1, 3, 9), repeat: int = 2,
+            decode=None, only=None) -> list[dict]:
+    """``decode(values)``: what a read does after Parquet (bfloat16 narrowed back to its bits);
+    ``only``: the encodings to measure (default all)."""
     t = _table(values, offsets)
     rg = max(1, -(-t.num_rows // 8))
     out = []
     for enc, kw in OPTIONS.items():
-        if enc == "delta_binary_packed" and values.dtype.kind != "i":
+        if enc == "delta_binary_packed" and values.dtype.kind != "i" or only and enc not in only:
             continue
         for lvl in levels:
             best_w = best_r = float("inf")
@@ -43,7 +57,9 @@ def measure(name: str, values: np.ndarray, offsets: np.ndarray, levels=(1, 3, 9)
                 best_w = min(best_w, time.perf_counter() - t0)
                 buf = sink.getvalue()
                 t0 = time.perf_counter()
-                pq.ParquetFile(pa.BufferReader(buf)).read(use_threads=False)  # one thread
+                got = pq.ParquetFile(pa.BufferReader(buf)).read(use_threads=False)  # one thread
+                if decode is not None:
+                    decode(got.column(0).chunk(0).values.to_numpy())
                 best_r = min(best_r, time.perf_counter() - t0)
             out.append({"column": name, "encoding": enc, "zstd": lvl, "bytes": buf.size,
                         "bytes_per_value": buf.size / len(values), "write_s": best_w, "read_s": best_r,
@@ -61,4 +77,58 @@ def run(padded: dict) -> list[dict]:
     rows = measure("input_ids (int64)", ids, off)
     rows += measure("input_ids (as int32)", ids.astype(np.int32), off, levels=(3,))
     rows += measure("old_logprobs (float32)", lp, off)
+    bits = padded["old_logprobs"].to(torch.bfloat16)[m].view(torch.int16).numpy().view(np.uint16)
+    three = ("plain", "dictionary", "byte_stream_split")
+    rows += measure("logprobs bf16 as uint16 bits (v2)", bits, off, levels=(3,), only=three)
+    rows += measure("logprobs bf16 widened to float32 (v3)", dt.widen(bits, "bfloat16"), off, levels=(3,),
+                    only=three, decode=lambda v: dt.narrow(v, "bfloat16"))
     return rows
+
+
+@contextmanager
+def bf16_as_bits():
+    """Write as trajstore did before format version 3: half-precision values as their raw bits."""
+    saved = dt.HALF
+    dt.HALF = ()
+    try:
+        yield
+    finally:
+        dt.HALF = saved
+
+
+def steps(padded: dict, repeat: int = 5) -> list[dict]:
+    """One realistic step whose log-probs are bfloat16, written by trajstore four ways (bfloat16 as
+    bits / widened; encodings portable / compact): file bytes, and the median time of reading the
+    whole step and of reading the log-probs alone (padded, to a bfloat16 tensor)."""
+    batch = {**padded, "old_logprobs": padded["old_logprobs"].to(torch.bfloat16)}
+    out = []
+    with tempfile.TemporaryDirectory(prefix="trajstore-enc-") as tmp:
+        for store in ("bits (v2)", "widened (v3)"):
+            for enc in ("portable", "compact"):
+                d = Path(tmp) / f"{store[:4]}-{enc}"
+                with (bf16_as_bits() if store.startswith("bits") else _nothing()):
+                    with trajstore.Writer(d, encodings=enc) as w:
+                        w.append(0, batch)
+                    r = trajstore.Reader(d)
+                    f = d / "train" / "step_00000000.parquet"
+                    col = pq.ParquetFile(f).metadata.row_group(0)
+                    j = [col.column(i).path_in_schema for i in range(col.num_columns)].index("old_logprobs.list.element")
+                    lp_bytes = sum(pq.ParquetFile(f).metadata.row_group(g).column(j).total_compressed_size
+                                   for g in range(pq.ParquetFile(f).metadata.num_row_groups))
+                    whole, lp = [], []
+                    for _ in range(repeat):
+                        t0 = time.perf_counter()
+                        r.read(0)
+                        whole.append(time.perf_counter() - t0)
+                        t0 = time.perf_counter()
+                        x = r.read(0, columns=["old_logprobs", "attention_mask"])["old_logprobs"]
+                        lp.append(time.perf_counter() - t0)
+                    assert x.dtype == torch.bfloat16 and torch.equal(x.view(torch.int16), batch["old_logprobs"].view(torch.int16))
+                out.append({"bf16": store, "encodings": enc, "file_bytes": f.stat().st_size, "logprobs_bytes": lp_bytes,
+                            "read_step_s": statistics.median(whole), "read_logprobs_s": statistics.median(lp)})
+    return out
+
+
+@contextmanager
+def _nothing():
+    yield

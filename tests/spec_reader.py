@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-KNOWN_VERSIONS = (1, 2)
+KNOWN_VERSIONS = (1, 2, 3)
 STEP_NAME = re.compile(r"^step_(\d{8,})\.parquet$")
 
 # 3.2: logical dtype -> numpy storage dtype (bfloat16 as its raw uint16 bits)
@@ -31,6 +31,7 @@ STORAGE = {"bool": np.bool_, "uint8": np.uint8, "int8": np.int8, "int16": np.int
 ARROW = {"bool": pa.bool_(), "uint8": pa.uint8(), "int8": pa.int8(), "int16": pa.int16(), "int32": pa.int32(),
          "int64": pa.int64(), "uint16": pa.uint16(), "uint32": pa.uint32(), "uint64": pa.uint64(),
          "float16": pa.float16(), "bfloat16": pa.uint16(), "float32": pa.float32(), "float64": pa.float64()}
+HALF = ("float16", "bfloat16")  # 3.2: stored as float32 from version 3
 VALUE_TYPES = {"str": pa.string(), "bool": pa.bool_(), "int": pa.int64(), "float": pa.float64(),
                "json": pa.string(), "tjson": pa.string()}
 
@@ -67,7 +68,7 @@ def read_step(path: str | Path) -> Any:
         raise SpecError(f"{path}: step / num_rows of the spec do not match the file")
     cols = {name: table.column(name).combine_chunks() if table.column(name).num_chunks != 1
             else table.column(name).chunk(0) for name in table.column_names}
-    return _Decoder(cols, table.num_rows).top(meta["batch"])
+    return _Decoder(cols, table.num_rows, meta["format_version"]).top(meta["batch"])
 
 
 # ----------------------------------------------------------------------------- values
@@ -148,9 +149,28 @@ def _json(s: str) -> Any:
 
 
 # ----------------------------------------------------------------------------- decoding
+def _narrow(f: np.ndarray, dtype: str) -> np.ndarray:
+    """3.2: a float32 column's values back to the half dtype's storage, bit for bit."""
+    u = f.view(np.uint32)
+    if dtype == "bfloat16":
+        return (u >> 16).astype(np.uint16)  # the high 16 bits
+    h = f.astype(np.float16)  # IEEE narrowing: exact for every value a float16 holds
+    nan = np.isnan(f)  # NaN: sign, all-ones exponent, the payload's top 10 bits
+    h.view(np.uint16)[nan] = (((u[nan] >> 16) & 0x8000) | 0x7C00 | ((u[nan] >> 13) & 0x3FF)).astype(np.uint16)
+    return h
+
+
 class _Decoder:
-    def __init__(self, cols: dict[str, pa.Array], B: int):
-        self.cols, self.B = cols, B
+    def __init__(self, cols: dict[str, pa.Array], B: int, version: int = 1):
+        self.cols, self.B, self.version = cols, B, version
+
+    def arrow(self, dtype: str) -> pa.DataType:
+        """3.2: the column type of a tensor dtype in this file's version."""
+        return pa.float32() if dtype in HALF and self.version >= 3 else ARROW[dtype]
+
+    def np(self, arr: pa.Array, dtype: str) -> np.ndarray:
+        v = _np(arr, "float32" if dtype in HALF and self.version >= 3 else dtype)
+        return _narrow(v, dtype) if dtype in HALF and self.version >= 3 else v
 
     def col(self, name: str, want: pa.DataType | None = None, listed: bool = False) -> pa.Array:
         if name not in self.cols:
@@ -167,10 +187,10 @@ class _Decoder:
 
     def rows(self, name: str, dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """A list column's flat values (storage dtype), offsets and validity."""
-        arr = self.col(name, ARROW[dtype], listed=True)
+        arr = self.col(name, self.arrow(dtype), listed=True)
         offsets = np.asarray(arr.offsets).astype(np.int64)
         flat = arr.values.slice(offsets[0], offsets[-1] - offsets[0]) if len(arr) else arr.values.slice(0, 0)
-        vals = _np(flat, dtype)
+        vals = self.np(flat, dtype)
         return vals, offsets - offsets[0], ~np.asarray(arr.is_null())
 
     def top(self, node: dict) -> Any:
@@ -215,6 +235,12 @@ class _Decoder:
             return self.fields(node["keys"])
         if t == "seq":
             return self.seq(node)
+        if t == "segtensor":  # 3.7: the column's values in row order, [sum(counts), *trail]
+            vals, off, _ = self.rows(node["col"], node["dtype"])
+            counts, trail = node["counts"], tuple(node["trail"])
+            if len(counts) != self.B or list(np.diff(off)) != [c * math.prod(trail) for c in counts]:
+                raise SpecError(f"{node['col']}: rows do not hold their counts of {trail}")
+            return _tensor(node["dtype"], node["lib"], vals.reshape((sum(counts), *trail)))
         raise SpecError(f"field node {t!r}")
 
     def tensor(self, node: dict) -> Any:
@@ -222,7 +248,7 @@ class _Decoder:
         k = math.prod(trail)
         if kind == "sample":
             if not trail:
-                arr = _np(self.col(node["col"], ARROW[dtype]), dtype)
+                arr = self.np(self.col(node["col"], self.arrow(dtype)), dtype)
             else:
                 vals, off, _ = self.rows(node["col"], dtype)
                 if len(vals) != self.B * k:

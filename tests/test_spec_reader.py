@@ -146,4 +146,4 @@ def test_refuses_what_the_spec_refuses(tmp_path):
         pq.write_table(t.replace_schema_metadata({b"trajstore": json.dumps(m)}), bad / f.name)
         with pytest.raises(SpecError):
             read_step(bad / f.name)
-    assert spec_reader.KNOWN_VERSIONS == (1, 2)
+    assert spec_reader.KNOWN_VERSIONS == (1, 2, 3)
