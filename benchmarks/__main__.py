@@ -361,14 +361,15 @@ def calibrate_sleep(ms: float = 200.0) -> int:
 
 
 def print_encodings(enc: list[dict], steps: list[dict]) -> None:
-    print("\n| column | encoding | zstd | bytes/value | write MB/s | read MB/s |\n|---|---|---|---|---|---|")
+    print("\n| column | encoding | zstd | bytes/value | write MB/s | read MB/s | read M values/s |"
+          "\n|---|---|---|---|---|---|---|")
     for e in enc:
         print(f"| {e['column']} | {e['encoding']} | {e['zstd']} | {e['bytes_per_value']:.3f} | "
-              f"{e['write_MBps']:.0f} | {e['read_MBps']:.0f} |")
-    print("\n| bf16 log-probs stored as | encodings | file MB | log-probs MB | read step ms | read log-probs ms |"
+              f"{e['write_MBps']:.0f} | {e['read_MBps']:.0f} | {e['read_Mvalues_per_s']:.0f} |")
+    print("\n| log-probs stored as | encodings | file MB | log-probs MB | read step ms | read log-probs ms |"
           "\n|---|---|---|---|---|---|")
     for s in steps:
-        print(f"| {s['bf16']} | {s['encodings']} | {s['file_bytes'] / 1e6:.2f} | {s['logprobs_bytes'] / 1e6:.2f} | "
+        print(f"| {s['logprobs']} | {s['encodings']} | {s['file_bytes'] / 1e6:.2f} | {s['logprobs_bytes'] / 1e6:.2f} | "
               f"{s['read_step_s'] * 1e3:.1f} | {s['read_logprobs_s'] * 1e3:.1f} |", flush=True)
 
 

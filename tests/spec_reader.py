@@ -226,7 +226,12 @@ class _Decoder:
         if t == "tensor":
             return self.tensor(node)
         if t == "gtensor":
-            return _inline(node)
+            out = _inline(node)
+            if "col" in node:  # 3.7: a packed step's cu_seqlens, also a column of ends
+                ends = self.np(self.col(node["col"], self.arrow(node["dtype"])), node["dtype"])
+                if not np.array_equal(ends, np.asarray(out.array).reshape(-1)[1:]):
+                    raise SpecError(f"column {node['col']!r} does not hold cu_seqlens[1:]")
+            return out
         if t == "json":
             return node["v"]
         if t == "tvalue":

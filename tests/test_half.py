@@ -161,3 +161,49 @@ def test_a_float32_column_labelled_half_is_refused_unless_its_metadata_agrees(tm
     dict(doc["batch"]["keys"])["x"]["dtype"] = "bfloat16"
     with pytest.raises(FormatError, match="the spec says bfloat16"):
         validate.check(doc, schema_, 2, str(f))
+
+
+# ----------------------------------------------------------------------------- companion column names
+def test_companion_columns_have_no_dot_and_fields_cannot_take_their_names(tmp_path):
+    """``__pad__<col>``, ``__shape__<col>``, ``__start__<src>``: no dot (fastparquet reads them); a
+    field whose column starts like one is refused at append, so the two can never collide."""
+    m = torch.tensor([[0, 1, 1, 0], [1, 1, 0, 0]])
+    batch = {"input_ids": torch.arange(8).reshape(2, 4), "attention_mask": m,
+             "lp": torch.randn(2, 4), "cells": [torch.ones(2), torch.zeros(3)]}
+    with trajstore.Writer(tmp_path) as w:
+        w.append(0, batch)
+        for name in ("__pad__lp", "__shape__x", "__start__attention_mask"):
+            with pytest.raises(trajstore.BatchError, match="companion"):
+                w.append(1, {**batch, name: torch.zeros(2)})
+    names = pq.read_schema(tmp_path / "train" / "step_00000000.parquet").names
+    assert {"__pad__lp", "__shape__cells", "__start__attention_mask"} <= set(names), names
+    assert_batch_equal(trajstore.Reader(tmp_path)[0], batch)
+
+
+# ----------------------------------------------------------------------------- packed steps for SQL
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=6), st.sampled_from([torch.int32, torch.int64]))
+def test_packed_cu_seqlens_is_a_plain_column(tmp_path_factory, lengths, dtype):
+    """Row i of column ``cu_seqlens`` is ``cu_seqlens[i + 1]`` in its dtype; trajstore still
+    decodes the inline tensor (the column is for other readers)."""
+    cu = torch.tensor([0, *np.cumsum(lengths).tolist()], dtype=dtype)
+    batch = {"input_ids": torch.arange(int(cu[-1])), "cu_seqlens": cu}
+    path = tmp_path_factory.mktemp("cu")
+    with trajstore.Writer(path) as w:
+        w.append(0, batch)
+    t = pq.read_table(path / "train" / "step_00000000.parquet")
+    assert t.column("cu_seqlens").to_pylist() == cu[1:].tolist()
+    assert t.schema.field("cu_seqlens").type == dt.arrow_type(str(dtype).split(".")[1])
+    assert [len(r) for r in t.column("input_ids").to_pylist()] == lengths  # len(input_ids) in SQL
+    assert_batch_equal(trajstore.Reader(path)[0], batch)
+
+
+def test_a_missing_cu_seqlens_column_is_refused(tmp_path):
+    with trajstore.Writer(tmp_path) as w:
+        w.append(0, {"input_ids": torch.arange(3), "cu_seqlens": torch.tensor([0, 1, 3])})
+    f = tmp_path / "train" / "step_00000000.parquet"
+    schema_ = pq.read_schema(f)
+    doc = json.loads(schema_.metadata[b"trajstore"])
+    dict(doc["batch"]["keys"])["cu_seqlens"]["col"] = "nope"
+    with pytest.raises(FormatError, match="nope"):
+        validate.check(doc, schema_, 2, str(f))

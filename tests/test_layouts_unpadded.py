@@ -236,7 +236,7 @@ def _lie(doc, t, f):
     lambda b: b["masks"][0].update(lo=5),
     lambda b: b["masks"][0].update(side="middle"),
     lambda b: b["masks"][0].pop("start_col"),
-    lambda b: b["masks"][1].update(start_col="__start__.attention_mask"),
+    lambda b: b["masks"][1].update(start_col="__start__attention_mask"),
     lambda b: b["masks"][0].update(src="responses_typo"),
     lambda b: b["masks"].append(dict(b["masks"][1])),
     lambda b: b["keys"][0][1].update(mask=7),
@@ -258,7 +258,7 @@ def test_lying_starts_raise(tmp_path):
     batch = verl_batch(B=3, P=4, R=6)
     t = schema.encode(batch, step=0, split="train")
     doc = json.loads(t.schema.metadata[b"trajstore"])
-    i = t.schema.get_field_index("__start__.attention_mask")
+    i = t.schema.get_field_index("__start__attention_mask")
     for bad in ([0, 0, 9], [-1, 0, 0]):
         t2 = t.set_column(i, t.schema.field(i), [np.array(bad, dtype=np.int64)])
         with pytest.raises(FormatError, match="outside its width"):

@@ -189,7 +189,6 @@ def read_column(reader: str, path: Path, column: str) -> list:
 
 
 # ----------------------------------------------------------------------------- what fails today
-DOTS = "issue 13: fastparquet cannot read a column whose name holds a dot (__pad__.x, __shape__.x)"
 NEQB = "issue 13: packed with N == B stores a [B] field per token (one list per trajectory)"
 PDFP = "pandas' (deprecated) fastparquet engine returns bool / int64 columns as float64"
 
@@ -197,9 +196,8 @@ PDFP = "pandas' (deprecated) fastparquet engine returns bool / int64 columns as 
 def known(reader: str, form: str, label: str, part: str) -> str | None:
     """Why cell (reader, form/column) does not hold today, or None where it does."""
     if reader in ("fastparquet", "pandas-fastparquet"):
-        if part in ("pad_col", "shape_col"):
-            return DOTS
-        if reader == "pandas-fastparquet" and label in ("bool sample", "int64 sample", "int value", "bool value", "span start"):
+        if reader == "pandas-fastparquet" and label in ("bool sample", "int64 sample", "int value", "bool value", "span start",
+                                                        "int32 cu_seqlens ends (packed)"):
             return PDFP
     if "N == B" in label:
         return NEQB

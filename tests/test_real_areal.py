@@ -217,7 +217,7 @@ def test_any_lengths_round_trip_exactly(tmp_path_factory, kind, group_size, leng
 def _column_bytes(path: Path, fields: set[str]) -> int:
     """Compressed bytes on disk of the columns of ``fields`` (values and shapes)."""
     def ours(p: str) -> bool:
-        return any(p == k or p.startswith((k + ".", "__shape__." + k)) for k in fields)
+        return any(p == k or p.startswith((k + ".", "__shape__" + k)) for k in fields)
 
     n = 0
     for f in path.rglob("*.parquet"):
@@ -244,7 +244,7 @@ def test_per_token_fields_stored_unpadded(tmp_path, kind):
     on_disk = _column_bytes(tmp_path / "d", tokens)
     assert 0 < on_disk <= 0.5 * padded_bytes, (on_disk, padded_bytes)
     # each element at its own width (its longest trajectory's), not the batch's
-    shapes = pq.read_table(next((tmp_path / "d").rglob("*.parquet")), columns=["__shape__.input_ids"])
+    shapes = pq.read_table(next((tmp_path / "d").rglob("*.parquet")), columns=["__shape__input_ids"])
     assert [s[-1] for s in shapes.column(0).to_pylist()] == [int(t["attention_mask"].sum(-1).max()) for t in batch]
 
 

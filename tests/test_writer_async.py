@@ -348,7 +348,7 @@ def test_padded_fields_pad_check(tmp_path, trail):
     else:  # zero-width tokens have no pad value: stored whole
         assert keys["const"]["kind"] == "sample"
     if varied.numel():
-        assert keys["varied"]["kind"] == "token" and keys["varied"]["pad_col"] == "__pad__.varied"
+        assert keys["varied"]["kind"] == "token" and keys["varied"]["pad_col"] == "__pad__varied"
     else:
         assert keys["varied"]["kind"] == "sample"
     assert_batch_equal(b, r[0])

@@ -17,7 +17,7 @@ import pyarrow as pa
 from .._threads import PIECE_BYTES, balance, run_parallel
 from ..errors import BatchError, FormatError, foreign_errors
 from . import dtypes as dt
-from .spec import RESERVED, STEP_COLUMN, where
+from .spec import COMPANION_PREFIXES, RESERVED, STEP_COLUMN, where
 from .values import check_str, dumps
 
 __all__ = ["ColumnNames", "TableBuilder", "list_array", "Columns", "empty", "to_numpy"]
@@ -32,11 +32,14 @@ class ColumnNames:
     def __init__(self) -> None:
         self.used: set[str] = set()
 
-    def claim(self, name: str, path: tuple) -> None:
+    def claim(self, name: str, path: tuple, companion: bool = False) -> None:
+        """Claim column ``name`` for the field at ``path``, or for one of its ``companion`` columns
+        (``__shape__<col>``...: a field's own column may not start like one)."""
         check_str(name, f"field {where(path)!r} name")
-        if name in RESERVED or name in self.used:
+        if name in RESERVED or name in self.used or not companion and name.startswith(COMPANION_PREFIXES):
             raise BatchError(
-                f"field {where(path)!r}: column name {name!r} is reserved or already used; rename the field"
+                f"field {where(path)!r}: column name {name!r} is reserved or already used (names starting with "
+                f"{', '.join(COMPANION_PREFIXES)} are trajstore's companion columns); rename the field"
             )
         self.used.add(name)
 

@@ -275,7 +275,7 @@ class _Walk:
         if len(libs) > 1 or len(names) > 1:  # not one column: each row a typed value
             return self.values(rows, present)
         self.names.claim(rows.col, rows.path)
-        self.names.claim(SHAPE_PREFIX + rows.col, rows.path)
+        self.names.claim(SHAPE_PREFIX + rows.col, rows.path, companion=True)
         return Cells(rows.path, rows.elems, libs.pop(), names.pop())
 
     def values(self, rows: _Rows, present: list) -> Values:

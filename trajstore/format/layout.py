@@ -75,7 +75,7 @@ class MaskGroup:
 
 def start_col(g: MaskGroup) -> str:
     """The column of a span group's per-row starts."""
-    return START_PREFIX + g.src + (f".{g.key}" if g.part else "")
+    return START_PREFIX + g.src + (f"__{g.key}" if g.part else "")
 
 
 def token_mask(m: torch.Tensor | np.ndarray) -> torch.Tensor:

@@ -144,6 +144,8 @@ class _Checker:
             except binascii.Error:
                 raise _Bad(f"an inline tensor's data is not base64: {data[:40]!r}") from None
             self.add(count * size, "an inline tensor")
+            if "col" in node:  # a packed step's cu_seqlens, also as a column (3.7)
+                self.tcol(node, "col", name, listed=False)
         elif t == "group":
             self.keys(node, depth)
         elif t == "seq":
