@@ -189,7 +189,6 @@ def read_column(reader: str, path: Path, column: str) -> list:
 
 
 # ----------------------------------------------------------------------------- what fails today
-NEQB = "issue 13: packed with N == B stores a [B] field per token (one list per trajectory)"
 PDFP = "pandas' (deprecated) fastparquet engine returns bool / int64 columns as float64"
 
 
@@ -199,8 +198,6 @@ def known(reader: str, form: str, label: str, part: str) -> str | None:
         if reader == "pandas-fastparquet" and label in ("bool sample", "int64 sample", "int value", "bool value", "span start",
                                                         "int32 cu_seqlens ends (packed)"):
             return PDFP
-    if "N == B" in label:
-        return NEQB
     return None
 
 

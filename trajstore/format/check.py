@@ -223,7 +223,7 @@ class _Walk:
         """The packed batch's tensors, once N is known: leading dimension N or B."""
         for t in self.deferred:
             shape = list(t.value.shape)
-            if shape[0] == self.lay.N:
+            if layout.is_flat(self.lay, t.path, shape):
                 t.role = FLAT
             elif shape[0] != self.lay.B:
                 raise length_error(t.path, shape, self.lay)

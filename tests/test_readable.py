@@ -1,6 +1,8 @@
-"""Half precision stored readable (format version 3, docs/FORMAT.md 3.2): bfloat16 and float16 tensor
-values are stored widened to float32, which every Parquet reader shows as numbers, and come back with
-their exact dtype and bits (NaN payloads, -0.0, infinities, subnormals)."""
+"""Issue 13, step files every Parquet reader reads right: half precision stored readable (format
+version 3, docs/FORMAT.md 3.2: bfloat16 and float16 tensor values widened to float32, which every
+reader shows as numbers, and back with their exact dtype and bits: NaN payloads, -0.0, infinities,
+subnormals); companion column names without dots (3.1); packed steps' ``cu_seqlens`` as a column and
+N == B (3.4, 3.7). Encodings: tests/test_writer_async.py; every reader: tests/test_readers.py."""
 
 from __future__ import annotations
 
@@ -130,14 +132,20 @@ def test_many_row_groups_narrow_while_joining(tmp_path, monkeypatch):
     assert_batch_equal(r.column("r")[0], batch["r"])
 
 
+def _written(path, batch) -> tuple:
+    """Write ``batch`` as step 0: (its file, Arrow schema, trajstore metadata)."""
+    with trajstore.Writer(path) as w:
+        w.append(0, batch)
+    f = path / "train" / "step_00000000.parquet"
+    schema_ = pq.read_schema(f)
+    return f, schema_, json.loads(schema_.metadata[b"trajstore"])
+
+
 def test_a_version_2_reader_refuses_a_widened_file(tmp_path):
     """A version-2 reader refuses the file by its version; one that looked at the columns anyway
     would find float32 where its bfloat16 needs uint16 bits (and float16 needs halffloat): refused."""
-    with trajstore.Writer(tmp_path) as w:
-        w.append(0, {"x": torch.tensor([0.5, -1.0]).to(torch.bfloat16), "y": torch.tensor([1.0, 2.0]).half()})
-    f = tmp_path / "train" / "step_00000000.parquet"
-    schema_ = pq.read_schema(f)
-    doc = json.loads(schema_.metadata[b"trajstore"])
+    f, schema_, doc = _written(tmp_path, {"x": torch.tensor([0.5, -1.0]).to(torch.bfloat16),
+                                          "y": torch.tensor([1.0, 2.0]).half()})
     assert doc["format_version"] == 3
     with pytest.raises(trajstore.FormatVersionError, match="upgrade"):
         check_version(doc["format_version"], str(f), "step file", newest=2)
@@ -153,11 +161,7 @@ def test_steps_without_half_fields_keep_their_version(tmp_path):
 
 def test_a_float32_column_labelled_half_is_refused_unless_its_metadata_agrees(tmp_path):
     """A float32 field relabelled bfloat16 in the spec (its column says float32) is refused."""
-    with trajstore.Writer(tmp_path) as w:
-        w.append(0, {"x": torch.tensor([0.5, -1.0]), "y": torch.tensor([1.0, 2.0]).to(torch.bfloat16)})
-    f = tmp_path / "train" / "step_00000000.parquet"
-    schema_ = pq.read_schema(f)
-    doc = json.loads(schema_.metadata[b"trajstore"])
+    f, schema_, doc = _written(tmp_path, {"x": torch.tensor([0.5, -1.0]), "y": torch.tensor([1.0, 2.0]).to(torch.bfloat16)})
     dict(doc["batch"]["keys"])["x"]["dtype"] = "bfloat16"
     with pytest.raises(FormatError, match="the spec says bfloat16"):
         validate.check(doc, schema_, 2, str(f))
@@ -199,11 +203,23 @@ def test_packed_cu_seqlens_is_a_plain_column(tmp_path_factory, lengths, dtype):
 
 
 def test_a_missing_cu_seqlens_column_is_refused(tmp_path):
-    with trajstore.Writer(tmp_path) as w:
-        w.append(0, {"input_ids": torch.arange(3), "cu_seqlens": torch.tensor([0, 1, 3])})
-    f = tmp_path / "train" / "step_00000000.parquet"
-    schema_ = pq.read_schema(f)
-    doc = json.loads(schema_.metadata[b"trajstore"])
+    f, schema_, doc = _written(tmp_path, {"input_ids": torch.arange(3), "cu_seqlens": torch.tensor([0, 1, 3])})
     dict(doc["batch"]["keys"])["cu_seqlens"]["col"] = "nope"
     with pytest.raises(FormatError, match="nope"):
         validate.check(doc, schema_, 2, str(f))
+
+
+@pytest.mark.parametrize("name, kind", [("rewards", "sample"), ("scores", "sample"), ("logprobs", "token")])
+def test_packed_with_as_many_tokens_as_trajectories(tmp_path, name, kind):
+    """N == B: ``rewards`` / ``scores`` (docs/FORMAT.md 3.4) stay one number per trajectory, any
+    other field of leading size N is per-token; both round-trip exactly."""
+    batch = {"input_ids": torch.arange(3), "cu_seqlens": torch.tensor([0, 2, 2, 3]), name: torch.tensor([1.5, 2.5, 3.5])}
+    with trajstore.Writer(tmp_path) as w:
+        w.append(0, batch)
+    r = trajstore.Reader(tmp_path)
+    assert dict(r.info(0)["batch"]["keys"])[name]["kind"] == kind
+    assert_batch_equal(r[0], batch)
+    col = pq.read_table(tmp_path / "train" / "step_00000000.parquet").column(name).to_pylist()
+    assert col == ([1.5, 2.5, 3.5] if kind == "sample" else [[1.5, 2.5], [], [3.5]])
+    padded = r.read(0, layout="padded")
+    assert padded[name].shape == ((3,) if kind == "sample" else (3, 2))
