@@ -366,11 +366,12 @@ def print_encodings(enc: list[dict], steps: list[dict]) -> None:
     for e in enc:
         print(f"| {e['column']} | {e['encoding']} | {e['zstd']} | {e['bytes_per_value']:.3f} | "
               f"{e['write_MBps']:.0f} | {e['read_MBps']:.0f} | {e['read_Mvalues_per_s']:.0f} |")
-    print("\n| log-probs stored as | encodings | file MB | log-probs MB | read step ms | read log-probs ms |"
-          "\n|---|---|---|---|---|---|")
+    print("\n| log-probs stored as | encodings | file MB | log-probs MB | read step ms | read log-probs ms | "
+          "replay packed to CUDA ms |\n|---|---|---|---|---|---|---|")
     for s in steps:
+        gpu = "" if s["replay_cuda_s"] is None else f"{s['replay_cuda_s'] * 1e3:.1f}"
         print(f"| {s['logprobs']} | {s['encodings']} | {s['file_bytes'] / 1e6:.2f} | {s['logprobs_bytes'] / 1e6:.2f} | "
-              f"{s['read_step_s'] * 1e3:.1f} | {s['read_logprobs_s'] * 1e3:.1f} |", flush=True)
+              f"{s['read_step_s'] * 1e3:.1f} | {s['read_logprobs_s'] * 1e3:.1f} | {gpu} |", flush=True)
 
 
 def main(argv=None) -> int:

@@ -100,8 +100,9 @@ def bf16_as_bits():
 def steps(padded: dict, repeat: int = 5) -> list[dict]:
     """One realistic step, its log-probs float32 (the workload) or bfloat16, written by trajstore
     with encodings portable / compact (bfloat16 stored as bits, as before format version 3, or
-    widened): file bytes, and the median time of reading the
-    whole step and of reading the log-probs alone (padded, to a bfloat16 tensor)."""
+    widened): file bytes, and the median time of reading the whole step and of reading the
+    log-probs alone (padded, to a bfloat16 tensor); with CUDA, of replaying the step packed to the
+    GPU (``read(step, layout="packed", device="cuda")``, synchronized)."""
     half = {**padded, "old_logprobs": padded["old_logprobs"].to(torch.bfloat16)}
     out = []
     with tempfile.TemporaryDirectory(prefix="trajstore-enc-") as tmp:
@@ -128,9 +129,24 @@ def steps(padded: dict, repeat: int = 5) -> list[dict]:
                         x = r.read(0, columns=["old_logprobs", "attention_mask"])["old_logprobs"]
                         lp.append(time.perf_counter() - t0)
                     assert x.dtype == batch["old_logprobs"].dtype and torch.equal(x, batch["old_logprobs"])
+                    gpu = _replay(r, repeat) if torch.cuda.is_available() else None
                 out.append({"logprobs": store, "encodings": enc, "file_bytes": f.stat().st_size, "logprobs_bytes": lp_bytes,
-                            "read_step_s": statistics.median(whole), "read_logprobs_s": statistics.median(lp)})
+                            "read_step_s": statistics.median(whole), "read_logprobs_s": statistics.median(lp),
+                            "replay_cuda_s": gpu})
     return out
+
+
+def _replay(r, repeat: int) -> float:
+    """Median time of one step read packed onto the GPU, the copies finished."""
+    r.read(0, layout="packed", device="cuda")
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        r.read(0, layout="packed", device="cuda")
+        torch.cuda.synchronize()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
 
 
 @contextmanager
