@@ -156,7 +156,8 @@ def _narrow(f: np.ndarray, dtype: str) -> np.ndarray:
         return (u >> 16).astype(np.uint16)  # the high 16 bits
     h = f.astype(np.float16)  # IEEE narrowing: exact for every value a float16 holds
     nan = np.isnan(f)  # NaN: sign, all-ones exponent, the payload's top 10 bits
-    h.view(np.uint16)[nan] = (((u[nan] >> 16) & 0x8000) | 0x7C00 | ((u[nan] >> 13) & 0x3FF)).astype(np.uint16)
+    m = (u[nan] >> 13) & 0x3FF
+    h.view(np.uint16)[nan] = (((u[nan] >> 16) & 0x8000) | 0x7C00 | m | (m == 0)).astype(np.uint16)
     return h
 
 
