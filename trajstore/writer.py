@@ -123,8 +123,8 @@ class Writer:
     ``index.INDEX_EVERY`` steps and on ``flush``/``close``; an index error is only logged.
     ``encodings`` chooses the Parquet encodings (docs/FORMAT.md 3.5): "portable" (default), which
     every Parquet reader decodes, or "compact": BYTE_STREAM_SPLIT for tensor values, smaller
-    float columns for readers that support it (pyarrow, pandas, Polars, DataFusion, Spark; not
-    fastparquet, nor DuckDB for 16-bit and unsigned values).
+    float columns for readers that support it (pyarrow, pandas, Polars, DuckDB, DataFusion, Spark,
+    Ray Data; not fastparquet).
     ``on_commit`` is called on the background thread with a :class:`Committed` record once each
     step is committed, before ``flush`` returns; an error it raises is logged, never raised.
     """

@@ -16,8 +16,8 @@ ROW_GROUPS = 16  # at most this many row groups per step file: a reader decodes 
 ROW_GROUP_BYTES = 4 << 20  # ...of at least this much Arrow data each (a small step is one row group)
 ZSTD_LEVEL = 3
 # "portable": encodings every Parquet reader decodes (PLAIN, dictionary; docs/FORMAT.md 3.5);
-# "compact": BYTE_STREAM_SPLIT for 16/32/64-bit tensor values, which fastparquet, DuckDB (for
-# other than FLOAT, DOUBLE, INT32, INT64) and older parquet-mr engines cannot read
+# "compact": BYTE_STREAM_SPLIT for 16/32/64-bit tensor values, which fastparquet and older
+# parquet-mr engines cannot read (tests/test_readers.py::test_cell_compact)
 ENCODINGS = ("portable", "compact")
 _TENSOR_KINDS = (b"token", b"sample", b"cell", b"pad", b"segment")
 
