@@ -214,8 +214,18 @@ class Columns:
         with foreign_errors(self.where, "reading column {!r}", name):
             off, parts, r = _offsets(col.chunks), [], 0
             for c in col.chunks:
-                parts.append((r, _values(c, dtype, name, self.where)))
+                o = c.offsets.to_numpy()
+                a, b = (int(o[0]), int(o[-1])) if len(o) else (0, 0)
+                parts.append((r, _raw(c.values.slice(a, b - a), dtype, name, self.where) if dtype != "bool"
+                              else _values(c, dtype, name, self.where)))
                 r += len(c)
+        if any(dt.is_wide(dtype, v) for _, v in parts):  # widened half values, narrowed in pieces on the pool
+            wide = [(r, v, np.empty(len(v), dt.storage_numpy(dtype))) for r, v in parts]
+            step = PIECE_BYTES // 4
+            pieces = [(v[i:i + step], out[i:i + step]) for _, v, out in wide for i in range(0, len(v), step)]
+            run_parallel(lambda group: [dt.narrow(v, dtype, out=o) for v, o in group],
+                         balance(pieces, lambda p: p[0].nbytes, PIECE_BYTES), sum(v.nbytes for _, v, _ in wide))
+            parts = [(r, out) for r, _, out in wide]
         return off, parts
 
     def join(self, names: list[tuple[str, str]]) -> None:
