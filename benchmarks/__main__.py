@@ -360,6 +360,20 @@ def calibrate_sleep(ms: float = 200.0) -> int:
     return int(c * ms / 1e3 / dt)
 
 
+def print_encodings(enc: list[dict], steps: list[dict]) -> None:
+    print("\n| column | encoding | zstd | bytes/value | write MB/s | read MB/s | read M values/s |"
+          "\n|---|---|---|---|---|---|---|")
+    for e in enc:
+        print(f"| {e['column']} | {e['encoding']} | {e['zstd']} | {e['bytes_per_value']:.3f} | "
+              f"{e['write_MBps']:.0f} | {e['read_MBps']:.0f} | {e['read_Mvalues_per_s']:.0f} |")
+    print("\n| log-probs stored as | encodings | file MB | log-probs MB | read step ms | read log-probs ms | "
+          "replay packed to CUDA ms |\n|---|---|---|---|---|---|---|")
+    for s in steps:
+        gpu = "" if s["replay_cuda_s"] is None else f"{s['replay_cuda_s'] * 1e3:.1f}"
+        print(f"| {s['logprobs']} | {s['encodings']} | {s['file_bytes'] / 1e6:.2f} | {s['logprobs_bytes'] / 1e6:.2f} | "
+              f"{s['read_step_s'] * 1e3:.1f} | {s['read_logprobs_s'] * 1e3:.1f} | {gpu} |", flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, a few minutes on 2 cores")
@@ -367,6 +381,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dir", help="scratch folder (default: a temporary one, removed)")
     ap.add_argument("--no-gpu", action="store_true")
     ap.add_argument("--skip", default="", help="comma list of sections to skip: encodings,rewards")
+    ap.add_argument("--only-encodings", action="store_true",
+                    help="only the encoding benchmark (benchmarks/encodings.py): columns, then whole steps")
     a = ap.parse_args(argv)
     q = a.quick
     B, max_len, n, m, repeat = (128, 4096, 4, 100, 3) if q else (1024, 8192, 8, 1000, 5)
@@ -389,6 +405,9 @@ def main(argv=None) -> int:
         print(f"# workload: B={B}, T={P['input_ids'].shape[1]}, tokens={tokens} (mean {tokens / B:.0f}), "
               f"raw {raw / 1e6:.1f} MB, padded {sum(v.nbytes for v in P.values()) / 1e6:.1f} MB "
               f"(generated in {time.perf_counter() - t0:.1f} s)", flush=True)
+        if a.only_encodings:
+            print_encodings(encodings.run(P), encodings.steps(P, repeat))
+            return 0
         b = baselines(rep, tmp, P, F, raw, repeat)
         d = writer_figures(rep, tmp, batches, raw, n, b)
         reader_figures(rep, d, b, repeat)
@@ -407,10 +426,7 @@ def main(argv=None) -> int:
             gpu_figures(rep, d, raw, n, b, tmp, calibrate_sleep())
         enc = [] if "encodings" in skip else encodings.run(P)
         if enc:
-            print("\n| column | encoding | zstd | bytes/value | write MB/s | read MB/s |\n|---|---|---|---|---|---|")
-            for e in enc:
-                print(f"| {e['column']} | {e['encoding']} | {e['zstd']} | {e['bytes_per_value']:.3f} | "
-                      f"{e['write_MBps']:.0f} | {e['read_MBps']:.0f} |")
+            print_encodings(enc, encodings.steps(P, repeat))
         print("\n" + rep.markdown(), flush=True)
         if a.json:
             Path(a.json).write_text(json.dumps({"info": info, "figures": rep.rows, "encodings": enc,

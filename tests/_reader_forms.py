@@ -154,7 +154,8 @@ def _packed(lengths: list[int], seed: int) -> tuple[dict, list]:
     split = lambda x: [norm(x[a:b]) for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())]  # noqa: E731
     batch = {"input_ids": ids, "logprobs": lp, "cu_seqlens": cu, "rewards": rew}
     return batch, [("int64 token (packed)", "input_ids", "col", split(ids)),
-                   ("bf16 token (packed)", "logprobs", "col", split(lp)), ("fp32 sample", "rewards", "col", norm(rew))]
+                   ("bf16 token (packed)", "logprobs", "col", split(lp)), ("fp32 sample", "rewards", "col", norm(rew)),
+                   ("int32 cu_seqlens ends (packed)", "cu_seqlens", "col", norm(cu[1:]))]
 
 
 def packed() -> tuple[Any, list]:

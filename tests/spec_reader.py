@@ -31,6 +31,7 @@ STORAGE = {"bool": np.bool_, "uint8": np.uint8, "int8": np.int8, "int16": np.int
 ARROW = {"bool": pa.bool_(), "uint8": pa.uint8(), "int8": pa.int8(), "int16": pa.int16(), "int32": pa.int32(),
          "int64": pa.int64(), "uint16": pa.uint16(), "uint32": pa.uint32(), "uint64": pa.uint64(),
          "float16": pa.float16(), "bfloat16": pa.uint16(), "float32": pa.float32(), "float64": pa.float64()}
+HALF = ("float16", "bfloat16")  # 3.2: stored as float32 from version 3
 VALUE_TYPES = {"str": pa.string(), "bool": pa.bool_(), "int": pa.int64(), "float": pa.float64(),
                "num": pa.float64(), "json": pa.string(), "tjson": pa.string()}
 
@@ -184,9 +185,29 @@ def _json(s: str) -> Any:
 
 
 # ----------------------------------------------------------------------------- decoding
+def _narrow(f: np.ndarray, dtype: str) -> np.ndarray:
+    """3.2: a float32 column's values back to the half dtype's storage, bit for bit."""
+    u = f.view(np.uint32)
+    if dtype == "bfloat16":
+        return (u >> 16).astype(np.uint16)  # the high 16 bits
+    h = f.astype(np.float16)  # IEEE narrowing: exact for every value a float16 holds
+    nan = np.isnan(f)  # NaN: sign, all-ones exponent, the payload's top 10 bits
+    m = (u[nan] >> 13) & 0x3FF
+    h.view(np.uint16)[nan] = (((u[nan] >> 16) & 0x8000) | 0x7C00 | m | (m == 0)).astype(np.uint16)
+    return h
+
+
 class _Decoder:
     def __init__(self, cols: dict[str, pa.Array], B: int, version: int = 1):
         self.cols, self.B, self.version = cols, B, version
+
+    def arrow(self, dtype: str) -> pa.DataType:
+        """3.2: the column type of a tensor dtype in this file's version."""
+        return pa.float32() if dtype in HALF and self.version >= 3 else ARROW[dtype]
+
+    def np(self, arr: pa.Array, dtype: str) -> np.ndarray:
+        v = _np(arr, "float32" if dtype in HALF and self.version >= 3 else dtype)
+        return _narrow(v, dtype) if dtype in HALF and self.version >= 3 else v
 
     def col(self, name: str, want: pa.DataType | None = None, listed: bool = False) -> pa.Array:
         if name not in self.cols:
@@ -203,10 +224,10 @@ class _Decoder:
 
     def rows(self, name: str, dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """A list column's flat values (storage dtype), offsets and validity."""
-        arr = self.col(name, ARROW[dtype], listed=True)
+        arr = self.col(name, self.arrow(dtype), listed=True)
         offsets = np.asarray(arr.offsets).astype(np.int64)
         flat = arr.values.slice(offsets[0], offsets[-1] - offsets[0]) if len(arr) else arr.values.slice(0, 0)
-        vals = _np(flat, dtype)
+        vals = self.np(flat, dtype)
         return vals, offsets - offsets[0], ~np.asarray(arr.is_null())
 
     def top(self, node: dict) -> Any:
@@ -244,7 +265,12 @@ class _Decoder:
         if t == "segtensor":
             return self.segtensor(node)
         if t == "gtensor":
-            return _inline(node)
+            out = _inline(node)
+            if "col" in node:  # 3.7: a packed step's cu_seqlens, also a column of ends
+                ends = self.np(self.col(node["col"], self.arrow(node["dtype"])), node["dtype"])
+                if not np.array_equal(ends, np.asarray(out.array).reshape(-1)[1:]):
+                    raise SpecError(f"column {node['col']!r} does not hold cu_seqlens[1:]")
+            return out
         if t == "json":
             return node["v"]
         if t == "tvalue":
@@ -262,7 +288,7 @@ class _Decoder:
         k = math.prod(trail)
         if kind == "sample":
             if not trail:
-                arr = _np(self.col(node["col"], ARROW[dtype]), dtype)
+                arr = self.np(self.col(node["col"], self.arrow(dtype)), dtype)
             else:
                 vals, off, _ = self.rows(node["col"], dtype)
                 if len(vals) != self.B * k:
@@ -446,7 +472,7 @@ class _Decoder:
         (``[s_0..s_{g-1}, l_0..l_{g-1}]`` in the runs column), the padded positions ``pad`` or, in
         row-major order of ``[g, T]``, the ``pad_col`` row."""
         col, dtype = node["col"], node["dtype"]
-        if self.version < 3 or node["runs"] != "__runs__.attention_mask" or node.get("kind") != "token":
+        if self.version < 3 or node["runs"] != "__runs__attention_mask" or node.get("kind") != "token":
             raise SpecError(f"{col!r}: runs {node['runs']!r} on a {node.get('kind')!r} cell in version {self.version}")
         vals, off, valid = self.rows(col, dtype)
         shapes = self.col(node["shape_col"], pa.int64(), listed=True).to_pylist()

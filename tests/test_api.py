@@ -158,7 +158,7 @@ def test_non_constant_padding_is_kept_and_field_stays_per_token(tmp_path):
     b["garbage"] = torch.randn(4, 9, 2)
     r = write(tmp_path, {0: b})
     keys = dict(r.info(0)["batch"]["keys"])
-    assert keys["logprobs"]["kind"] == "token" and keys["logprobs"]["pad_col"] == "__pad__.logprobs"
+    assert keys["logprobs"]["kind"] == "token" and keys["logprobs"]["pad_col"] == "__pad__logprobs"
     assert keys["garbage"]["kind"] == "token"
     assert_batch_equal(r[0], b)
     assert_batch_equal(r.read(0, columns=["garbage"]), {"garbage": b["garbage"]})

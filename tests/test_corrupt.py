@@ -213,10 +213,10 @@ def _get(doc, path):
 lies = st.one_of(
     st.none(), st.booleans(), st.integers(-3, 3), st.sampled_from([-1, 2**31, 2**40, 2**62, 2**63, -2**63]),
     st.floats(allow_nan=True), st.text(max_size=6),
-    st.sampled_from(["input_ids", "logprobs", "__shape__.pixel_values", "step", "float32", "bfloat16",
+    st.sampled_from(["input_ids", "logprobs", "__shape__pixel_values", "step", "float32", "bfloat16",
                      "uint64", "int8", "torch", "numpy", "np_scalar", "token", "sample", "cell", "value",
                      "struct", "tensor", "gtensor", "seq", "group", "json", "empty", "padded", "packed",
-                     "left", "right", "span", "masked", "__start__.attention_mask", "ndarray", "<U999999999",
+                     "left", "right", "span", "masked", "__start__attention_mask", "ndarray", "<U999999999",
                      "|O", "V8", "AAAA", "!!!!"]),
     st.lists(st.integers(-2, 2**33), max_size=4), st.just({}), st.just([]), st.just([[]]),
 )
@@ -357,7 +357,7 @@ def test_cell_shapes_that_do_not_match_values(dump):
     f = dump / "train" / paths.step_name(3)
     with _Restore(f):
         def lie(t):
-            i = t.schema.get_field_index("__shape__.pixel_values")
+            i = t.schema.get_field_index("__shape__pixel_values")
             return t.set_column(i, t.schema.field(i), pa.array([[5, 2], [-1]], type=pa.list_(pa.int64())))
         _table_edit(f, lie)
         with pytest.raises(FormatError, match="row 0 has shape") as e:

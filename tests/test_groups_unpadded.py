@@ -1,6 +1,6 @@
 """A list batch of AReaL-style ``[g, T]`` groups stores each trajectory of a group unpadded
 (docs/FORMAT.md 3.10; format version 3): the token cells of a grouped row hold each trajectory's run
-only, the runs in ``__runs__.attention_mask``, and the group comes back at its padded width with its
+only, the runs in ``__runs__attention_mask``, and the group comes back at its padded width with its
 pad values, dtype and key order; a file that lies about its runs is refused."""
 
 import json
@@ -40,10 +40,10 @@ def test_a_group_is_stored_unpadded_and_restored_exactly():
     assert_batch_equal(batch, out)
     assert doc["format_version"] == 3
     keys = dict(doc["batch"]["elem"]["keys"])
-    assert keys["input_ids"]["runs"] == "__runs__.attention_mask" and keys["input_ids"]["pad"] == 7
+    assert keys["input_ids"]["runs"] == "__runs__attention_mask" and keys["input_ids"]["pad"] == 7
     assert keys["logprobs"]["pad"] == 0 and "runs" not in keys["rewards"]
     assert [len(x) if x is not None else None for x in t.column("input_ids").to_pylist()] == [14, None, 2, 3]
-    assert t.column("__runs__.attention_mask").to_pylist() == [[0, 0, 0, 5, 2, 7], None, [0, 0, 1, 1], None]
+    assert t.column("__runs__attention_mask").to_pylist() == [[0, 0, 0, 5, 2, 7], None, [0, 0, 1, 1], None]
     assert t.column("__shape__.input_ids").to_pylist()[0] == [3, 7]  # the group's width is kept
     r = rows(out, doc["batch"])
     assert [len(x["input_ids"]) for x in r if x] == [5, 2, 7, 1, 1, 3] and r[3] is None
@@ -61,7 +61,7 @@ def test_different_pad_values_are_kept():
 def test_no_padding_changes_nothing():
     batch = [group([3, 3], 3), {"input_ids": torch.ones(1, 4), "attention_mask": torch.ones(1, 4)}]
     _, doc, t = roundtrip(batch)
-    assert doc["format_version"] < 3 and "__runs__.attention_mask" not in t.column_names
+    assert doc["format_version"] < 3 and "__runs__attention_mask" not in t.column_names
 
 
 @settings(max_examples=150, deadline=None)
@@ -69,8 +69,8 @@ def test_no_padding_changes_nothing():
 def test_any_groups_round_trip_exactly(batch):
     out, doc, t = roundtrip(batch)
     assert_batch_equal(batch, out)
-    if "__runs__.attention_mask" in t.column_names:
-        runs = t.column("__runs__.attention_mask").to_pylist()
+    if "__runs__attention_mask" in t.column_names:
+        runs = t.column("__runs__attention_mask").to_pylist()
         for k, node in doc["batch"]["elem"]["keys"]:
             if "runs" not in node:
                 continue
@@ -89,7 +89,7 @@ def test_packed_read_of_a_list_batch_is_refused(tmp_path):
 def _lie(t, doc, runs=None, values=None, node=None):
     cols = dict(zip(t.column_names, t.columns))
     if runs is not None:
-        cols["__runs__.attention_mask"] = pa.chunked_array([pa.array(runs, type=pa.list_(pa.int64()))])
+        cols["__runs__attention_mask"] = pa.chunked_array([pa.array(runs, type=pa.list_(pa.int64()))])
     if values is not None:
         cols["input_ids"] = pa.chunked_array([pa.array(values, type=t.schema.field("input_ids").type)])
     if node is not None:
@@ -141,5 +141,5 @@ def test_sql_and_to_pandas_cut_each_trajectory(tmp_path):
     assert [b for b, _ in zip(got, range(5))] == [b for b, _ in zip(want, range(5))]  # the groups stored by runs
     df = r.to_pandas(0)
     assert [x.tolist() for x in df["input_ids"] if isinstance(x, np.ndarray)] == [a for a, _ in want]
-    runs = pq.read_table(next(tmp_path.rglob("*.parquet")), columns=["__runs__.attention_mask"]).column(0).to_pylist()
+    runs = pq.read_table(next(tmp_path.rglob("*.parquet")), columns=["__runs__attention_mask"]).column(0).to_pylist()
     assert runs == [[2, 1, 2, 3], [1, 3, 0, 2, 2, 4], None, None]

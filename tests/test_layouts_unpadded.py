@@ -59,6 +59,13 @@ def trl_batch(B=64, P=256, C=1024, seed=1):
             "advantages": torch.randn(B, generator=g), "num_items_in_batch": torch.tensor(int(cm.sum()))}
 
 
+def version(batch, base):
+    """The format version a step of ``batch`` records: ``base``, or 3 where it holds a
+    half-precision tensor (stored widened, docs/FORMAT.md 3.2)."""
+    half = any(isinstance(v, torch.Tensor) and v.dtype in (torch.bfloat16, torch.float16) for v in batch.values())
+    return 3 if half else base
+
+
 def padded_bytes(batch):
     return sum(v.numel() * v.element_size() for v in batch.values() if v.ndim >= 2)
 
@@ -72,7 +79,7 @@ def test_bytes_on_disk_half_the_padded_tensors(tmp_path, make):
     assert f.stat().st_size <= 0.5 * padded_bytes(batch), (f.stat().st_size, padded_bytes(batch))
     r = Reader(tmp_path)
     spec = r.info(0)["batch"]
-    assert spec["form"] == "masked" and r.info(0)["format_version"] == 2
+    assert spec["form"] == "masked" and r.info(0)["format_version"] == version(batch, 2)
     for k, node in spec["keys"]:
         if batch[k].ndim >= 2:
             assert node["kind"] == "token", k  # every per-token field stored unpadded
@@ -144,7 +151,7 @@ def test_two_sided_roundtrip(batch):
     spec = doc["batch"]
     am = batch["attention_mask"] != 0
     last = any(n.get("axis") == "last" for _, n in spec["keys"])  # mrope position_ids [B, 4, T]: version 3
-    assert doc["format_version"] == (3 if last else 2 if spec["form"] == "masked" else 1)
+    assert doc["format_version"] == (3 if last else version(batch, 2 if spec["form"] == "masked" else 1))
     if spec["masks"][0]["side"] is not None:
         p, _, _ = roundtrip(batch, "packed")
         assert torch.equal(p["input_ids"], batch["input_ids"][am])
@@ -232,7 +239,7 @@ def _lie(doc, t, f):
     lambda b: b["masks"][0].update(lo=5),
     lambda b: b["masks"][0].update(side="middle"),
     lambda b: b["masks"][0].pop("start_col"),
-    lambda b: b["masks"][1].update(start_col="__start__.attention_mask"),
+    lambda b: b["masks"][1].update(start_col="__start__attention_mask"),
     lambda b: b["masks"][0].update(src="responses_typo"),
     lambda b: b["masks"].append(dict(b["masks"][1])),
     lambda b: b["keys"][0][1].update(mask=7),
@@ -254,7 +261,7 @@ def test_lying_starts_raise(tmp_path):
     batch = verl_batch(B=3, P=4, R=6)
     t = schema.encode(batch, step=0, split="train")
     doc = json.loads(t.schema.metadata[b"trajstore"])
-    i = t.schema.get_field_index("__start__.attention_mask")
+    i = t.schema.get_field_index("__start__attention_mask")
     for bad in ([0, 0, 9], [-1, 0, 0]):
         t2 = t.set_column(i, t.schema.field(i), [np.array(bad, dtype=np.int64)])
         with pytest.raises(FormatError, match="outside its width"):
@@ -269,7 +276,7 @@ def test_old_reader_refuses(tmp_path):
     f = tmp_path / "train" / "step_00000000.parquet"
     schema_ = pq.read_schema(f)
     doc = json.loads(schema_.metadata[b"trajstore"])
-    assert doc["format_version"] == 2 and doc["batch"]["form"] == "masked"
+    assert doc["format_version"] == version(trl_batch(B=2, P=3, C=5), 2) and doc["batch"]["form"] == "masked"
     with pytest.raises(trajstore.FormatVersionError, match="upgrade"):
         check_version(doc["format_version"], str(f), "step file", newest=1)
     with pytest.raises(FormatError, match="format version 1"):

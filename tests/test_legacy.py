@@ -71,5 +71,5 @@ def test_cli_names_the_versions_and_upgrades_the_layout(tmp_path):
         assert_batch_equal(got, want)
     with trajstore.Writer(tmp_path / "new") as w:  # a new dump: current layout, nothing to upgrade
         w.append(0, CASES[0][2])
-    assert trajstore.verify(tmp_path / "new").formats == {1: 1}
+    assert trajstore.verify(tmp_path / "new").formats == {3: 1}  # its bf16 / fp16 fields: version 3
     assert main(["upgrade", "--json", str(tmp_path / "new")]) == 0

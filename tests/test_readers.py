@@ -20,6 +20,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -192,32 +193,16 @@ def read_column(reader: str, path: Path, column: str) -> list:
 
 
 # ----------------------------------------------------------------------------- what fails today
-BITS = "issue 13: bf16 is stored as uint16 bits, readers show the bits, not the numbers"
-ENC9 = "issue 13: fastparquet cannot decode BYTE_STREAM_SPLIT (NotImplementedError: Encoding 9)"
-DOTS = "issue 13: fastparquet cannot read a column whose name holds a dot (__pad__.x, __shape__.x)"
-F16 = "issue 13: Spark rejects the Parquet FLOAT16 logical type (PARQUET_TYPE_ILLEGAL)"
-NEQB = "issue 13: packed with N == B stores a [B] field per token (one list per trajectory)"
 PDFP = "pandas' (deprecated) fastparquet engine returns bool / int64 columns as float64"
-DUCK16 = "issue 13: DuckDB reads BYTE_STREAM_SPLIT only for FLOAT, DOUBLE, INT32, INT64, not FLOAT16"
-_BSS = ("int16", "int32", "int64", "fp16", "bf16", "fp32", "fp64")  # 3.5: stored BYTE_STREAM_SPLIT
 
 
 def known(reader: str, form: str, label: str, part: str) -> str | None:
     """Why cell (reader, form/column) does not hold today, or None where it does."""
     if reader in ("fastparquet", "pandas-fastparquet"):
-        if part in ("pad_col", "shape_col"):
-            return DOTS
-        if label.startswith(_BSS) and "value" not in label:
-            return ENC9
-        if reader == "pandas-fastparquet" and label in ("bool sample", "int value", "bool value", "span start"):
+        if reader == "pandas-fastparquet" and label in ("bool sample", "int64 sample", "int value", "bool value", "span start",
+                                                        "int32 cu_seqlens ends (packed)"):
             return PDFP
-    if "N == B" in label:
-        return NEQB
-    if label in ("fp16 token", "fp16 sample") and reader == "duckdb":
-        return DUCK16
-    if "fp16" in label and reader == "spark":
-        return F16
-    return BITS if "bf16" in label else None
+    return None
 
 
 def _params() -> list:
@@ -238,6 +223,42 @@ def test_cell(dumps, reader, form, path, part, expected):
     spec = json.loads(pq.read_schema(f).metadata[b"trajstore"])
     column = locate(spec, path, part)
     assert_column(read_column(reader, f, column), expected, f"{reader} {f.name} {column}")
+
+
+# ----------------------------------------------------------------------------- opt-in encodings
+ENC9 = "fastparquet cannot decode BYTE_STREAM_SPLIT (NotImplementedError: Encoding 9): why it is opt-in"
+_BSS = ("int16", "int32", "int64", "fp32", "fp64", "bf16", "fp16")  # tensor values stored BYTE_STREAM_SPLIT
+
+
+def known_compact(reader: str, label: str, part: str) -> str | None:
+    """Why cell (reader, column) of a step written with ``encodings="compact"`` does not hold."""
+    if reader in ("fastparquet", "pandas-fastparquet") and label.startswith(_BSS) and "value" not in label:
+        return ENC9
+    return known(reader, "padded", label, part)
+
+
+@pytest.fixture(scope="module")
+def compact(tmp_path_factory) -> dict[str, Path]:
+    """The padded and fp16 forms written with ``Writer(encodings="compact")`` (docs/FORMAT.md 3.5)."""
+    root, files = tmp_path_factory.mktemp("compact"), {}
+    for name in ("padded", "half"):
+        with trajstore.Writer(root / name, encodings="compact") as w:
+            w.append(0, _FORMS[name][0])
+        files[name] = root / name / "train" / "step_00000000.parquet"
+    return files
+
+
+@pytest.mark.parametrize("reader, form, path, part, expected", [
+    pytest.param(r, form, path, part, expected,
+                 marks=([pytest.mark.xfail(strict=True, reason=known_compact(r, label, part))]
+                        if known_compact(r, label, part) else []) + ([pytest.mark.heavy_readers] if r in HEAVY else []),
+                 id=f"{r}-compact-{cell_id(form, label, path, part)}")
+    for r in READERS for form, label, path, part, expected in CELLS if form in ("padded", "half")])
+def test_cell_compact(compact, reader, form, path, part, expected):
+    """The opt-in compact encodings: every reader but fastparquet reads every column."""
+    f = compact[form]
+    column = locate(json.loads(pq.read_schema(f).metadata[b"trajstore"]), path, part)
+    assert_column(read_column(reader, f, column), expected, f"{reader} compact {column}")
 
 
 # ----------------------------------------------------------------------------- whole folders
@@ -314,19 +335,15 @@ def _glob_read(reader: str, split: Path, column: str) -> dict:
 def _numbers(v: Any) -> Any:
     if v is None or isinstance(v, float) and math.isnan(v):  # pandas shows a NULL number as NaN (none is written)
         return None
+    if isinstance(v, np.generic):  # a numpy scalar (pandas' list elements)
+        v = v.item()
     if isinstance(v, (list, tuple)) or hasattr(v, "tolist") and not isinstance(v, (int, float)):
         return [_numbers(x) for x in list(v)]
     assert isinstance(v, (int, float)) and not isinstance(v, bool), f"{v!r} is not a number"
     return float(v)
 
 
-_BITS_AS_FLOAT = ("issue 13: a bf16 step after a float32 one: its uint16 column is moved (FORMAT.md 3.11), so it "
-                  "reads NULL, not its numbers, until bf16 is stored as float32")
-_BF16_FIRST = ("issue 13: the bf16 step's column (uint16 bits) sets the glob's type: its rows read as bits "
-               "(the float32 step's column is moved, FORMAT.md 3.11)")
-SILENT = {  # (reader, case): the wrong answer it gives today without an error
-    ("pandas", "fp32_then_bf16"): _BITS_AS_FLOAT, ("pyarrow.dataset", "fp32_then_bf16"): _BITS_AS_FLOAT,
-    ("pandas", "bf16_then_fp32"): _BF16_FIRST, ("pyarrow.dataset", "bf16_then_fp32"): _BF16_FIRST,
+SILENT: dict = {  # (reader, case): the wrong answer it gives today without an error (none left)
 }
 
 

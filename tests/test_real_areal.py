@@ -217,7 +217,7 @@ def test_any_lengths_round_trip_exactly(tmp_path_factory, kind, group_size, leng
 def _column_bytes(path: Path, fields: set[str]) -> int:
     """Compressed bytes on disk of the columns of ``fields`` (values and shapes)."""
     def ours(p: str) -> bool:
-        return any(p == k or p.startswith((k + ".", "__shape__." + k)) for k in fields)
+        return any(p == k or p.startswith((k + ".", "__shape__" + k)) for k in fields)
 
     n = 0
     for f in path.rglob("*.parquet"):
@@ -246,7 +246,7 @@ def test_per_token_fields_stored_unpadded(tmp_path, kind):
     assert 0 < on_disk <= 0.5 * padded_bytes, (on_disk, padded_bytes)
     # each element restored at its own width (its longest trajectory's), not the batch's ...
     f = next((tmp_path / "d").rglob("*.parquet"))
-    shapes = pq.read_table(f, columns=["__shape__.input_ids"])
+    shapes = pq.read_table(f, columns=["__shape__input_ids"])
     assert [s[-1] for s in shapes.column(0).to_pylist()] == [int(t["attention_mask"].sum(-1).max()) for t in batch]
     # ... but a group's padding is not stored: each row holds its trajectories' tokens only
     lens = [t["attention_mask"].sum(-1) for t in batch]
@@ -254,9 +254,9 @@ def test_per_token_fields_stored_unpadded(tmp_path, kind):
     for k in tokens:
         assert [len(x) for x in stored.column(k).to_pylist()] == [int(n.sum()) for n in lens], k
     if kind == "multi_turn":  # [1, T] episodes: no padding, nothing to cut
-        assert "__runs__.attention_mask" not in pq.read_schema(f).names
+        assert "__runs__attention_mask" not in pq.read_schema(f).names
     else:
-        runs = pq.read_table(f, columns=["__runs__.attention_mask"]).column(0).to_pylist()
+        runs = pq.read_table(f, columns=["__runs__attention_mask"]).column(0).to_pylist()
         assert runs == [[0] * len(n) + n.tolist() for n in lens]  # right-padded by concat_padded_tensors
     got = trajstore.Reader(tmp_path / "d").read(0)
     assert_batch_equal(batch, got)

@@ -264,14 +264,14 @@ def test_groups_by_runs(tmp_path):
     table, meta = _spec(tmp_path)
     cells = dict(meta["batch"]["elem"]["keys"])
     assert meta["format_version"] == 3
-    assert all(cells[k]["runs"] == "__runs__.attention_mask" for k in ("input_ids", "attention_mask", "logprobs", "topk"))
+    assert all(cells[k]["runs"] == "__runs__attention_mask" for k in ("input_ids", "attention_mask", "logprobs", "topk"))
     assert "pad_col" in cells["logprobs"] and cells["input_ids"]["pad"] == 0 and "runs" not in cells["rewards"]
-    runs = table.column("__runs__.attention_mask").to_pylist()
+    runs = table.column("__runs__attention_mask").to_pylist()
     assert runs[0] == [0, 0, 3, 1] and runs[1] == [2, 0, 4, 2, 4, 0] and runs[2] is None and runs[3] is None
 
     def with_runs(row):
         r = runs[:1] + [row] + runs[2:]
-        i = table.column_names.index("__runs__.attention_mask")
+        i = table.column_names.index("__runs__attention_mask")
         return table.set_column(i, table.field(i), pa.array(r, type=table.field(i).type))
 
     for name, t, m in [("v2", table, {**meta, "format_version": 2}),

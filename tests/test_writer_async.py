@@ -309,13 +309,23 @@ def test_stats_counts(tmp_path):
 def test_parquet_encodings_reach_the_list_columns(tmp_path):
     import pyarrow.parquet as pq
 
-    with trajstore.Writer(tmp_path) as w:
-        w.append(0, batch())
-    md = pq.ParquetFile(trajstore.Reader(tmp_path).file(0)).metadata.row_group(0)
-    enc = {md.column(j).path_in_schema: md.column(j).encodings for j in range(md.num_columns)}
-    assert "BYTE_STREAM_SPLIT" in enc["input_ids.list.element"]  # per-token int64 values
-    assert "BYTE_STREAM_SPLIT" in enc["rewards"]                 # per-trajectory float32
-    assert md.column(0).compression == "ZSTD"
+    def encodings(path, **kw):
+        with trajstore.Writer(path, **kw) as w:
+            w.append(0, batch())
+        md = pq.ParquetFile(trajstore.Reader(path).file(0)).metadata.row_group(0)
+        assert all(md.column(j).compression == "ZSTD" for j in range(md.num_columns))
+        return {md.column(j).path_in_schema: set(md.column(j).encodings) for j in range(md.num_columns)}
+
+    # the default: encodings every Parquet reader decodes (docs/FORMAT.md 3.5)
+    enc = encodings(tmp_path / "portable")
+    assert all(e <= {"PLAIN", "RLE", "RLE_DICTIONARY", "PLAIN_DICTIONARY"} for e in enc.values()), enc
+    assert "RLE_DICTIONARY" in enc["input_ids.list.element"]  # per-token int64 values
+    assert "RLE_DICTIONARY" not in enc["rewards"]             # per-trajectory float32: PLAIN
+    enc = encodings(tmp_path / "compact", encodings="compact")
+    assert "BYTE_STREAM_SPLIT" in enc["input_ids.list.element"]
+    assert "BYTE_STREAM_SPLIT" in enc["rewards"]
+    with pytest.raises(trajstore.ConfigError, match="encodings"):
+        trajstore.Writer(tmp_path / "bad", encodings="small")
 
 
 @pytest.mark.parametrize("trail", [(), (2,), (0,)])
@@ -338,7 +348,7 @@ def test_padded_fields_pad_check(tmp_path, trail):
     else:  # zero-width tokens have no pad value: stored whole
         assert keys["const"]["kind"] == "sample"
     if varied.numel():
-        assert keys["varied"]["kind"] == "token" and keys["varied"]["pad_col"] == "__pad__.varied"
+        assert keys["varied"]["kind"] == "token" and keys["varied"]["pad_col"] == "__pad__varied"
     else:
         assert keys["varied"]["kind"] == "sample"
     assert_batch_equal(b, r[0])

@@ -337,7 +337,8 @@ def _read_sample(pf: pq.ParquetFile, node: dict, doc: dict, f: Path) -> Any:
     idx = schema_.get_field_index(col)
     if idx < 0:
         raise FormatError(f"{f}: column {col!r} named in the spec is missing from the file")
-    want = dt.arrow_type(dtype)
+    v = doc.get("format_version")
+    want = dt.arrow_type(dtype, v if type(v) is int else 1)
     if schema_.field(idx).type != want:
         raise FormatError(f"{f}: column {col!r} has Arrow type {schema_.field(idx).type}, "
                           f"the spec says {dtype} (stored as {want})")

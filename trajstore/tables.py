@@ -11,8 +11,9 @@ float32), nested fields have dotted names, a rejected (``None``) trajectory is a
 ``duckdb``: an in-memory DuckDB connection with one view per split (``train``, ``val``, ...)
 over the split's step files (or over the one file of a Reader opened on a step file), every row carrying its ``step``. Columns are the stored Arrow
 columns (docs/FORMAT.md): per-token fields are lists, nested fields have dotted names (quote
-them: ``"a.b"``), JSON-valued fields are JSON strings, and bfloat16 values appear as their raw
-uint16 bits (use ``to_pandas`` for them). A step appended as a list of trajectory dicts whose
+them: ``"a.b"``), JSON-valued fields are JSON strings, and bfloat16 / float16 values appear as
+float32 numbers (as their raw uint16 bits / halffloat in step files of format versions 1 and 2:
+use ``to_pandas`` for them). A step appended as a list of trajectory dicts whose
 ``attention_mask`` is ``[g, T]`` (AReaL's groups) has one row per trajectory, as in ``to_pandas``:
 its per-token cells cut by the trajectory's mask row, other tensor cells split along their first
 dimension, other fields repeated, and ``group`` (the element's index) where ``g > 1``.

@@ -37,7 +37,7 @@ from . import schema, torch_bridge
 from .format import check
 from .format import containers
 from .format import typed
-from .format.parquet import parquet_options
+from .format.parquet import check_encodings, parquet_options
 from .store import columns
 from .store import commit
 from .store import index
@@ -122,6 +122,10 @@ class Writer:
     Plain per-trajectory fields (``rewards``...) of the steps written are also kept in the split's
     index for ``Reader.column`` (``_trajstore/<split>/index/``, docs/FORMAT.md section 6): a segment every
     ``index.INDEX_EVERY`` steps and on ``flush``/``close``; an index error is only logged.
+    ``encodings`` chooses the Parquet encodings (docs/FORMAT.md 3.5): "portable" (default), which
+    every Parquet reader decodes, or "compact": BYTE_STREAM_SPLIT for tensor values, smaller
+    float columns for readers that support it (pyarrow, pandas, Polars, DuckDB, DataFusion, Spark,
+    Ray Data; not fastparquet).
     ``on_commit`` is called on the background thread with a :class:`Committed` record once each
     step is committed, before ``flush`` returns; an error it raises is logged, never raised.
     """
@@ -129,12 +133,13 @@ class Writer:
     def __init__(self, path: str | Path, split: str = "train", *, overwrite: bool = False,
                  max_pending_steps: int = 8, max_pending_bytes: int = 4 << 30, workers: int = 1,
                  on_error: str = "raise", on_commit: Callable[[Committed], Any] | None = None,
-                 masks: dict[str, list[str]] | None = None):
+                 masks: dict[str, list[str]] | None = None, encodings: str = "portable"):
         if on_error not in ("raise", "warn"):
             raise ConfigError(f"Writer({str(path)!r}): on_error must be 'raise' or 'warn', got {on_error!r}")
         if on_commit is not None and not callable(on_commit):
             raise ConfigError(f"Writer({str(path)!r}): on_commit must be callable, got {on_commit!r}")
         self.on_error, self.on_commit = on_error, on_commit
+        self.encodings = check_encodings(encodings, f"Writer({str(path)!r})")
         if masks is not None and not (isinstance(masks, dict) and all(
                 type(k) is str and isinstance(v, list | tuple) and all(type(x) is str for x in v)
                 for k, v in masks.items())):
@@ -358,7 +363,7 @@ class Writer:
         final = self.dir / paths.step_name(step)
         tmp = paths.temp_path(self.dir, step)  # in the side folder: the split folder holds step files only
         try:
-            pq.write_table(table, tmp, **parquet_options(table))
+            pq.write_table(table, tmp, **parquet_options(table, self.encodings))
             index_rows = self._index.take(step, table)  # a copy, checked by snap.check below
             rows = table.num_rows
             del table

@@ -17,7 +17,7 @@ import pyarrow as pa
 from .._threads import PIECE_BYTES, balance, run_parallel
 from ..errors import BatchError, FormatError, foreign_errors
 from . import dtypes as dt
-from .spec import RESERVED, STEP_COLUMN, where
+from .spec import COMPANION_PREFIXES, RESERVED, STEP_COLUMN, where
 from .values import check_str, dumps
 
 __all__ = ["ColumnNames", "TableBuilder", "list_array", "Columns", "empty", "to_numpy"]
@@ -32,11 +32,14 @@ class ColumnNames:
     def __init__(self) -> None:
         self.used: set[str] = set()
 
-    def claim(self, name: str, path: tuple) -> None:
+    def claim(self, name: str, path: tuple, companion: bool = False) -> None:
+        """Claim column ``name`` for the field at ``path``, or for one of its ``companion`` columns
+        (``__shape__<col>``...: a field's own column may not start like one)."""
         check_str(name, f"field {where(path)!r} name")
-        if name in RESERVED or name in self.used:
+        if name in RESERVED or name in self.used or not companion and name.startswith(COMPANION_PREFIXES):
             raise BatchError(
-                f"field {where(path)!r}: column name {name!r} is reserved or already used; rename the field"
+                f"field {where(path)!r}: column name {name!r} is reserved or already used (names starting with "
+                f"{', '.join(COMPANION_PREFIXES)} are trajstore's companion columns); rename the field"
             )
         self.used.add(name)
 
@@ -59,9 +62,14 @@ class TableBuilder:
         self.version = max(self.version, version)
 
     def add(self, name: str, arr: pa.Array, meta: dict[str, str], path: tuple) -> None:
-        """Append column ``name`` (claimed beforehand) of one row per trajectory."""
+        """Append column ``name`` (claimed beforehand) of one row per trajectory. Half-precision
+        values (``meta["dtype"]`` bfloat16 / float16) are stored widened to float32, which every
+        Parquet reader shows as numbers (format version 3, docs/FORMAT.md 3.2)."""
         if len(arr) != self.n:
             raise BatchError(f"field {where(path)!r}: has {len(arr)} rows, the batch has {self.n}")
+        if meta.get("dtype") in dt.HALF:
+            arr = _widened(arr, meta["dtype"])
+            self.needs(dt.WIDE_VERSION)
         nullable = arr.null_count > 0 or meta.get("kind") in _NULLABLE_KINDS
         self.fields.append(pa.field(name, arr.type, nullable=nullable,
                                     metadata={f"trajstore.{k}": v for k, v in meta.items()}))
@@ -83,6 +91,18 @@ def list_array(offsets: np.ndarray, values: np.ndarray, mask: np.ndarray | None 
     # no nulls: the values are declared non-nullable, so Parquet has no per-value null state to
     # record, and a reader none to decode
     return pa.LargeListArray.from_arrays(off, vals, type=pa.large_list(pa.field("element", vals.type, nullable=False)))
+
+
+def _widened(arr: pa.Array, name: str) -> pa.Array:
+    """A column of half-precision storage (a primitive or ``large_list`` array, as built by the
+    codecs) with its values widened to float32, nulls and offsets kept."""
+    if not pa.types.is_large_list(arr.type):
+        return pa.array(dt.widen(arr.to_numpy(zero_copy_only=False), name))
+    o = arr.offsets.to_numpy()
+    vals = arr.values.slice(int(o[0]), int(o[-1] - o[0])).to_numpy(zero_copy_only=False) if len(o) else []
+    out = list_array(o - o[0], dt.widen(np.asarray(vals, dt.storage_numpy(name)), name),
+                     arr.is_null().to_numpy(zero_copy_only=False) if arr.null_count else None)
+    return out
 
 
 # ----------------------------------------------------------------------------- reading
@@ -115,11 +135,23 @@ def _offsets(chunks: list) -> np.ndarray:
     return off
 
 
-def _checked(vals: pa.Array, dtype: str, name: str, where: str) -> np.ndarray:
-    """A tensor's values as numpy (``to_numpy``), checked: no nulls, the storage dtype the spec names."""
+def _raw(vals: pa.Array, dtype: str, name: str, where: str) -> np.ndarray:
+    """A tensor's values as numpy (``to_numpy``), as the column holds them (no nulls): the storage
+    dtype the spec names, or float32 for a half dtype (widened, ``validate`` checked which)."""
     if vals.null_count:
         raise FormatError(f"{where}: column {name!r} holds null values inside a tensor")
     v = to_numpy(vals)
+    if v.dtype != dt.storage_numpy(dtype) and not dt.is_wide(dtype, v):
+        raise FormatError(f"{where}: column {name!r} stores {v.dtype}, spec says {dtype}")
+    return v
+
+
+def _checked(vals: pa.Array, dtype: str, name: str, where: str) -> np.ndarray:
+    """A tensor's values as numpy of the storage dtype the spec names (``_raw``, widened half
+    values narrowed back)."""
+    v = _raw(vals, dtype, name, where)
+    if dt.is_wide(dtype, v):
+        return dt.narrow(v, dtype)
     if v.dtype != dt.storage_numpy(dtype):
         raise FormatError(f"{where}: column {name!r} stores {v.dtype}, spec says {dtype}")
     return v
@@ -182,8 +214,18 @@ class Columns:
         with foreign_errors(self.where, "reading column {!r}", name):
             off, parts, r = _offsets(col.chunks), [], 0
             for c in col.chunks:
-                parts.append((r, _values(c, dtype, name, self.where)))
+                o = c.offsets.to_numpy()
+                a, b = (int(o[0]), int(o[-1])) if len(o) else (0, 0)
+                parts.append((r, _raw(c.values.slice(a, b - a), dtype, name, self.where) if dtype != "bool"
+                              else _values(c, dtype, name, self.where)))
                 r += len(c)
+        if any(dt.is_wide(dtype, v) for _, v in parts):  # widened half values, narrowed in pieces on the pool
+            wide = [(r, v, np.empty(len(v), dt.storage_numpy(dtype))) for r, v in parts]
+            step = PIECE_BYTES // 4
+            pieces = [(v[i:i + step], out[i:i + step]) for _, v, out in wide for i in range(0, len(v), step)]
+            run_parallel(lambda group: [dt.narrow(v, dtype, out=o) for v, o in group],
+                         balance(pieces, lambda p: p[0].nbytes, PIECE_BYTES), sum(v.nbytes for _, v, _ in wide))
+            parts = [(r, out) for r, _, out in wide]
         return off, parts
 
     def join(self, names: list[tuple[str, str]]) -> None:
@@ -198,7 +240,8 @@ class Columns:
             if name in self._parts or not self.has(name):
                 continue
             col = self._list_col(name)
-            if col.num_chunks == 1:
+            wide = dtype in dt.HALF and col.type.value_type == pa.float32()  # narrowed as it is copied
+            if col.num_chunks == 1 and not wide:
                 c = col.chunk(0)
                 o = c.offsets.to_numpy()
                 self._parts[name] = (o - o[0], _values(c, dtype, name, self.where))
@@ -213,13 +256,21 @@ class Columns:
                 if dtype == "bool":  # unpacked from its bitmap on the pool thread
                     copies.append((c, dtype, name, dst))
                     continue
-                src = _values(c, dtype, name, self.where)
+                o = c.offsets.to_numpy()
+                a, b = (int(o[0]), int(o[-1])) if len(o) else (0, 0)
+                src = _raw(c.values.slice(a, b - a), dtype, name, self.where)
                 step = max(1, PIECE_BYTES // max(1, src.itemsize))
-                copies += [(src[i:i + step], None, name, dst[i:i + step]) for i in range(0, len(src), step)]
+                how = dtype if dt.is_wide(dtype, src) else None
+                copies += [(src[i:i + step], how, name, dst[i:i + step]) for i in range(0, len(src), step)]
 
         def copy(group: list) -> None:
             for src, dtype, name, dst in group:
-                dst[...] = src if dtype is None else _values(src, dtype, name, self.where)
+                if dtype is None:
+                    dst[...] = src
+                elif dtype == "bool":
+                    dst[...] = _values(src, dtype, name, self.where)
+                else:
+                    dt.narrow(src, dtype, out=dst)
 
         run_parallel(copy, balance(copies, lambda x: x[3].nbytes, PIECE_BYTES),
                      sum(x[3].nbytes for x in copies))

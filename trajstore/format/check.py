@@ -229,7 +229,7 @@ class _Walk:
         """The packed batch's tensors, once N is known: leading dimension N or B."""
         for t in self.deferred:
             shape = list(t.value.shape)
-            if shape[0] == self.lay.N:
+            if layout.is_flat(self.lay, t.path, shape):
                 t.role = FLAT
             elif shape[0] != self.lay.B:
                 raise length_error(t.path, shape, self.lay)
@@ -281,7 +281,7 @@ class _Walk:
         if len(libs) > 1 or len(names) > 1:  # not one column: each row a typed value
             return self.values(rows, present)
         self.names.claim(rows.col, rows.path)
-        self.names.claim(SHAPE_PREFIX + rows.col, rows.path)
+        self.names.claim(SHAPE_PREFIX + rows.col, rows.path, companion=True)
         return Cells(rows.path, rows.elems, libs.pop(), names.pop())
 
     def values(self, rows: _Rows, present: list) -> Values:

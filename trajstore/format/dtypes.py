@@ -1,8 +1,11 @@
 """dtype mapping: torch/numpy dtypes <-> names <-> Arrow storage types.
 
-Every stored tensor value is a flat Arrow array of its *storage* type; the
-logical dtype name travels in field metadata (``trajstore.dtype``).  bfloat16
-has no Arrow type and is stored as its raw bits (uint16).
+Every tensor is held in memory as a numpy array of its *storage* dtype (bfloat16 as its raw
+uint16 bits) and stored in a Parquet column of its *column* type; the logical dtype name travels
+in field metadata (``trajstore.dtype``). From format version 3 the half-precision dtypes
+(bfloat16, float16) are stored widened to float32, exactly (``widen`` / ``narrow``), so that any
+Parquet reader shows their numbers; files of versions 1 and 2 hold bfloat16 as uint16 bits and
+float16 as Arrow halffloat (docs/FORMAT.md 3.2).
 """
 
 from __future__ import annotations
@@ -58,8 +61,55 @@ def storage_numpy(name: str) -> np.dtype:
     return _TABLE[name][1]
 
 
-def arrow_type(name: str) -> pa.DataType:
+HALF = ("bfloat16", "float16")  # stored widened to float32 from format version 3
+WIDE_VERSION = 3
+
+
+def arrow_type(name: str, version: int = WIDE_VERSION) -> pa.DataType:
+    """The Arrow type of a column of dtype ``name`` in a file of format ``version`` (default: the
+    files this library writes)."""
+    if name in HALF and version >= WIDE_VERSION:
+        return pa.float32()
     return _TABLE[name][2]
+
+
+def is_wide(name: str, a: np.ndarray) -> bool:
+    """Whether ``a`` holds values of half dtype ``name`` widened to float32 (as read from a column)."""
+    return name in HALF and a.dtype == np.float32
+
+
+def widen(a: np.ndarray, name: str) -> np.ndarray:
+    """Half-precision storage (bfloat16 bits, float16) as float32 holding the same numbers, every
+    bit kept: a bfloat16 is the high half of its float32; a float16 converts exactly (its NaN
+    payloads are set by bits, so a converter that quiets signalling NaNs changes nothing)."""
+    if name == "bfloat16":
+        out = a.view(np.uint16).astype(np.uint32)
+        out <<= 16
+        return out.view(np.float32)
+    out = a.astype(np.float32)
+    nan = np.isnan(a)
+    if nan.any():
+        h = a[nan].view(np.uint16).astype(np.uint32)
+        out.view(np.uint32)[nan] = ((h & 0x8000) << 16) | 0x7F800000 | ((h & 0x3FF) << 13)
+    return out
+
+
+def narrow(a: np.ndarray, name: str, out: np.ndarray | None = None) -> np.ndarray:
+    """Inverse of ``widen``: float32 values as half storage (into ``out`` if given), vectorized. A
+    value no half holds exactly (a file that lies) rounds; it never fails."""
+    if out is None:
+        out = np.empty(a.shape, storage_numpy(name))
+    if name == "bfloat16":
+        np.right_shift(a.view(np.uint32), 16, out=out.view(np.uint16), casting="unsafe")
+        return out
+    out[...] = a
+    nan = np.isnan(a)
+    if nan.any():
+        f = a[nan].view(np.uint32)
+        m = (f >> 13) & 0x3FF
+        h = ((f >> 16) & 0x8000) | 0x7C00 | m | (m == 0)  # a NaN stays a NaN
+        out.view(np.uint16)[nan] = h.astype(np.uint16)
+    return out
 
 
 def known(name: str) -> bool:
@@ -91,7 +141,9 @@ def from_storage(a: np.ndarray, name: str) -> torch.Tensor:
 
 
 def as_value(a: np.ndarray, node: dict):
-    """A storage numpy array as the value type a spec node names (``lib`` torch, numpy or np_scalar)."""
+    """A storage numpy array (or a column's widened float32 values) as the value type a spec node names (``lib`` torch, numpy or np_scalar)."""
+    if is_wide(node["dtype"], a):
+        a = narrow(a, node["dtype"])
     if node["lib"] == "torch":
         return from_storage(a, node["dtype"])
     r = a.view(numpy_dtype(node["dtype"]))

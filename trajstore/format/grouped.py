@@ -7,7 +7,7 @@ groups (``concat_padded_tensors``: each trajectory right-padded to the group's l
 rows, shapes and every other column keep that row), but where its ``[g, T]`` mask holds padding and
 each trajectory's tokens are one run, the token cells of that row (the cells shaped ``[g, T, ...]``
 like the mask, the mask itself included) hold only each trajectory's run, trajectory after
-trajectory. The runs are in ``__runs__.attention_mask`` (starts, then lengths); the padded
+trajectory. The runs are in ``__runs__attention_mask`` (starts, then lengths); the padded
 positions' values are one ``pad`` value, or their own values in ``__pad__.<column>``.
 """
 
@@ -26,13 +26,13 @@ from . import dtypes as dt
 from .arrow import Columns, TableBuilder, list_array
 from .check import MISSING, Cells, Struct
 from .layout import classify, span_mask, token_mask
-from .spec import PAD_PREFIX
+from .spec import PAD_PREFIX, RUNS_PREFIX
 from .validate import MAX_DECODED_BYTES
 from .values import as_cpu, storage
 
 __all__ = ["RunCells", "RUNS_COL", "plan", "encode_runs", "encode_cells", "decode_cells"]
 
-RUNS_COL = "__runs__.attention_mask"
+RUNS_COL = RUNS_PREFIX + "attention_mask"
 
 
 @dataclass

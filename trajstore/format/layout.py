@@ -23,7 +23,12 @@ from .spec import START_PREFIX
 from .values import as_cpu, describe, is_tensorlike
 
 __all__ = ["Layout", "MaskGroup", "token_mask", "structure", "batch_size", "read_cu_seqlens", "read_groups",
-           "padded_mask", "span_mask", "group_of", "last_axis_group", "channel_major", "classify", "count_tokens"]
+           "padded_mask", "span_mask", "group_of", "last_axis_group", "channel_major", "classify", "count_tokens",
+           "is_flat", "PER_TRAJECTORY"]
+
+# docs/FORMAT.md 3.4: in a packed batch with as many tokens as trajectories (N == B), fields of these
+# names stay per-trajectory (every other field of leading size N is per-token)
+PER_TRAJECTORY = ("rewards", "reward", "scores", "score", "seq_len", "seq_lens", "seqlen", "seqlens")
 
 _CU_SEQLENS = "field 'cu_seqlens': must be a non-empty 1-D integer tensor starting at 0 and non-decreasing"
 
@@ -75,7 +80,7 @@ class MaskGroup:
 
 def start_col(g: MaskGroup) -> str:
     """The column of a span group's per-row starts."""
-    return START_PREFIX + g.src + (f".{g.key}" if g.part else "")
+    return START_PREFIX + g.src + (f"__{g.key}" if g.part else "")
 
 
 def token_mask(m: torch.Tensor | np.ndarray) -> torch.Tensor:
@@ -227,6 +232,12 @@ def channel_major(lengths: Any, w: int) -> np.ndarray:
     r = np.repeat(np.arange(len(ln)), ln)
     j = np.arange(int(ln.sum()), dtype=np.int64) - o[r]
     return ((o[r] * w + j)[:, None] + np.arange(w, dtype=np.int64)[None, :] * ln[r][:, None]).reshape(-1)
+
+
+def is_flat(lay: Layout, path: tuple, shape: list[int]) -> bool:
+    """Whether a tensor of a packed batch (``N`` known) is per-token: its leading size is ``N``, and
+    when ``N == B`` its name is not one of ``PER_TRAJECTORY``."""
+    return shape[0] == lay.N and not (lay.N == lay.B and path[-1] in PER_TRAJECTORY)
 
 
 def read_cu_seqlens(lay: Layout) -> None:

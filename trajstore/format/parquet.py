@@ -8,33 +8,51 @@ from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["parquet_options", "ROW_GROUPS", "ROW_GROUP_BYTES", "ZSTD_LEVEL"]
+from ..errors import ConfigError
+
+__all__ = ["parquet_options", "ENCODINGS", "ROW_GROUPS", "ROW_GROUP_BYTES", "ZSTD_LEVEL"]
 
 ROW_GROUPS = 16  # at most this many row groups per step file: a reader decodes them on several cores
 ROW_GROUP_BYTES = 4 << 20  # ...of at least this much Arrow data each (a small step is one row group)
 ZSTD_LEVEL = 3
+# "portable": encodings every Parquet reader decodes (PLAIN, dictionary; docs/FORMAT.md 3.5);
+# "compact": BYTE_STREAM_SPLIT for 16/32/64-bit tensor values, which fastparquet and older
+# parquet-mr engines cannot read (tests/test_readers.py::test_cell_compact)
+ENCODINGS = ("portable", "compact")
+_TENSOR_KINDS = (b"token", b"sample", b"cell", b"pad", b"segment")
 
 
-def parquet_options(table: pa.Table) -> dict[str, Any]:
-    """The Parquet options of a step's table: BYTE_STREAM_SPLIT for 16/32/64-bit tensor values
-    (log-probs and token ids come out small for little write time), dictionary encoding for
-    everything else (masks, strings, JSON), zstd at ``ZSTD_LEVEL``, and up to ``ROW_GROUPS`` row
-    groups of at least ``ROW_GROUP_BYTES``, so a reader decodes a large step on several cores
-    while a small step stays one row group (a smaller footer and one page per column, which keeps
-    reading one column of many steps cheap). Every page carries its CRC32, which trajstore's readers
-    verify (``page_checksum_verification``), so a flipped bit fails a plain read. The measurements behind each choice are in
-    benchmarks/RESULTS.md (encoding benchmark)."""
+def check_encodings(encodings: Any, what: str) -> str:
+    if encodings not in ENCODINGS:
+        raise ConfigError(f"{what}: encodings must be one of {ENCODINGS}, got {encodings!r}")
+    return encodings
+
+
+def parquet_options(table: pa.Table, encodings: str = "portable") -> dict[str, Any]:
+    """The Parquet options of a step's table, zstd at ``ZSTD_LEVEL`` for every column and up to
+    ``ROW_GROUPS`` row groups of at least ``ROW_GROUP_BYTES``, so a reader decodes a large step on
+    several cores while a small step stays one row group (a smaller footer and one page per
+    column, which keeps reading one column of many steps cheap). Every page carries its CRC32,
+    which trajstore's readers verify (``page_checksum_verification``), so a flipped bit fails a
+    plain read.
+
+    ``encodings`` "portable" (the default): float32 / float64 tensor values PLAIN (a dictionary of
+    distinct log-probs only grows the file), everything else dictionary-encoded (token ids, masks,
+    half-precision values, strings, JSON) -- encodings every reader of tests/test_readers.py decodes. "compact": BYTE_STREAM_SPLIT
+    for 16/32/64-bit tensor values (smaller float columns, faster writes), for readers that
+    decode it. The measurements behind each choice are in benchmarks/RESULTS.md (encoding
+    benchmark)."""
+    check_encodings(encodings, "parquet_options")
     bss, dic = [], []
     for f in table.schema:
         t = f.type.value_type if hasattr(f.type, "value_type") else f.type
         # Parquet options name leaf columns: a list column's values are "<name>.list.element"
         names = [f.name, f"{f.name}.list.element"] if hasattr(f.type, "value_type") else [f.name]
-        if (f.metadata or {}).get(b"trajstore.kind") in (b"token", b"sample", b"cell") and (
-            t.bit_width in (16, 32, 64) and str(t) not in ("bool",)
-        ):
+        tensor = (f.metadata or {}).get(b"trajstore.kind") in _TENSOR_KINDS
+        if tensor and encodings == "compact" and t.bit_width in (16, 32, 64) and not pa.types.is_boolean(t):
             bss += names
-        else:
-            dic += names
+        elif not (tensor and (f.metadata or {}).get(b"trajstore.dtype") in (b"float32", b"float64")):
+            dic += names  # (half-precision values have at most 65536 distinct values: a small dictionary)
     return {
         "compression": "zstd",
         "compression_level": ZSTD_LEVEL,

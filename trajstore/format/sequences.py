@@ -2,7 +2,7 @@
 (a list, tuple or 1-D numpy object/str array with one value per trajectory; also the top level of a
 list batch) and its element kinds, one value per row:
 
-* ``cell``: tensors whose shape varies by row (values in ``col``, shapes in ``__shape__.<col>``);
+* ``cell``: tensors whose shape varies by row (values in ``col``, shapes in ``__shape__<col>``);
 * ``value``: Python scalars of one type, JSON text (``ptype`` json), or typed JSON text (``ptype``
   tjson, format/typed.py) for what plain JSON cannot hold exactly;
 * ``struct``: dicts holding tensors somewhere, one child element node per key;

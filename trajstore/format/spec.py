@@ -16,6 +16,7 @@ from . import dtypes as dt
 
 __all__ = [
     "FORMAT_VERSION", "MANIFEST_VERSION", "RESERVED", "STEP_COLUMN", "SHAPE_PREFIX", "PAD_PREFIX", "START_PREFIX",
+    "RUNS_PREFIX", "COMPANION_PREFIXES",
     "StepDoc", "BatchNode", "SeqNode", "TensorNode", "SegTensorNode", "GTensorNode", "JsonNode", "TValueNode", "GroupNode", "EmptyElem",
     "CellElem", "ValueElem", "StructElem",
     "FieldNode", "ElemNode", "step_doc", "fields", "is_token", "is_flat", "is_segments", "counted_masks", "is_tokenlike",
@@ -27,9 +28,14 @@ FORMAT_VERSION = 3  # the newest step-file version this library reads and writes
 MANIFEST_VERSION = 2  # the dump layout (trajstore.json, folders, names; 2: _trajstore/ side folder); steps carry their own version
 RESERVED = ("step",)  # column names a batch field may not take
 STEP_COLUMN = "step"
-SHAPE_PREFIX = "__shape__."  # per-row shapes of a cell column
-PAD_PREFIX = "__pad__."  # the values at padded positions of a token column
-START_PREFIX = "__start__."  # per-row first valid positions of a mask group padded on both sides
+# Companion columns (docs/FORMAT.md 3.1): the prefix joined to the column they describe with no dot,
+# which fastparquet takes for a path separator (files of trajstore 0.1 used "__shape__." etc.; readers
+# take every companion's name from the spec). A field's column may not start with one of them.
+SHAPE_PREFIX = "__shape__"  # per-row shapes of a cell column
+PAD_PREFIX = "__pad__"  # the values at padded positions of a token column
+START_PREFIX = "__start__"  # per-row first valid positions of a mask group padded on both sides
+RUNS_PREFIX = "__runs__"  # per-row runs of a list batch's groups stored unpadded
+COMPANION_PREFIXES = (SHAPE_PREFIX, PAD_PREFIX, START_PREFIX, RUNS_PREFIX)
 
 
 # ----------------------------------------------------------------------------- field nodes
@@ -70,6 +76,7 @@ class GTensorNode(TypedDict):
     dtype: str
     shape: list[int]
     data: str
+    col: NotRequired[str]  # a packed step's cu_seqlens: also column ``col``, row i = cu_seqlens[i + 1]
 
 
 class JsonNode(TypedDict):

@@ -44,8 +44,11 @@ def encode(enc: TableBuilder, lay: Layout, f: Tensor) -> TensorNode | GTensorNod
         return _encode_segments(enc, f, lib, name, x)
     if f.role == GLOBAL:
         raw = np.ascontiguousarray(storage(x)).reshape(-1)
-        return {"t": "gtensor", "lib": lib, "dtype": name, "shape": list(x.shape),
-                "data": base64.b64encode(raw.tobytes()).decode()}
+        g: Any = {"t": "gtensor", "lib": lib, "dtype": name, "shape": list(x.shape),
+                  "data": base64.b64encode(raw.tobytes()).decode()}
+        if lay.form == "packed" and f.path == ("cu_seqlens",):
+            _encode_ends(enc, g, raw)
+        return g
     node: Any = {"t": "tensor", "col": f.col, "lib": lib, "dtype": name}
     B = lay.B
     g = lay.groups[f.group] if f.role == TOKENS else None
@@ -95,22 +98,31 @@ def _encode_segments(enc: TableBuilder, f: Tensor, lib: str, name: str, x: Any) 
             "counts": list(f.counts)}
 
 
+def _encode_ends(enc: TableBuilder, node: dict, raw: np.ndarray) -> None:
+    """A packed step's ``cu_seqlens`` also as a plain column of its own name and dtype, row *i*
+    holding ``cu_seqlens[i + 1]``: where trajectory *i*'s tokens end (docs/FORMAT.md 3.7). For
+    readers without trajstore; trajstore decodes the inline tensor."""
+    node["col"] = "cu_seqlens"
+    enc.names.claim(node["col"], ("cu_seqlens",))
+    enc.add(node["col"], pa.array(raw[1:]), {"dtype": node["dtype"], "kind": "cu_seqlens"}, ("cu_seqlens",))
+
+
 def encode_starts(enc: TableBuilder, g: MaskGroup) -> None:
     """A span group's first valid position per row: int64 column ``start_col`` (kind ``start``)."""
     name = start_col(g)
-    enc.names.claim(name, (g.src,))
+    enc.names.claim(name, (g.src,), companion=True)
     enc.add(name, pa.array(np.asarray(g.starts, dtype=np.int64)), {"dtype": "int64", "kind": "start"}, (g.src,))
 
 
 def _encode_padvals(enc: TableBuilder, node: dict, path: tuple, x: Any, nm: torch.Tensor, B: int,
                     npad: torch.Tensor, w: int) -> None:
-    """The values at padded positions, row by row in position order: column ``__pad__.<col>``."""
+    """The values at padded positions, row by row in position order: column ``__pad__<col>``."""
     xt = torch.from_numpy(x) if isinstance(x, np.ndarray) else x
     values = _stored_order(node, storage(xt[nm] if node["lib"] == "torch" else xt[nm].numpy()).reshape(-1), npad, w)
     offsets = np.zeros(B + 1, dtype=np.int64)
     np.cumsum(np.asarray(npad, dtype=np.int64) * w, out=offsets[1:])
     node["pad_col"] = PAD_PREFIX + node["col"]
-    enc.names.claim(node["pad_col"], path)
+    enc.names.claim(node["pad_col"], path, companion=True)
     enc.add(node["pad_col"], list_array(offsets, values), {"dtype": node["dtype"], "kind": "pad"}, path)
 
 

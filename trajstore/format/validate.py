@@ -65,10 +65,12 @@ def _typed(doc, what: str):
 class _Checker:
     def __init__(self, schema: pa.Schema, n: int, spec: dict, version=None):
         self.types = {f.name: f.type for f in schema}
+        self.dtypes = {f.name: (f.metadata or {}).get(b"trajstore.dtype") for f in schema}
         self.n = n
         self.bytes = 0
         self.spec = spec
         self.version = version  # the file's format version
+        self.v = version if type(version) is int else 1  # ...as the storage types go by it (3.2)
 
     def add(self, nbytes: int, what: str) -> None:
         self.bytes += nbytes
@@ -84,6 +86,19 @@ class _Checker:
         if not expect(t):
             raise _Bad(f"column {name!r} has Arrow type {t}, which does not fit the spec")
         return name
+
+    def tcol(self, node: dict, key: str, name: str, listed: bool = True) -> str:
+        """A tensor column of dtype ``name``: its Arrow type (3.2: by the file's version) and the
+        dtype its field metadata names (a float32 column of a float32 field or of a widened
+        bfloat16 one look alike)."""
+        want = dt.arrow_type(name, self.v)
+        col = self.col(node, key, (lambda t: pa.types.is_large_list(t) and t.value_type == want) if listed
+                       else (lambda t: t == want))
+        m = self.dtypes.get(col)
+        if m is not None and m != name.encode():
+            raise _Bad(f"column {col!r} has Arrow type {self.types[col]} of dtype {m.decode(errors='replace')!r}, "
+                       f"the spec says {name}")
+        return col
 
     def dtype(self, node: dict) -> tuple[str, int]:
         name, lib = node.get("dtype"), node.get("lib")
@@ -129,6 +144,8 @@ class _Checker:
             except binascii.Error:
                 raise _Bad(f"an inline tensor's data is not base64: {data[:40]!r}") from None
             self.add(count * size, "an inline tensor")
+            if "col" in node:  # a packed step's cu_seqlens, also as a column (3.7)
+                self.tcol(node, "col", name, listed=False)
         elif t == "group":
             self.keys(node, depth)
         elif t == "seq":
@@ -162,9 +179,9 @@ class _Checker:
         if kind == "sample" and "axis" in node:
             raise _Bad(f"sample field {node.get('col')!r} has a token axis")
         if kind == "sample" and not trail:
-            self.col(node, "col", lambda t: t == dt.arrow_type(name))
+            self.tcol(node, "col", name, listed=False)
             return
-        self.col(node, "col", lambda t: pa.types.is_large_list(t) and t.value_type == dt.arrow_type(name))
+        self.tcol(node, "col", name)
         spec = self.spec
         g = self.group(node)
         if kind == "sample":
@@ -205,7 +222,7 @@ class _Checker:
             raise _Bad(f"the counts of a segmented tensor are not {self.n} ints >= 0")
         if w >= 1 << 62 or sum(counts) * max(w, 1) >= 1 << 62:
             raise _Bad(f"a segmented tensor of {sum(counts)} rows of {node['trail']} is too large")
-        self.col(node, "col", lambda t: pa.types.is_large_list(t) and t.value_type == dt.arrow_type(name))
+        self.tcol(node, "col", name)
 
     def group(self, node: dict) -> dict | None:
         """The mask group a tensor node of a masked batch follows (None: none, or another form)."""
@@ -258,13 +275,13 @@ class _Checker:
         if pad is not None and (type(pad) is not int or not lo <= pad < hi):
             raise _Bad(f"pad {pad!r} is not an int of {size * 8} bits")
         if "pad_col" in node:
-            self.col(node, "pad_col", lambda t: pa.types.is_large_list(t) and t.value_type == dt.arrow_type(name))
+            self.tcol(node, "pad_col", name)
 
     def runs(self, node: dict, name: str) -> None:
         """A token cell whose grouped rows hold their runs only: the runs column, pad or pad_col."""
         if type(self.version) is int and self.version < 3:
             raise _Bad(f"a cell stored by runs in a file of format version {self.version} (it needs 3)")
-        if node.get("runs") != "__runs__.attention_mask" or node.get("kind") != "token":
+        if node.get("runs") != "__runs__attention_mask" or node.get("kind") != "token":
             raise _Bad(f"cell {node.get('col')!r} names runs column {node.get('runs')!r}")
         self.col(node, "runs", lambda t: t == pa.list_(pa.int64()))
         self.pad(node, name, dt.storage_numpy(name).itemsize)
@@ -303,7 +320,7 @@ class _Checker:
             return
         if t == "cell":
             name, _ = self.dtype(node)
-            self.col(node, "col", lambda t: pa.types.is_large_list(t) and t.value_type == dt.arrow_type(name))
+            self.tcol(node, "col", name)
             self.col(node, "shape_col", lambda t: t == pa.list_(pa.int64()))
             if "runs" in node:  # a list batch's groups unpadded (format version 3)
                 self.runs(node, name)

@@ -252,9 +252,10 @@ class _Segment:
         self.starts, self.counts = starts.tolist(), counts.tolist()
         self._cols: dict[str, pa.Array] = {}
 
-    def _read(self, pf: pq.ParquetFile, col: str, typ: pa.DataType, n: int) -> pa.Array:
+    def _read(self, pf: pq.ParquetFile, col: str, typ: pa.DataType, n: int, old: pa.DataType | None = None) -> pa.Array:
+        """Column ``col`` of type ``typ`` (or ``old``: a half dtype's type in step files of versions 1-2)."""
         idx = self.schema.get_field_index(col)
-        if idx < 0 or self.schema.field(idx).type != typ:
+        if idx < 0 or self.schema.field(idx).type not in (typ, old or typ):
             raise FormatError(f"column {col!r} is missing or not {typ}")
         arr = pf.reader.read_column(idx)
         if len(arr) != n or arr.null_count:
@@ -269,7 +270,7 @@ class _Segment:
             with open(self.path, "rb") as fh:
                 pf = pq.ParquetFile(fh, page_checksum_verification=True)
                 a = self._cols[name] = self._read(pf, node["col"], dt.arrow_type(node["dtype"]),
-                                                  sum(self.counts))
+                                                  sum(self.counts), dt.arrow_type(node["dtype"], 1))
         i = self.pos[step]
         v = a.slice(self.starts[i], self.counts[i]).to_numpy(zero_copy_only=False)
         c = v.copy()  # owned by the result: an in-place change must not reach the cache
