@@ -44,7 +44,7 @@ def test_a_group_is_stored_unpadded_and_restored_exactly():
     assert keys["logprobs"]["pad"] == 0 and "runs" not in keys["rewards"]
     assert [len(x) if x is not None else None for x in t.column("input_ids").to_pylist()] == [14, None, 2, 3]
     assert t.column("__runs__attention_mask").to_pylist() == [[0, 0, 0, 5, 2, 7], None, [0, 0, 1, 1], None]
-    assert t.column("__shape__.input_ids").to_pylist()[0] == [3, 7]  # the group's width is kept
+    assert t.column("__shape__input_ids").to_pylist()[0] == [3, 7]  # the group's width is kept
     r = rows(out, doc["batch"])
     assert [len(x["input_ids"]) for x in r if x] == [5, 2, 7, 1, 1, 3] and r[3] is None
 
@@ -55,7 +55,7 @@ def test_different_pad_values_are_kept():
     out, doc, t = roundtrip([b])
     assert_batch_equal([b], out)
     node = dict(doc["batch"]["elem"]["keys"])["logprobs"]
-    assert node["pad_col"] == "__pad__.logprobs" and node["pad"] is None
+    assert node["pad_col"] == "__pad__logprobs" and node["pad"] is None
 
 
 def test_no_padding_changes_nothing():

@@ -48,7 +48,7 @@ def test_mrope_position_ids_are_stored_unpadded():
     col = t.column("position_ids").to_pylist()
     for i in range(4):  # row i: its [4, n] valid block, channel by channel
         assert col[i] == b["position_ids"][i][:, am[i]].reshape(-1).tolist()
-    pad = t.column("__pad__.position_ids").to_pylist()  # the padded positions' values, channel by channel
+    pad = t.column("__pad__position_ids").to_pylist()  # the padded positions' values, channel by channel
     assert [len(p) for p in pad] == (4 * (~am).sum(1)).tolist()
     assert pad[0] == b["position_ids"][0][:, ~am[0]].reshape(-1).tolist()
     packed, _, _ = roundtrip(b, "packed")

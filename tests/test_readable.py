@@ -155,7 +155,7 @@ def test_a_version_2_reader_refuses_a_widened_file(tmp_path):
 
 def test_steps_without_half_fields_keep_their_version(tmp_path):
     with trajstore.Writer(tmp_path) as w:
-        w.append(0, {"x": torch.tensor([0.5, -1.0]), "ids": [1, 2]})
+        w.append(0, {"x": torch.tensor([0.5, -1.0]), "ids": ["a", "b"]})
     assert trajstore.Reader(tmp_path).info(0)["format_version"] == 1
 
 

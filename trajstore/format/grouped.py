@@ -8,7 +8,7 @@ rows, shapes and every other column keep that row), but where its ``[g, T]`` mas
 each trajectory's tokens are one run, the token cells of that row (the cells shaped ``[g, T, ...]``
 like the mask, the mask itself included) hold only each trajectory's run, trajectory after
 trajectory. The runs are in ``__runs__attention_mask`` (starts, then lengths); the padded
-positions' values are one ``pad`` value, or their own values in ``__pad__.<column>``.
+positions' values are one ``pad`` value, or their own values in ``__pad__<column>``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from . import dtypes as dt
 from .arrow import Columns, TableBuilder, list_array
 from .check import MISSING, Cells, Struct
 from .layout import classify, span_mask, token_mask
-from .spec import PAD_PREFIX, RUNS_PREFIX
+from .spec import PAD_PREFIX, RUNS_PREFIX, SHAPE_PREFIX
 from .validate import MAX_DECODED_BYTES
 from .values import as_cpu, storage
 
@@ -95,7 +95,7 @@ def plan(elem: Any) -> _Runs | None:
 def encode_runs(enc: TableBuilder, r: _Runs) -> None:
     """Column ``RUNS_COL`` (kind ``runs``): row *i* the starts then the lengths of its trajectories'
     runs, null for a row stored whole."""
-    enc.names.claim(RUNS_COL, ("attention_mask",))
+    enc.names.claim(RUNS_COL, ("attention_mask",), companion=True)
     enc.add(RUNS_COL, pa.array(r.runs, type=pa.list_(pa.int64())), {"kind": "runs"}, ("attention_mask",))
     enc.needs(3)
 
@@ -133,7 +133,7 @@ def encode_cells(enc: TableBuilder, node: dict, p: RunCells) -> None:
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum([v.size for v in vals], out=offsets[1:])
     pv = np.concatenate(pads) if pads else np.empty(0, sdt)
-    node.update(t="cell", col=p.col, lib=p.lib, dtype=p.dtype, shape_col="__shape__." + p.col, kind="token",
+    node.update(t="cell", col=p.col, lib=p.lib, dtype=p.dtype, shape_col=SHAPE_PREFIX + p.col, kind="token",
                 runs=RUNS_COL, pad=None)
     enc.add(p.col, list_array(offsets, flat, absent), {"dtype": p.dtype, "kind": "cell"}, p.path)
     enc.add(node["shape_col"], pa.array(shapes, type=pa.list_(pa.int64())), {"kind": "shape"}, p.path)
@@ -142,7 +142,7 @@ def encode_cells(enc: TableBuilder, node: dict, p: RunCells) -> None:
         node["pad"] = int(u[0]) if pv.dtype.itemsize == 1 else int(u[:1].view(f"i{pv.dtype.itemsize}")[0])
     elif u.size:
         node["pad_col"] = PAD_PREFIX + p.col
-        enc.names.claim(node["pad_col"], p.path)
+        enc.names.claim(node["pad_col"], p.path, companion=True)
         poff = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(plen, out=poff[1:])
         enc.add(node["pad_col"], list_array(poff, pv), {"dtype": p.dtype, "kind": "pad"}, p.path)
