@@ -21,7 +21,7 @@ from trajstore import FormatError
 from trajstore.format import dtypes as dt
 from trajstore.format import parquet, validate
 from trajstore.format.spec import check_version
-from trajstore.testing import assert_batch_equal
+from trajstore.testing import assert_batch_equal, padded_batches, prompt_completion_batches, two_sided_batches
 
 ALL = np.arange(1 << 16, dtype=np.uint16)  # every 16-bit pattern
 
@@ -223,3 +223,45 @@ def test_packed_with_as_many_tokens_as_trajectories(tmp_path, name, kind):
     assert col == ([1.5, 2.5, 3.5] if kind == "sample" else [[1.5, 2.5], [], [3.5]])
     padded = r.read(0, layout="padded")
     assert padded[name].shape == ((3,) if kind == "sample" else (3, 2))
+
+
+# ----------------------------------------------------------------------------- lengths as plain columns
+def _lens_from_sql(d) -> dict:
+    """Every ``__len__`` column of step 0, read by DuckDB straight from the file."""
+    duckdb = pytest.importorskip("duckdb")
+    f = next(d.rglob("step_*.parquet"))
+    names = [n for n in pq.read_schema(f).names if n.startswith("__len__")]
+    rows = duckdb.sql(f"SELECT {', '.join(names)} FROM read_parquet('{f}')").fetchall() if names else []
+    return {n: [r[i] for r in rows] for i, n in enumerate(names)}
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.one_of(padded_batches(), two_sided_batches(), prompt_completion_batches()))
+def test_each_mask_groups_token_counts_are_a_plain_column(tmp_path_factory, batch):
+    """docs/FORMAT.md 3.4: per-trajectory valid token counts of each mask group (``len_col``) are
+    an int64 column SQL reads directly, equal to the mask's valid entries, holes included."""
+    from trajstore.format.layout import token_mask
+
+    d = tmp_path_factory.mktemp("lens")
+    with trajstore.Writer(d) as w:
+        w.append(0, batch)
+    spec = trajstore.Reader(d).info(0)["batch"]
+    if spec.get("t") != "batch" or spec["form"] not in ("padded", "masked"):
+        return
+    got = _lens_from_sql(d)
+    groups = spec.get("masks") or [{"src": "attention_mask", "lo": 0, "W": spec["T"], "len_col": spec.get("len_col")}]
+    for g in groups:
+        m = batch[g["src"]]
+        if "len_col" not in g or g["len_col"] is None:
+            continue  # a mask that is not 0/1: its fields are stored whole
+        want = token_mask(torch.as_tensor(m))[:, g["lo"]:g["lo"] + g["W"]].sum(1).tolist()
+        assert got[g["len_col"]] == want, (g, got)
+    assert spec.get("len_col") or spec.get("masks"), spec
+
+
+def test_a_mask_with_holes_gives_its_count_not_the_padded_width(tmp_path):
+    m = torch.tensor([[1, 0, 1, 1, 0], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0]])
+    with trajstore.Writer(tmp_path) as w:
+        w.append(0, {"input_ids": torch.arange(15).reshape(3, 5) * m, "attention_mask": m})
+    assert _lens_from_sql(tmp_path) == {"__len__attention_mask": [3, 5, 0]}
+    assert_batch_equal({"input_ids": torch.arange(15).reshape(3, 5) * m, "attention_mask": m}, trajstore.Reader(tmp_path)[0])

@@ -23,7 +23,7 @@ from .values import dumps
 
 __all__ = ["type_name", "fit", "SPEC_COLUMN_KEYS"]
 
-SPEC_COLUMN_KEYS = ("col", "pad_col", "shape_col", "start_col")  # the keys of spec nodes naming columns
+SPEC_COLUMN_KEYS = ("col", "pad_col", "shape_col", "start_col", "len_col")  # the keys of spec nodes naming columns
 
 
 def type_name(t: pa.DataType) -> str:

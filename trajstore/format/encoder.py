@@ -43,9 +43,13 @@ def _dict_batch(enc: TableBuilder, p: Plan, batch: Any) -> BatchNode:
     spec: Any = {"t": "batch", "form": lay.form, "B": lay.B}
     if lay.form == "padded":
         spec.update(T=lay.T, side=lay.side)
+    lens = [tensors.encode_lengths(enc, g) if lay.form in ("padded", "masked") else None
+            for g in lay.groups]  # per-row token counts as plain columns (docs/FORMAT.md 3.4)
+    if lay.form == "padded" and lens and lens[0]:
+        spec["len_col"] = lens[0]
     if lay.form == "masked":
         enc.needs(2)
-        spec["masks"] = [g.node() for g in lay.groups]
+        spec["masks"] = [g.node() | ({"len_col": c} if c else {}) for g, c in zip(lay.groups, lens)]
         for g in lay.groups:
             if g.side == "span":
                 tensors.encode_starts(enc, g)

@@ -19,11 +19,11 @@ import torch
 
 from .._threads import run_parallel
 from ..errors import BatchError
-from .spec import START_PREFIX
+from .spec import LEN_PREFIX, START_PREFIX
 from .values import as_cpu, describe, is_tensorlike
 
 __all__ = ["Layout", "MaskGroup", "token_mask", "structure", "batch_size", "read_cu_seqlens", "read_groups",
-           "padded_mask", "span_mask", "group_of", "last_axis_group", "channel_major", "classify", "count_tokens",
+           "padded_mask", "span_mask", "group_of", "len_col", "last_axis_group", "channel_major", "classify", "count_tokens",
            "is_flat", "PER_TRAJECTORY"]
 
 # docs/FORMAT.md 3.4: in a packed batch with as many tokens as trajectories (N == B), fields of these
@@ -81,6 +81,11 @@ class MaskGroup:
 def start_col(g: MaskGroup) -> str:
     """The column of a span group's per-row starts."""
     return START_PREFIX + g.src + (f"__{g.key}" if g.part else "")
+
+
+def len_col(g: MaskGroup) -> str:
+    """The column of a mask group's per-row valid token counts (docs/FORMAT.md 3.4)."""
+    return LEN_PREFIX + g.src + (f"__{g.key}" if g.part else "")
 
 
 def token_mask(m: torch.Tensor | np.ndarray) -> torch.Tensor:

@@ -28,11 +28,11 @@ from ..errors import FormatError
 from . import dtypes as dt
 from .arrow import Columns, TableBuilder, empty, list_array
 from .check import FLAT, GLOBAL, SEGMENTS, TOKENS, Tensor
-from .layout import Layout, MaskGroup, channel_major, start_col
+from .layout import Layout, MaskGroup, channel_major, len_col, start_col
 from .spec import PAD_PREFIX, GTensorNode, SegTensorNode, TensorNode
 from .values import as_cpu, bits, dumps, storage
 
-__all__ = ["encode", "encode_starts", "decode_global", "decode_sample", "decode_flat", "decode_padded",
+__all__ = ["encode", "encode_starts", "encode_lengths", "decode_global", "decode_sample", "decode_flat", "decode_padded",
            "decode_segments", "FillJob", "as_lib", "alloc"]
 
 
@@ -112,6 +112,18 @@ def encode_starts(enc: TableBuilder, g: MaskGroup) -> None:
     name = start_col(g)
     enc.names.claim(name, (g.src,), companion=True)
     enc.add(name, pa.array(np.asarray(g.starts, dtype=np.int64)), {"dtype": "int64", "kind": "start"}, (g.src,))
+
+
+def encode_lengths(enc: TableBuilder, g: MaskGroup) -> str | None:
+    """A mask group's valid token count per row: int64 column ``len_col`` (kind ``length``), for
+    readers without trajstore (``len(input_ids)`` is the padded width where a mask has holes).
+    None for a mask that is not 0/1 (its fields are stored whole)."""
+    if g.lengths is None:
+        return None
+    name = len_col(g)
+    enc.names.claim(name, (g.src,), companion=True)
+    enc.add(name, pa.array(np.asarray(g.lengths, dtype=np.int64)), {"dtype": "int64", "kind": "length"}, (g.src,))
+    return name
 
 
 def _encode_padvals(enc: TableBuilder, node: dict, path: tuple, x: Any, nm: torch.Tensor, B: int,

@@ -267,6 +267,8 @@ class _Checker:
                 raise _Bad(f"mask group {key!r}: a start column goes with side 'span' only")
             if side == "span":
                 self.col(g, "start_col", lambda t: t == pa.int64())
+            if "len_col" in g:
+                self.col(g, "len_col", lambda t: t == pa.int64())
 
     def pad(self, node: dict, name: str, size: int) -> None:
         """A token field's ``pad`` (an int of the dtype's width) and its ``pad_col`` column."""
@@ -433,6 +435,8 @@ def check(doc: dict, schema: pa.Schema, num_rows: int, where: str) -> None:
                 _int(spec.get("T"), "T")
                 if spec.get("side") not in ("right", "left", None):
                     raise _Bad(f"padding side {spec.get('side')!r} is unknown")
+                if "len_col" in spec:
+                    ch.col(spec, "len_col", lambda t: t == pa.int64())
             if form == "masked":
                 if type(doc.get("format_version")) is int and doc["format_version"] < 2:
                     raise _Bad("a masked batch in a file of format version 1 (it needs 2)")
