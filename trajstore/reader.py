@@ -62,7 +62,7 @@ class Reader:
     """
 
     def __init__(self, path: str | Path, split: str = "train", *, verify: bool = False):
-        self.path = Path(path)
+        self.path = paths.local_root(path, f"Reader({str(path)!r})")
         self.verify = verify  # check each step file against its recorded SHA-256 before decoding
         self._lone: int | None = None  # the step of a step file opened on its own
         if self.path.is_file():

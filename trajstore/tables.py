@@ -22,7 +22,6 @@ dimension, other fields repeated, and ``group`` (the element's index) where ``g 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow.parquet as pq
@@ -82,7 +81,7 @@ def duckdb_connect(path: Any, con: Any = None) -> duckdb.DuckDBPyConnection:
         import duckdb
     except ImportError:
         raise MissingDependencyError("SQL over a dump needs duckdb: pip install 'trajstore[cli]'") from None
-    root = Path(getattr(path, "path", path))
+    root = paths.local_root(getattr(path, "path", path), "sql")
     if root.is_file() and getattr(path, "steps", None) is not None:  # a Reader of one step file
         groups = {path.split: [str(root)]}
     else:

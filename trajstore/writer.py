@@ -150,7 +150,7 @@ class Writer:
                         ("workers", workers)):
             if type(v) is not int or v < 1:
                 raise ConfigError(f"Writer({str(path)!r}): {name} must be an int >= 1, got {v!r}")
-        self.path = Path(path)
+        self.path = paths.local_root(path, f"Writer({str(path)!r})")
         self.split = paths.check_split(split)
         self.overwrite = overwrite
         self.max_pending_steps, self.max_pending_bytes = max_pending_steps, max_pending_bytes

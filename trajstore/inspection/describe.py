@@ -146,7 +146,7 @@ def _counts(f: Path, spec: dict, num_rows: int) -> tuple[int, int | None]:
 def describe(path: str | Path, split: str | None = None,
              progress: Callable[[Iterable], Iterable] | None = None) -> dict:
     """A JSON-able description of the dump at ``path`` (every split, or only ``split``)."""
-    root = Path(path)
+    root = paths.local_root(path, "describe")
     manifest = paths.read_manifest(root)
     splits = [split] if split else paths.list_splits(root)
     out: dict[str, Any] = {

@@ -225,7 +225,7 @@ def import_dump(src: str | Path, dst: str | Path, *, kind: str | None = None, tr
     name names none. A batch the writer cannot store (or a file that cannot be read) is skipped and
     reported; ``strict=True`` raises instead. ``overwrite`` replaces steps already in ``dst``.
     Returns an :class:`ImportReport`; raises :class:`ConfigError` when a file needs ``trust_pickle``."""
-    src_p, dst_p = Path(src), Path(dst)
+    src_p, dst_p = paths.local_root(src, "import"), paths.local_root(dst, "import")
     if not src_p.exists():
         raise DumpNotFoundError(f"{src}: no such file or folder to import")
     if kind is not None and kind not in KINDS:

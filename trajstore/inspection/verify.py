@@ -50,7 +50,7 @@ def verify(path: str | Path, split: str | None = None, *, deep: bool = False) ->
     ``deep=True`` also decodes every step (checks its spec and contents, slower).
     Returns a :class:`VerifyReport`; ``report.damaged`` maps ``(split, step)`` to the reason.
     """
-    root = Path(path)
+    root = paths.local_root(path, "verify")
     layout = paths.read_manifest(root)["format_version"]
     splits = [paths.check_split(split)] if split is not None else paths.list_splits(root)
     if split is not None and not (root / split).is_dir():

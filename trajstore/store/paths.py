@@ -77,6 +77,27 @@ def list_steps(split_dir: Path) -> list[int]:
     return sorted(int(m.group(1)) for n in names if (m := STEP_RE.match(n)))
 
 
+_URL_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def local_root(path: str | os.PathLike, who: str) -> Path:
+    """The local directory of a dump named by ``path``, for ``who`` (``Writer('...')``...) to start its
+    errors with. ``file://`` URLs name local paths; any other URL (``s3://``, ``gs://``, ``hdfs://``)
+    is a ConfigError here, before anything is created: this version reads and writes dumps on local
+    or mounted file systems only, and a URL taken as a path would make a local folder named ``s3:``."""
+    s = os.fspath(path)
+    m = _URL_RE.match(s) if isinstance(s, str) else None
+    if m is None:
+        return Path(s)
+    if m.group(1).lower() == "file":
+        return Path(s[len(m.group(0)):] or "/")
+    raise ConfigError(
+        f"{who}: {s!r} is a {m.group(1)}:// URL; this version of trajstore keeps dumps on a local or "
+        "mounted file system only (object storage is not supported yet). Write to a local path and "
+        "upload the dump folder, or mount the bucket (s3fs, gcsfuse, ...) and pass the mount's path"
+    )
+
+
 def list_splits(root: Path) -> list[str]:
     try:
         return sorted(d.name for d in root.iterdir() if d.is_dir() and _SPLIT_RE.match(d.name) and d.name != SIDE)
