@@ -40,3 +40,24 @@ def test_recorder_passes_masks_to_the_writer(tmp_path, declared):
     assert_batch_equal(r[0], b)
     node = dict(r.info(0)["batch"]["keys"])["extra_logps"]
     assert ("mask" in node) is declared  # declared: stored per token of the completion; else whole
+
+
+@pytest.mark.parametrize("encodings", ["portable", "compact"])
+def test_recorder_writes_the_configured_encodings(tmp_path, encodings):
+    """DumpReplayConfig.encodings (TRAJSTORE_ENCODINGS) reaches the Writer: ``compact`` stores
+    float tensor values BYTE_STREAM_SPLIT, ``portable`` (the default) does not."""
+    import pyarrow.parquet as pq
+
+    cfg = DumpReplayConfig.from_env(environ={"TRAJSTORE_DUMP": "1", "TRAJSTORE_PATH": str(tmp_path),
+                                             "TRAJSTORE_ENCODINGS": encodings})
+    assert cfg.encodings == encodings and DumpReplayConfig().encodings == "portable"
+    b = _batch()
+    with Recorder(cfg) as rec:
+        rec.batch(0, lambda: b)
+    assert_batch_equal(trajstore.Reader(tmp_path)[0], b)
+    meta = pq.ParquetFile(next(tmp_path.rglob("step_*.parquet"))).metadata
+    encs = {e for rg in range(meta.num_row_groups) for c in range(meta.num_columns)
+            for e in meta.row_group(rg).column(c).encodings}
+    assert ("BYTE_STREAM_SPLIT" in encs) is (encodings == "compact"), encs
+    with pytest.raises(ConfigError, match="DumpReplayConfig.encodings"):
+        DumpReplayConfig(encodings="small")

@@ -22,6 +22,7 @@ import torch
 
 from ._text import parse_steps
 from .errors import ConfigError
+from .format.parquet import check_encodings
 from .store import paths
 
 __all__ = ["DumpReplayConfig", "default_run_id", "location"]
@@ -105,7 +106,10 @@ class DumpReplayConfig:
     ``prefetch``: at replay, read the next recorded step in the background while the
     current one trains (one extra batch in memory).  ``masks``: which per-token fields follow
     which mask, where names and shapes do not tell (``{"completion_mask": ["old_per_token_logps"]}``,
-    passed to ``Writer(masks=...)``; docs/FORMAT.md 3.4; as a variable, JSON).
+    passed to ``Writer(masks=...)``; docs/FORMAT.md 3.4; as a variable, JSON).  ``encodings``:
+    ``"portable"`` (default: every Parquet reader reads the dump) or ``"compact"``
+    (BYTE_STREAM_SPLIT: smaller, faster to read with trajstore, unreadable by fastparquet), passed
+    to ``Writer(encodings=...)``; docs/FORMAT.md 3.5.
 
     Build it from a dict (``from_dict``: YAML, Hydra, parsed arguments) or from
     ``TRAJSTORE_*`` environment variables (``from_env``: ``TRAJSTORE_DUMP=1``,
@@ -127,6 +131,7 @@ class DumpReplayConfig:
     total_steps: int | None = None
     prefetch: bool = True
     masks: dict[str, list[str]] | None = None
+    encodings: str = "portable"
 
     def __post_init__(self) -> None:
         s = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen dataclass
@@ -156,6 +161,7 @@ class DumpReplayConfig:
             except (RuntimeError, TypeError) as e:
                 raise ConfigError(f"DumpReplayConfig.device: {self.device!r} is not a torch device ({e})") from None
         s("masks", _masks(self.masks))
+        check_encodings(self.encodings, "DumpReplayConfig.encodings")
         v = self.run_id
         if v is not None and (not isinstance(v, str) or "/" in v or v in ("", ".", "..")):
             raise ConfigError(f"DumpReplayConfig.run_id: {v!r} must be a non-empty name without '/'")

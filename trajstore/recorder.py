@@ -350,7 +350,8 @@ class Recorder:
                                   f"({existing[0]}..{existing[-1]}); set resume=True to continue it, or "
                                   "choose another path or split")
             self._writer = Writer(self.path, split=self.split, overwrite=True, on_commit=self._dumped.committed,
-                                  on_error="raise" if self.cfg.strict else "warn", masks=self.cfg.masks)  # dumping never stops training
+                                  on_error="raise" if self.cfg.strict else "warn", masks=self.cfg.masks,
+                                  encodings=self.cfg.encodings)  # dumping never stops training
         except BaseException:
             with _active_lock:
                 _active.discard(key)
