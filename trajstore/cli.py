@@ -24,6 +24,7 @@ import csv
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 from . import _console as out
@@ -50,7 +51,8 @@ def command(name: str, help: str, *arguments: tuple) -> Callable[[Command], Comm
 
 
 PATH = arg("path", help="dump directory (holds trajstore.json)")
-SPLIT = arg("--split", default="train", help="split to read (default: train)")
+SPLIT = arg("--split", default=None, help="split to read (default: train, else the dump's only split; "
+                                           "see docs/CLI.md for rank dumps)")
 JSON = arg("--json", action="store_true", help="machine-readable JSON on stdout")
 TOKENIZER = arg("--tokenizer", metavar="T", help="local tokenizer.json or HF model directory (no network)")
 OVERRIDES = [arg(f"--{k}-field", dest=f"f_{k}", metavar="NAME", help=f"field holding the {k} (default: by name)")
@@ -194,9 +196,12 @@ def _where(fd: dict | None) -> str:
 def cmd_diff(args: argparse.Namespace) -> int:
     from .inspection.diff import diff
 
+    from .store.paths import default_split
+
     fields = [f.strip() for f in args.fields.split(",") if f.strip()] if args.fields else None
+    split = args.split if args.split is not None else default_split(Path(args.a))  # B: the split of A's name
     rep = diff(args.a, args.b, steps=parse_steps(args.steps, "--steps"), fields=fields, atol=args.atol,
-               rtol=args.rtol, split=args.split, pair=tuple(args.pair) if args.pair else None, mask=args.mask,
+               rtol=args.rtol, split=split, pair=tuple(args.pair) if args.pair else None, mask=args.mask,
                progress=lambda s: out.progress(s, "comparing"))
     if args.json:
         print(json.dumps(rep.to_dict(), indent=2, default=str))
@@ -277,7 +282,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     want = parse_steps(args.steps, "--steps")
     steps = r.steps if want is None else [s for s in want if s in r.steps]
     if want is not None and not steps:
-        raise ConfigError(f"--steps {args.steps}: none of these steps is in {args.path} split {args.split!r}")
+        raise ConfigError(f"--steps {args.steps}: none of these steps is in {args.path} split {r.split!r}")
     if args.fmt == "trackio":
         from .inspection.trackio import export_trackio
 

@@ -58,17 +58,19 @@ class Reader:
     ``path`` may also be one step file, copied out of its dump or renamed: the reader then holds
     that one step (its number and split are the file's own, ``split`` is not used), ``manifest``
     is ``{}`` and ``skipped`` is empty; with ``verify=True`` it is checked against a
-    ``<name>.sha256`` beside it (``sha256sum`` format).
+    ``<name>.sha256`` beside it (``sha256sum`` format). Without ``split``: ``train``, else the dump's
+    only split; several splits and no ``train`` (rank splits ``train-rank0``... included) is a
+    ConfigError naming them (``store.paths.default_split``).
     """
 
-    def __init__(self, path: str | Path, split: str = "train", *, verify: bool = False):
+    def __init__(self, path: str | Path, split: str | None = None, *, verify: bool = False):
         self.path = paths.local_root(path, f"Reader({str(path)!r})")
         self.verify = verify  # check each step file against its recorded SHA-256 before decoding
         self._lone: int | None = None  # the step of a step file opened on its own
         if self.path.is_file():
             self._open_lone()
             return
-        self.split = paths.check_split(split)
+        self.split = paths.check_split(paths.default_split(self.path) if split is None else split)
         self.manifest = paths.read_manifest(self.path)
         self.dir = self.path / self.split
         if not self.dir.is_dir():

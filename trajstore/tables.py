@@ -9,7 +9,9 @@ float32), nested fields have dotted names, a rejected (``None``) trajectory is a
 ``rejected`` column is True and whose fields are missing (NaN/None).
 
 ``duckdb``: an in-memory DuckDB connection with one view per split (``train``, ``val``, ...)
-over the split's step files (or over the one file of a Reader opened on a step file), every row carrying its ``step``. Columns are the stored Arrow
+over the split's step files (or over the one file of a Reader opened on a step file), every row carrying its ``step``;
+a split whose name needs quotes has a second view that does not (``train-rank0``: ``train_rank0``), and the
+rank splits of one split (``train-rank0``, ``train-rank1``...) a logical view (``train``) with a ``rank`` column. Columns are the stored Arrow
 columns (docs/FORMAT.md): per-token fields are lists, nested fields have dotted names (quote
 them: ``"a.b"``), JSON-valued fields are JSON strings, and bfloat16 / float16 values appear as
 float32 numbers (as their raw uint16 bits / halffloat in step files of format versions 1 and 2:
@@ -22,6 +24,7 @@ dimension, other fields repeated, and ``group`` (the element's index) where ``g 
 from __future__ import annotations
 
 import json
+import re
 from typing import TYPE_CHECKING, Any
 
 import pyarrow.parquet as pq
@@ -89,9 +92,8 @@ def duckdb_connect(path: Any, con: Any = None) -> duckdb.DuckDBPyConnection:
         groups = {split: [str(root / split / paths.step_name(s)) for s in paths.list_steps(root / split)]
                   for split in paths.list_splits(root)}
     con = con if con is not None else duckdb.connect()
+    groups = {split: files for split, files in groups.items() if files}
     for split, files in groups.items():
-        if not files:
-            continue
         by_select: dict[str | None, list[str]] = {}  # files whose rows are trajectories: None
         for f in files:
             by_select.setdefault(_group_select(f), []).append(f)
@@ -104,7 +106,50 @@ def duckdb_connect(path: Any, con: Any = None) -> duckdb.DuckDBPyConnection:
             con.execute(f"CREATE OR REPLACE VIEW {_quote(split)} AS " + " UNION ALL BY NAME ".join(parts))
         except duckdb.Error as e:
             raise FormatError(f"dump {root} split {split!r}: DuckDB cannot open its step files ({e})") from None
+    _aliases(con, list(groups))
     return con
+
+
+def _ident(name: str, reserved: set[str]) -> str:
+    """``name`` as an SQL identifier that needs no quotes: other characters than ``[A-Za-z0-9_]`` become
+    ``_``, a leading digit gets a ``_`` before it, a reserved keyword (``reserved``) a ``_`` after it."""
+    v = re.sub(r"[^A-Za-z0-9_]", "_", name)
+    v = "_" + v if v[:1].isdigit() else v
+    return v + "_" if v.lower() in reserved else v
+
+
+def _aliases(con: Any, splits: list[str]) -> None:
+    """Beside each split's view (its exact name), a view that needs no quotes where the name does
+    (``train-rank0``: ``train_rank0``), and one logical view per split dumped by several ranks
+    (``train``: the rows of ``train-rank0``, ``train-rank1``... with their ``rank``) where no split
+    or view has that name yet. View names are case-insensitive in DuckDB; a name already taken
+    gets ``_2``, ``_3``... (splits in sorted order; docs/CLI.md)."""
+    used = {s.lower() for s in splits}
+    reserved = {r[0].lower() for r in con.execute(
+        "SELECT keyword_name FROM duckdb_keywords() WHERE keyword_category = 'reserved'").fetchall()}
+    ranks: dict[str, list[tuple[int, str]]] = {}
+    for split in sorted(splits):
+        if m := paths.RANK_RE.match(split):
+            ranks.setdefault(m.group(1), []).append((int(m.group(2)), split))
+        v = base = _ident(split, reserved)
+        if v == split:
+            continue
+        n = 2
+        while v.lower() in used:
+            v, n = f"{base}_{n}", n + 1
+        used.add(v.lower())
+        con.execute(f"CREATE OR REPLACE VIEW {v} AS SELECT * FROM {_quote(split)}")
+    for name, parts in sorted(ranks.items()):
+        v = _ident(name, reserved)
+        if v.lower() in used or any("rank" in {c.lower() for c in _columns(con, s)} for _, s in parts):
+            continue  # a split of that name (or a stored field named rank): the rank views alone
+        used.add(v.lower())  # ranks storing one field with types DuckDB cannot unify fail when it is queried
+        con.execute(f"CREATE OR REPLACE VIEW {v} AS " + " UNION ALL BY NAME ".join(
+            f"SELECT *, CAST({k} AS INTEGER) AS rank FROM {_quote(s)}" for k, s in sorted(parts)))
+
+
+def _columns(con: Any, view: str) -> list[str]:
+    return [d[0] for d in con.execute(f"SELECT * FROM {_quote(view)} LIMIT 0").description]
 
 
 _FILES = "\x00files\x00"  # where _group_select's SELECT takes its file list (no column name has a NUL)

@@ -105,6 +105,32 @@ def list_splits(root: Path) -> list[str]:
         return []
 
 
+RANK_RE = re.compile(r"^(.+)-rank(0|[1-9]\d*)$")  # config.location's split of one rank when the world size is above 1
+
+
+def default_split(root: Path) -> str:
+    """The split a command or a Reader reads when none is named: ``train`` if the dump has it, else its
+    only split (``train`` when it has none, so the caller's "no split" message names the dump). Several
+    splits and no ``train`` is a ConfigError naming them, also when they are the rank splits
+    (``train-rank0``, ``train-rank1``...) of one logical split: each rank's split is a part of the
+    batch, and choosing one by itself would read a part as if it were the whole."""
+    splits = list_splits(Path(root)) if Path(root).is_dir() else []  # a step file on its own: its split
+    if "train" in splits or not splits:
+        return "train"
+    if len(splits) == 1:
+        return splits[0]
+    read_manifest(Path(root))  # a folder that is no dump says so first
+    ranks = {m.group(1) for s in splits if (m := RANK_RE.match(s))}
+    why = ""
+    if ranks:
+        why = (f"; {', '.join(sorted(ranks))} {'was' if len(ranks) == 1 else 'were'} dumped by several ranks, one "
+               "split per rank, and a command that reads one split cannot pick a rank by itself: each rank's split "
+               "holds only its part of every step")
+    eg = next((s for s in splits if RANK_RE.match(s)), splits[0])
+    raise ConfigError(f"dump {root} has no split 'train' and {len(splits)} splits: {', '.join(splits)}{why}; name "
+                      f"the split to read with --split (e.g. --split {eg}; in Python Reader(path, split={eg!r}))")
+
+
 def read_manifest(root: Path) -> dict:
     f = root / MANIFEST
     try:
