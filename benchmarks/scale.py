@@ -86,8 +86,7 @@ def run(tmp: Path, n: int = 10_000, keep: int = 100) -> list[tuple[str, float]]:
         rows.append((f"Recorder max_keep={keep}: first record after resume ({n} -> {keep} steps)",
                      time.perf_counter() - t0))
     assert len(paths.list_steps(dump / "train")) == keep
-    for name, s in rows:
-        print(f"| {name} | {s * 1e3:.1f} ms |", flush=True)
+    shutil.rmtree(dump, ignore_errors=True)
     return rows
 
 
@@ -95,4 +94,5 @@ if __name__ == "__main__":
     import sys
     import tempfile
     root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="trajstore-scale-"))
-    run(root, int(sys.argv[2]) if len(sys.argv) > 2 else 10_000)
+    for name, s in run(root, int(sys.argv[2]) if len(sys.argv) > 2 else 10_000):
+        print(f"| {name} | {s * 1e3:.1f} ms |", flush=True)
