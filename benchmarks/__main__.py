@@ -29,7 +29,7 @@ import trajstore
 from trajstore import schema
 from trajstore.store import checksums
 
-from . import encodings
+from . import encodings, scale
 from . import workload as W
 
 
@@ -380,7 +380,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write every figure here")
     ap.add_argument("--dir", help="scratch folder (default: a temporary one, removed)")
     ap.add_argument("--no-gpu", action="store_true")
-    ap.add_argument("--skip", default="", help="comma list of sections to skip: encodings,rewards")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: encodings,rewards,scale")
     ap.add_argument("--only-encodings", action="store_true",
                     help="only the encoding benchmark (benchmarks/encodings.py): columns, then whole steps")
     a = ap.parse_args(argv)
@@ -422,6 +422,10 @@ def main(argv=None) -> int:
         read_profile(d, repeat)
         if "rewards" not in skip:
             rewards_figures(rep, tmp, m, B, d, n, repeat)
+        if "scale" not in skip:  # a split of 10,000 small steps (1,000 with --quick)
+            for name, t in scale.run(tmp, 1_000 if q else 10_000):
+                rep.add(name, t * 1e3, "ms", target="< 1000 ms (issue 14)" if name.startswith("Reader(path)")
+                        else "", ok=t < 1 if name.startswith("Reader(path)") else None)
         if torch.cuda.is_available() and not a.no_gpu:
             gpu_figures(rep, d, raw, n, b, tmp, calibrate_sleep())
         enc = [] if "encodings" in skip else encodings.run(P)

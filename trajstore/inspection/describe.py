@@ -89,8 +89,8 @@ def fields_of(spec: dict) -> list[dict]:
     return out
 
 
-def _column(f: Path, name: str) -> Any:
-    return pq.read_table(f, columns=[name], page_checksum_verification=True).column(0).combine_chunks()
+def _column(pf: pq.ParquetFile, name: str) -> Any:
+    return pf.read(columns=[name]).column(0).combine_chunks()
 
 
 def _nonzero(col: Any) -> int:
@@ -98,7 +98,7 @@ def _nonzero(col: Any) -> int:
     return int((col.values.to_numpy(zero_copy_only=False) != 0).sum())
 
 
-def _tokens(f: Path, spec: dict) -> int | None:
+def _tokens(f: pq.ParquetFile, spec: dict) -> int | None:
     """Token count of a dict batch: the lengths of its first per-token column (of each counted mask)."""
     counted = counted_masks(spec)
     if counted is not None:  # several masks: the tokens of the counted ones, one field each
@@ -123,16 +123,17 @@ def _tokens(f: Path, spec: dict) -> int | None:
     return None
 
 
-def _counts(f: Path, spec: dict, num_rows: int) -> tuple[int, int | None]:
+def _counts(f: pq.ParquetFile, spec: dict, num_rows: int) -> tuple[int, int | None]:
     """(trajectories, tokens) of a step. In a list batch an element whose ``attention_mask`` is
     ``[g, T]`` (a group of rollouts) counts ``g`` trajectories, and tokens are its mask's valid
-    entries (``[T]``, ``[1, T]`` or ``[g, T]``); both come from one read of that mask."""
+    entries (``[T]``, ``[1, T]`` or ``[g, T]``); both come from one read of that mask. ``f`` is the
+    step file as the reader opened it (page checksums verified), so its footer is parsed once."""
     if is_dict_batch(spec):
         return num_rows, _tokens(f, spec)
     keys = dict(spec.get("elem", {}).get("keys", []))
     am = keys.get("attention_mask", {})
     if am.get("t") == "cell":
-        t = pq.read_table(f, columns=[am["col"], am["shape_col"]], page_checksum_verification=True)
+        t = f.read(columns=[am["col"], am["shape_col"]])
         shapes = t.column(1).to_pylist()
         rows = sum(s[0] if s is not None and len(s) == 2 and s[0] > 1 else 1 for s in shapes)
         return rows, _nonzero(t.column(0).combine_chunks())
@@ -163,11 +164,11 @@ def describe(path: str | Path, split: str | None = None,
         per_step, fields = [], {}
         it = progress(steps, f"{sp}") if progress else steps
         for s in it:
-            f = r.file(s)
-            doc = r.info(s)
+            sf = r._open(s)  # what r.info(s) reads, with the opened file: its footer is parsed once
+            f, doc = sf.path, sf.doc
             spec = doc["batch"]
             with foreign_errors(f, "counting the trajectories of step {}", s, then="the step is damaged"):
-                rows, tokens = _counts(f, spec, doc.get("num_rows"))
+                rows, tokens = _counts(sf.pf, spec, doc.get("num_rows"))
             per_step.append({"step": s, "format": doc["format_version"], "rows": rows, "tokens": tokens,
                              "bytes": f.stat().st_size,
                              "meta": jsonable(typed.step_meta(doc, str(f)))})

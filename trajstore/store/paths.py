@@ -25,6 +25,7 @@ MANIFEST = "trajstore.json"
 SIDE = "_trajstore"  # <dump>/_trajstore/<split>/: a split's files that are not step files (layout 2)
 LAYOUT = {"steps": "<split>/step_<n>.parquet", "side": f"{SIDE}/<split>/"}  # the manifest's "layout"
 STEP_RE = re.compile(r"^step_(\d{8,})\.parquet$")
+SKIPPED_RE = re.compile(r"^step_(\d{8,})\.skipped\.json$")
 TMP_PREFIX = ".step_"
 _SPLIT_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
@@ -203,7 +204,7 @@ def list_skipped(split_dir: Path) -> dict[int, str]:
         except (FileNotFoundError, NotADirectoryError):
             continue
         for n in names:
-            m = re.match(r"^step_(\d{8,})\.skipped\.json$", n)
+            m = SKIPPED_RE.match(n)
             if m:
                 try:
                     doc = json.loads((d / n).read_text())

@@ -1,0 +1,98 @@
+"""Scale of a long run (issue 14): a split of many small steps on local disk. Opening it and
+listing its steps (``trajstore.Reader(path)``), ``Reader.steps``, ``Reader.column("rewards")`` over
+every step, ``describe`` (what ``trajstore info`` prints) and the Recorder's ``max_keep`` rotation.
+
+The fixture is built fast: one step is written by ``trajstore.Writer``, the others are clones of
+its file (``clone``): the same Parquet table with the step number in its trajstore metadata
+changed, committed under the step's name with its checksum in ``<dump>/_trajstore/<split>/``, so
+every clone is a valid step of the dump (``trajstore verify`` passes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import torch
+
+import trajstore
+from trajstore.inspection.describe import describe
+from trajstore.store import checksums, paths
+
+
+def small_batch(B: int = 8, T: int = 16, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {"input_ids": torch.randint(0, 32000, (B, T), generator=g),
+            "attention_mask": torch.ones(B, T, dtype=torch.int64),
+            "rewards": torch.randn(B, generator=g)}
+
+
+def clone(dump: Path, steps, split: str = "train", B: int = 8, T: int = 16) -> None:
+    """A dump at ``dump`` holding ``steps`` (the same small batch each): one written by the Writer,
+    the rest its file with the step number rewritten, each with its checksum."""
+    steps = sorted(steps)
+    with trajstore.Writer(dump, split) as w:
+        w.append(steps[0], small_batch(B, T))
+    d = dump / split
+    src = d / paths.step_name(steps[0])
+    table = pq.read_table(src)
+    meta = dict(table.schema.metadata)
+    doc = json.loads(meta[b"trajstore"])
+    side = paths.side_dir(d)
+    for s in steps[1:]:
+        doc["step"] = s
+        meta[b"trajstore"] = json.dumps(doc).encode()
+        f = d / paths.step_name(s)
+        tmp = side / f".clone-{s}"
+        pq.write_table(table.replace_schema_metadata(meta), tmp, compression="zstd", write_page_checksum=True)
+        checksums.sum_path(f).write_text(checksums.sum_line(checksums.file_sha256(tmp), f.name))
+        os.replace(tmp, f)
+
+
+def _t(fn, repeat: int = 3):
+    best, out = float("inf"), None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def run(tmp: Path, n: int = 10_000, keep: int = 100) -> list[tuple[str, float]]:
+    """Times (best of 3, seconds) over a dump of ``n`` steps built under ``tmp``."""
+    dump = tmp / "scale"
+    shutil.rmtree(dump, ignore_errors=True)
+    t0 = time.perf_counter()
+    clone(dump, range(n))
+    print(f"# scale: built {n} steps (B=8, T=16) in {time.perf_counter() - t0:.1f} s", flush=True)
+    rows = []
+    t, r = _t(lambda: trajstore.Reader(dump))
+    assert len(r.steps) == n
+    rows.append((f"Reader(path): open + list {n} steps", t))
+    rows.append((f"Reader.steps ({n})", _t(lambda: r.steps)[0]))
+    t, col = _t(lambda: trajstore.Reader(dump).column("rewards"), repeat=1)
+    assert len(col) == n
+    rows.append((f"Reader.column('rewards') over {n} steps", t))
+    t, d = _t(lambda: describe(dump), repeat=1)
+    assert d["splits"]["train"]["steps"]["count"] == n
+    rows.append((f"describe() / trajstore info over {n} steps", t))
+    cfg = trajstore.DumpReplayConfig(dump=True, path=str(dump), max_keep=keep, resume=True)
+    t0 = time.perf_counter()
+    with trajstore.Recorder(cfg) as rec:
+        rec.record(n, small_batch())
+        rows.append((f"Recorder max_keep={keep}: first record after resume ({n} -> {keep} steps)",
+                     time.perf_counter() - t0))
+    assert len(paths.list_steps(dump / "train")) == keep
+    shutil.rmtree(dump, ignore_errors=True)
+    return rows
+
+
+if __name__ == "__main__":
+    import sys
+    import tempfile
+    root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="trajstore-scale-"))
+    for name, s in run(root, int(sys.argv[2]) if len(sys.argv) > 2 else 10_000):
+        print(f"| {name} | {s * 1e3:.1f} ms |", flush=True)
