@@ -6,9 +6,6 @@ its own mask; a VLM batch's ``pixel_values`` are stored one run of patch rows pe
 ``image_grid_thw`` and ``num_images``.  Each round-trips exactly through Writer/Reader and through a Recorder dump replayed in
 another process (TRL's batch is a dict), is stored unpadded, and every inspection tool reads it."""
 
-import os
-import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import trajstore
-from _dumps import check_inspection
+from _dumps import check_inspection, run_python
 from trajstore.errors import BatchError
 from trajstore.testing import assert_batch_equal
 
@@ -231,10 +228,7 @@ def test_recorder_dump_replays_in_another_process(tmp_path, kind):
     b = batch(seed=4, vlm=kind == "vlm", images=IMAGES if kind == "vlm" else None)
     with trajstore.Recorder(dump=True, path=str(tmp_path / "d"), strict=True) as rec:
         assert rec.batch(5, lambda: b) is b
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    p = subprocess.run([sys.executable, "-c", REPLAY, str(tmp_path / "d"), str(ROOT / "tests"), kind],
-                       capture_output=True, text=True, env=env, timeout=300)
-    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-3000:]
+    run_python(REPLAY, tmp_path / "d", ROOT / "tests", kind)
 
 
 # ----------------------------------------------------------------------------- inspection

@@ -12,9 +12,6 @@ tool reads it."""
 
 import copy
 import json
-import os
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -26,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import trajstore
-from _dumps import check_inspection
+from _dumps import check_inspection, run_python
 from trajstore.testing import assert_batch_equal
 
 verl_protocol = pytest.importorskip("verl.protocol")
@@ -313,10 +310,7 @@ def test_recorder_dump_replays_in_another_process_as_verl_dataproto(tmp_path):
             assert rec.batch(2 * k, lambda: gen, meta={"timing": timing_raw, "global_steps": 1}) is gen
             assert rec.batch(2 * k + 1, lambda: fit) is fit
             order += [key_order(gen), key_order(fit)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    p = subprocess.run([sys.executable, "-c", REPLAY, str(tmp_path / "d"), str(ROOT / "tests"), json.dumps(order)],
-                       capture_output=True, text=True, env=env, timeout=300)
-    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-3000:]
+    run_python(REPLAY, tmp_path / "d", ROOT / "tests", json.dumps(order))
 
 
 # ----------------------------------------------------------------------------- inspection
