@@ -117,8 +117,12 @@ def test_any_sequence_of_kinds_reads_exactly_and_duckdb_never_wrong(tmp_path_fac
         assert_batch_equal(r[s], b)
     types = {str(_schema(path, s).field("x").type) for s in range(len(steps)) if "x" in _schema(path, s).names}
     assert len(types) <= 1, types  # one type for the column x in the whole split
-    rows = duckdb.connect().sql(f"SELECT step, x FROM read_parquet('{path}/train/*.parquet', union_by_name=true) "
-                                "ORDER BY step").fetchall()
+    query = f"SELECT step, x FROM read_parquet('{path}/train/*.parquet', union_by_name=true) ORDER BY step"
+    if not any("x" in _schema(path, s).names for s in range(len(steps))):  # every step all None: no column
+        with pytest.raises(duckdb.BinderException, match='"x" not found'):  # an error, never a number
+            duckdb.connect().sql(query).fetchall()
+        return
+    rows = duckdb.connect().sql(query).fetchall()
     for i, (s, got) in enumerate(rows):
         want = steps[s]["x"][i % 3]
         want = want.item() if isinstance(want, torch.Tensor) else want
@@ -127,6 +131,17 @@ def test_any_sequence_of_kinds_reads_exactly_and_duckdb_never_wrong(tmp_path_fac
             continue
         assert type(want) is type(got) or isinstance(want, int | float) and isinstance(got, float), (want, got)
         assert got == want or (isinstance(got, float) and math.isnan(got) and math.isnan(want)), (s, want, got)
+
+
+def test_a_field_that_is_all_none_in_every_step_has_no_column(tmp_path):
+    """All-None lists are stored in the step's metadata only; SQL gets an error for 'x', never a number."""
+    duckdb = pytest.importorskip("duckdb")
+    with trajstore.Writer(tmp_path) as w:
+        w.append(0, {"x": [None, None, None]})
+    assert trajstore.Reader(tmp_path, "train")[0] == {"x": [None, None, None]}
+    assert "x" not in _schema(tmp_path, 0).names
+    with pytest.raises(duckdb.BinderException, match='"x" not found'):
+        duckdb.connect().sql(f"SELECT x FROM read_parquet('{tmp_path}/train/*.parquet')").fetchall()
 
 
 def test_info_shows_the_split_columns(tmp_path, capsys):
