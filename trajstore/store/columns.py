@@ -2,13 +2,18 @@
 
 The writer fits every step to it (``format.columns.fit``) and records a step's new columns there
 *before* committing the step, so every committed step's columns are in the record (a step that
-then fails leaves names it never used: harmless, they only make later steps move sooner). A
+then fails leaves names it never used: harmless, they only make later steps move sooner). Several
+writers of one split (the N ranks writing shards of its steps, docs/FORMAT.md section 1) share the
+record: a writer adding columns re-reads it and saves the union under an exclusive lock
+(``columns.json.lock``, ``fcntl.flock``), so no writer's columns are lost and a name keeps one type. A
 writer that opens a split loads the record; where there is none (a dump of trajstore before
 0.2, or a record removed) it rebuilds it from the footers of the committed steps, in step order
 (the first step's type of a name wins)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -55,13 +60,14 @@ def load(split_dir: Path) -> dict[str, str]:
     if cols is not None:
         return cols
     cols = {}
-    for step in paths.list_steps(split_dir):
+    listing = paths.scan(split_dir)
+    for step in listing.steps:
         try:
-            schema = pq.read_schema(split_dir / paths.step_name(step))
+            schemas = [pq.read_schema(f) for f in paths.step_files(split_dir, listing, step)]
         except Exception as e:  # noqa: BLE001 - a damaged step: its readers report it
             log.warning("trajstore: %s: step %d's columns not read for the split's record (%s)", split_dir, step, e)
             continue
-        for f in schema:
+        for f in (f for schema in schemas for f in schema):
             if f.name != STEP_COLUMN:
                 cols.setdefault(f.name, type_name(f.type))
     if cols:
@@ -83,6 +89,19 @@ def save(split_dir: Path, cols: dict[str, str]) -> None:
     fsync_dir(side)
 
 
+@contextlib.contextmanager
+def _locked(split_dir: Path):
+    """An exclusive lock on the split's record across processes (released when a holder dies)."""
+    side = paths.side_dir(split_dir)
+    side.mkdir(parents=True, exist_ok=True)
+    with open(side / f"{NAME}.lock", "a+b") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 class SplitColumns:
     """A writer's view of its split's column types: ``fit`` a step's table to them (thread-safe),
     recording the step's new columns before the caller commits it."""
@@ -100,11 +119,17 @@ class SplitColumns:
         with self._lock:
             for k, v in (read(self.dir) or {}).items():  # what other writers of the split recorded since
                 self.types.setdefault(k, v)
-            table, moved, types = fit(table, self.types)
-            new = {k: v for k, v in types.items() if k not in self.types}
-            if new:
-                save(self.dir, {**self.types, **new})
-                self.types.update(new)
+            fitted, moved, types = fit(table, self.types)
+            if any(k not in self.types for k in types):
+                with _locked(self.dir):  # other writers (ranks) of the split: re-read, fit, save the union
+                    for k, v in (read(self.dir) or {}).items():
+                        self.types.setdefault(k, v)
+                    fitted, moved, types = fit(table, self.types)
+                    new = {k: v for k, v in types.items() if k not in self.types}
+                    if new:
+                        save(self.dir, {**self.types, **new})
+                        self.types.update(new)
+            table = fitted
             warn = [(old, name) for old, name in moved.items() if (old, name) not in self._warned]
             self._warned.update(warn)
         for old, name in warn:
