@@ -263,7 +263,7 @@ class _Segment:
         return arr.combine_chunks()
 
     def value(self, name: str, step: int) -> Any:
-        """``step``'s value of field ``name``, as ``reader._read_sample`` decodes it (a copy)."""
+        """``step``'s value of field ``name``, as ``format.parquet.read_sample`` decodes it (a copy)."""
         node = self.nodes[name]
         a = self._cols.get(name)
         if a is None:

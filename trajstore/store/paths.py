@@ -76,8 +76,8 @@ def check_shard(rank: Any, world_size: Any, who: str) -> tuple[int, int] | None:
         return None
     ok = all(type(v) is int or hasattr(v, '__index__') and not isinstance(v, bool | float) for v in (rank, world_size))
     if not ok or not 0 <= rank < world_size or world_size > 99999:
-        raise ConfigError(f"{who}: rank={rank!r}, world_size={world_size!r}: give both (ints, 0 <= rank < "
-                          "world_size <= 99999) to write this rank's shards of each step, or neither to write whole steps")
+        raise ConfigError(f"{who}: rank={rank!r}, world_size={world_size!r}: give both, ints with 0 <= rank < "
+                          "world_size <= 99999 (this rank's shards, or its slice of each step), or neither (whole steps)")
     return rank.__index__(), world_size.__index__()
 
 
