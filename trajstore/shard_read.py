@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from .errors import ConfigError, FormatError, StepNotFoundError
 from .format import containers, shards
@@ -143,9 +144,12 @@ def open_meta(r: Any, step: int) -> Any:
 
 
 def ranks(r: Any, step: int) -> list[int] | None:
-    """The rank that wrote each row of ``r.read(step)`` (None for a step of one whole file)."""
+    """The rank that wrote each row of ``r.read(step)`` (None for a step of one whole file): from the
+    shards' footers, or for a reader of one rank's slice the ``rank`` column of the rows it takes."""
     if r._lone is not None or step not in r._listing.shards:
         return None
-    _, table, _ = logical(r, step, [], None)
+    if r._slice is None:
+        return [k for k, f in enumerate(files(r, step)) for _ in range(pq.read_metadata(f).num_rows)]
+    _, table, _ = logical(r, step, None, None)
     col = table.column(shards.RANK_COLUMN) if shards.RANK_COLUMN in table.column_names else None
     return None if col is None else col.to_pylist()
