@@ -237,3 +237,25 @@ def test_round_trip_of_shards_and_slices(tmp_path_factory, batch, n, data):
                 w.append(0, part)
         if balance == "contiguous":
             assert_batch_equal(trajstore.Reader(out)[0], batch)
+
+
+def test_column_index_of_shards(tmp_path, monkeypatch):
+    """Each rank's writer indexes its own shards (segments of their own, never replacing another's); a
+    logical step's value comes from the index only when every shard is indexed and current."""
+    d = write_shards(tmp_path / "d", steps=(0, 1, 2))
+    segs = sorted((d / "_trajstore" / "train" / "index").iterdir())
+    assert len(segs) == 4 and len({s.name for s in segs}) == 4  # one per rank
+    r = trajstore.Reader(d)
+    want = {s: r.read(s, columns=["rewards"])["rewards"] for s in r.steps}
+    got = r._index.values("rewards", r.steps, r._listing.shards)
+    assert sorted(got) == [0, 1, 2] and all(torch.equal(got[s], want[s]) for s in got)
+    col = r.column("rewards")
+    assert all(torch.equal(col[s], want[s]) for s in want)
+    with trajstore.Writer(d, rank=3, world_size=4, overwrite=True) as w:  # rank 3 rewrites step 1: not indexed
+        w.append(1, shard_batch(1, 3, SIZES[3]) | {"rewards": torch.zeros(SIZES[3])})
+    for seg in (d / "_trajstore" / "train" / "index").iterdir():
+        if seg not in segs:
+            seg.unlink()  # the new segment of step 1 gone: its value must come from the files
+    r = trajstore.Reader(d)
+    assert sorted(r._index.values("rewards", r.steps, r._listing.shards)) == [0, 2]
+    assert torch.equal(r.column("rewards", [1])[1][-7:], torch.zeros(7))

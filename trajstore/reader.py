@@ -314,7 +314,8 @@ class Reader:
         steps = list(self._steps) if steps is None else [paths.check_step(s) for s in steps]
         if workers is not None and (type(workers) is not int or workers < 1):
             raise ConfigError(f"workers must be an int >= 1, got {workers!r}")
-        got = {} if self.verify or not steps or self._lone is not None or self._slice else self._index.values(name, steps)
+        got = {} if self.verify or not steps or self._lone is not None or self._slice else \
+            self._index.values(name, steps, self._listing.shards)
         rest = [s for s in steps if s not in got] if got else steps
         n = workers or 1
         if n == 1 or len(rest) < 2:

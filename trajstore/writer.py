@@ -110,8 +110,8 @@ class Writer:
     ``on_commit`` is called on the background thread with a :class:`Committed` record once each
     step is committed, before ``flush`` returns; an error it raises is logged, never raised.
     ``rank``/``world_size`` (SPMD): this process appends rank ``rank``'s shard of each step, one file
-    ``step_<n>.rank<r>-of-<N>.parquet`` with an int32 ``rank`` column (a field named ``rank`` is refused;
-    not indexed); readers see a step once all N shards are committed (docs/FORMAT.md section 1).
+    ``step_<n>.rank<r>-of-<N>.parquet`` with an int32 ``rank`` column (a field named ``rank`` is refused);
+    readers see a step once all N shards are committed (docs/FORMAT.md section 1).
     """
 
     def __init__(self, path: str | Path, split: str = "train", *, overwrite: bool = False,
@@ -147,7 +147,7 @@ class Writer:
             busy = any(w.dir == self.dir and not w._closed for w in _live)
         commit.clean_temp(self.dir, keep_own=busy)
         index.clean_temp(self.dir, keep_own=busy)
-        self._index = index.Collector(self.dir, self.split)  # Reader.column's index (trajstore/store/index.py)
+        self._index = index.Collector(self.dir, self.split, self.shard)  # Reader.column's (store/index.py)
         self._columns = columns.SplitColumns(self.dir)  # one type per column name (docs/FORMAT.md 3.11)
         self._closed = False
         self._lock = threading.Lock()          # one append at a time
@@ -355,11 +355,14 @@ class Writer:
         if self.shard is not None:
             table = with_rank(table, self.shard[0], step)
         table = self._columns.fit(step, table)  # its new columns recorded before the commit
+        if self.shard is not None and "rank" not in table.column_names:  # moved: the split holds another 'rank'
+            raise BatchError(f"step {step}: {self.dir} holds a column 'rank' of another type (a field of whole "
+                             "steps); shards of several ranks need that name for their int32 rank column")
         final = self.final(step)
         tmp = paths.temp_path(self.dir, step, final.name)  # in the side folder: the split folder holds step files only
         try:
             pq.write_table(table, tmp, **parquet_options(table, self.encodings))
-            index_rows = self._index.take(step, table) if self.shard is None else None  # a copy, checked below
+            index_rows = self._index.take(step, table)  # a copy, checked by snap.check below
             rows = table.num_rows
             del table
             snap.check(step)  # the values may have changed while they were being encoded
