@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import trajstore
 from trajstore import cli
 from trajstore.errors import ConfigError, FormatError, StepExistsError, StepNotFoundError
-from trajstore.store import commit, paths
+from trajstore.store import columns, commit, paths
 from trajstore.testing import assert_batch_equal, padded_batches, trajectory_lists
 
 SIZES = (3, 9, 5, 7)  # uneven shards, B = 24
@@ -101,6 +101,8 @@ def test_shard_files_and_logical_step(tmp_path):
     assert doc["shard"] == {"rank": 2, "world_size": 4} and doc["format_version"] == 3
     col = r.column("rewards")
     assert torch.equal(col[1], r[1]["rewards"])
+    assert set(columns.read(d / "train")) == {"__len__attention_mask", "input_ids", "attention_mask", "logprobs",
+                                               "rewards", "rank"}  # the record N writers share (FORMAT 3.11)
     df = r.to_pandas(0)
     assert df["rank"].tolist() == [k for k, n in enumerate(SIZES) for _ in range(n)]
 

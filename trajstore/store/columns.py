@@ -5,7 +5,7 @@ The writer fits every step to it (``format.columns.fit``) and records a step's n
 then fails leaves names it never used: harmless, they only make later steps move sooner). Several
 writers of one split (the N ranks writing shards of its steps, docs/FORMAT.md section 1) share the
 record: a writer adding columns re-reads it and saves the union under an exclusive lock
-(``columns.json.lock``, ``fcntl.flock``), so no writer's columns are lost and a name keeps one type. A
+(``fcntl.flock`` on the folder of the record), so no writer's columns are lost and a name keeps one type. A
 writer that opens a split loads the record; where there is none (a dump of trajstore before
 0.2, or a record removed) it rebuilds it from the footers of the committed steps, in step order
 (the first step's type of a name wins)."""
@@ -91,15 +91,16 @@ def save(split_dir: Path, cols: dict[str, str]) -> None:
 
 @contextlib.contextmanager
 def _locked(split_dir: Path):
-    """An exclusive lock on the split's record across processes (released when a holder dies)."""
+    """An exclusive lock on the split's record across processes: ``flock`` on the folder holding it
+    (released when its holder dies)."""
     side = paths.side_dir(split_dir)
     side.mkdir(parents=True, exist_ok=True)
-    with open(side / f"{NAME}.lock", "a+b") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    fd = os.open(side, os.O_RDONLY)  # the folder itself: no lock file to clean up
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 class SplitColumns:
