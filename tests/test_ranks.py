@@ -94,7 +94,10 @@ def test_shard_files_and_logical_step(tmp_path):
     assert [f.name for f in r.files(1)] == [paths.shard_name(1, k, 4) for k in range(4)]
     for k, n in enumerate(SIZES):  # each dumped shard exactly
         assert_batch_equal(r.shard(1, k), shard_batch(1, k, n))
-    assert r.meta(0) == {"rank_meta": 0}
+    assert r.meta(0) == {"rank_meta": [0, 1, 2, 3]}  # each rank's own value, in rank order (FORMAT 3.12)
+    assert trajstore.Reader(d, rank=2, world_size=4).meta(0) == {"rank_meta": 2}  # the shard as dumped
+    assert trajstore.Reader(d, rank=1, world_size=2).meta(0) == {"rank_meta": [0, 1, 2, 3]}
+    assert r.info(0)["meta"] == {"rank_meta": [0, 1, 2, 3]} and r.info(0)["num_rows"] == 24
     with pytest.raises(StepNotFoundError, match="rank 4"):
         r.shard(0, 4)
     doc = json.loads(pq.read_metadata(r.files(0)[2]).metadata[b"trajstore"])

@@ -215,9 +215,12 @@ class Reader:
         return _StepFile(pf, src, doc, f)
 
     def meta(self, step: int) -> dict:
-        """The ``meta`` dict given to ``append`` for ``step``, its values of the types given."""
-        sf = shard_read.open_meta(self, step) if self._sharded(step) else self._open(step, check=False)
-        return typed.step_meta(sf.doc, str(sf.path))  # the spec is not walked: only the meta is decoded
+        """The ``meta`` dict given to ``append`` for ``step``, its values of the types given (a step of
+        several ranks: their metas merged, ``shard_read.meta``)."""
+        if self._sharded(step):
+            return shard_read.meta(self, step)
+        sf = self._open(step, check=False)  # the spec is not walked: only the meta is decoded
+        return typed.step_meta(sf.doc, str(sf.path))
 
     def info(self, step: int) -> dict:
         """The step's stored description: spec, meta, row count."""

@@ -23,10 +23,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import ConfigError, FormatError, StepNotFoundError
-from .format import containers, shards
+from .format import containers, shards, typed
+from .format.shard_join import Joiner, merge_meta
 from .store import paths
 
-__all__ = ["BALANCES", "check_slice", "files", "logical", "shard", "column", "open_meta", "incomplete",
+__all__ = ["BALANCES", "check_slice", "files", "logical", "shard", "column", "meta", "incomplete",
            "check_whole", "ranks"]
 
 BALANCES = ("contiguous", "tokens")
@@ -91,8 +92,10 @@ def logical(r: Any, step: int, columns: list[str] | None, layout: str | None) ->
     sl = r._slice
     if sl is not None and sl[2] == "contiguous" and len(fs) == sl[1] > 1:
         return _part(r, step, fs, sl[0], columns, layout)  # M == N: exactly the shard rank r dumped
-    tokens = sl is not None and sl[2] == "tokens"
-    parts = [_part(r, step, fs, k, None if tokens else columns, layout) for k in range(len(fs))]
+    # a join reads every column (it merges the whole spec, companions included), and so does token
+    # balancing (each row's tokens); ``columns`` then selects what is decoded
+    whole = len(fs) > 1 or sl is not None and sl[2] == "tokens"
+    parts = [_part(r, step, fs, k, None if whole else columns, layout) for k in range(len(fs))]
     if len(parts) == 1:
         doc, table, where = parts[0]
     else:
@@ -107,7 +110,7 @@ def logical(r: Any, step: int, columns: list[str] | None, layout: str | None) ->
             f"step {step} of dump {r.path} split {r.split!r} holds {b} trajectories, which {m} ranks cannot share "
             f"equally (balance={how!r} needs B % world_size == 0); replay on a world size that divides {b}"
             + (f", or on the {len(fs)} ranks that wrote it (their shards as dumped)" if len(fs) > 1 else ""))
-    counts = shards.token_counts(doc, table) if tokens else None
+    counts = shards.token_counts(doc, table) if how == "tokens" else None
     rows = shards.partition(b, m, how, counts)[rank]
     doc, table = shards.take(doc, table, rows)
     return doc, table, where
@@ -134,13 +137,19 @@ def column(r: Any, step: int, name: str) -> Any:
     return containers.unwrap(batch)[0][name] if "wrapper" in doc["batch"] else batch[name]
 
 
-def open_meta(r: Any, step: int) -> Any:
-    """The opened file whose ``meta`` is the step's: the shard of the reader's rank when it replays on the
-    dump's world size, else rank 0's (each rank appends its own ``meta``)."""
+def meta(r: Any, step: int) -> dict:
+    """The step metadata of what ``r.read(step)`` returns: a shard's own ``meta`` when it reads the shard
+    as dumped (M == N), else the shards' metas merged as ``format.shards.join`` merges them (docs/FORMAT.md
+    3.12: a key whose values differ between the ranks becomes the list of their values in rank order)."""
     fs = files(r, step)
     sl = r._slice
-    k = sl[0] if sl is not None and len(fs) == sl[1] else 0
-    return r._open(step, check=False, f=fs[k])
+    if len(fs) == 1 or sl is not None and sl[2] == "contiguous" and len(fs) == sl[1]:
+        sf = r._open(step, check=False, f=fs[sl[0] if len(fs) > 1 else 0])
+        return typed.step_meta(sf.doc, str(sf.path))
+    docs = [r._open(step, check=False, f=f).doc for f in fs]
+    metas = [typed.step_meta(d, str(f)) for d, f in zip(docs, fs)]
+    return merge_meta(metas, Joiner(docs, [pa.table({})] * len(fs), list(range(len(fs))), step), "step meta",
+                      strict=False)
 
 
 def ranks(r: Any, step: int) -> list[int] | None:
