@@ -264,3 +264,52 @@ def test_column_index_of_shards(tmp_path, monkeypatch):
     r = trajstore.Reader(d)
     assert sorted(r._index.values("rewards", r.steps, r._listing.shards)) == [0, 2]
     assert torch.equal(r.column("rewards", [1])[1][-7:], torch.zeros(7))
+
+
+def test_older_readers_refuse_a_shard_file(tmp_path):
+    """A shard file is format version 3 with a ``shard`` key validate.py checks: a reader of version 2
+    refuses it by its version, and a file claiming less, or a shard without its rank column, is damaged."""
+    from trajstore.errors import FormatVersionError
+    from trajstore.format import validate
+    from trajstore.format.spec import check_version
+    d = write_shards(tmp_path / "d", steps=(0,), sizes=(2, 3))
+    f = d / "train" / paths.shard_name(0, 1, 2)
+    md = pq.read_metadata(f)
+    doc, schema = json.loads(md.metadata[b"trajstore"]), pq.read_schema(f)
+    with pytest.raises(FormatVersionError, match="reads up to 2"):
+        check_version(doc["format_version"], str(f), "the step", newest=2)
+    validate.check(doc, schema, md.num_rows, str(f))
+    with pytest.raises(FormatError, match="it needs 3"):
+        validate.check({**doc, "format_version": 2}, schema, md.num_rows, str(f))
+    with pytest.raises(FormatError, match="without its int32 'rank' column"):
+        validate.check(doc, schema.remove(schema.get_field_index("rank")), md.num_rows, str(f))
+    with pytest.raises(FormatError, match="is not"):
+        validate.check({**doc, "shard": {"rank": 2, "world_size": 2}}, schema, md.num_rows, str(f))
+    lone = trajstore.Reader(f)  # a shard file copied out alone: that rank's rows
+    assert lone.steps == [0]
+    assert_batch_equal(lone[0], shard_batch(0, 1, 3))
+
+
+def test_recorder_ranks_in_one_process(tmp_path, monkeypatch):
+    """RANK/WORLD_SIZE: each rank's Recorder dumps its shards of the one split, rotates its own files
+    (max_keep) and replays its slice; a replay on one process reads the logical steps."""
+    path = str(tmp_path / "d")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        with trajstore.Recorder(dump=True, path=path, max_keep=2) as rec:
+            for s in range(4):
+                rec.batch(s, lambda s=s: shard_batch(s, rank, 3 + rank))
+            assert rec.steps == [2, 3]
+        assert rec.info()["steps"] == [2, 3]
+    assert sorted(f.name for f in (tmp_path / "d" / "train").iterdir()) == [
+        paths.shard_name(s, r, 2) for s in (2, 3) for r in (0, 1)]
+    monkeypatch.setenv("RANK", "1")
+    rec = trajstore.Recorder(replay=True, path=path)
+    assert rec.steps == [2, 3]
+    assert_batch_equal(rec.batch(3, lambda: pytest.fail("fn called")), shard_batch(3, 1, 4))  # M == N
+    assert rec.meta(3) == {}
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    whole = trajstore.Recorder(replay=True, path=path).batch(2, lambda: None)
+    same(trajectories(whole), [t for r in (0, 1) for t in trajectories(shard_batch(2, r, 3 + r))])
