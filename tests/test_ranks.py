@@ -313,3 +313,20 @@ def test_recorder_ranks_in_one_process(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "0")
     whole = trajstore.Recorder(replay=True, path=path).batch(2, lambda: None)
     same(trajectories(whole), [t for r in (0, 1) for t in trajectories(shard_batch(2, r, 3 + r))])
+
+
+def test_a_rank_cleans_only_its_own_temporaries(tmp_path):
+    """Ranks may run on other hosts, where a pid means nothing: a writer removes stale temporaries of
+    its own rank's files (and a whole-step writer those of whole steps) only."""
+    d = write_shards(tmp_path / "d", steps=(0,), sizes=(2, 2))
+    side = d / "_trajstore" / "train"
+    dead = 2**22 + 12345
+    names = [f".step_00000001.rank00000-of-00002.parquet.tmp-{dead}-ab",
+             f".step_00000001.rank00001-of-00002.parquet.tmp-{dead}-cd",
+             f".step_00000001.parquet.tmp-{dead}-ef", f".columns.json.tmp-{dead}-01"]
+    for n in names:
+        (side / n).write_text("x")
+    trajstore.Writer(d, rank=1, world_size=2).close()
+    assert sorted(n for n in names if (side / n).exists()) == sorted([names[0], names[2], names[3]])
+    trajstore.Writer(d).close()
+    assert [n for n in names if (side / n).exists()] == [names[0]]

@@ -145,10 +145,12 @@ class Writer:
         self.dir.mkdir(exist_ok=True)
         with _live_lock:  # another open Writer of this process on this split may be mid-write
             busy = any(w.dir == self.dir and not w._closed for w in _live)
-        commit.clean_temp(self.dir, keep_own=busy)
-        index.clean_temp(self.dir, keep_own=busy)
+        mine = "" if self.shard is None else paths.shard_name(0, *self.shard)[len("step_00000000"):-len("parquet")]
+        commit.clean_temp(self.dir, keep_own=busy, shard=mine)  # a rank cleans its own files only
+        if self.shard is None:  # other ranks' index temporaries may be live on other hosts
+            index.clean_temp(self.dir, keep_own=busy)
         self._index = index.Collector(self.dir, self.split, self.shard)  # Reader.column's (store/index.py)
-        self._columns = columns.SplitColumns(self.dir)  # one type per column name (docs/FORMAT.md 3.11)
+        self._columns = columns.SplitColumns(self.dir, clean=self.shard is None)  # one type per column name (docs/FORMAT.md 3.11)
         self._closed = False
         self._lock = threading.Lock()          # one append at a time
         self._cond = threading.Condition()     # guards everything below

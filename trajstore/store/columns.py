@@ -51,10 +51,11 @@ def read(split_dir: Path) -> dict[str, str] | None:
     return None
 
 
-def load(split_dir: Path) -> dict[str, str]:
-    """The split's column types for a writer: the record, else rebuilt from the step files."""
+def load(split_dir: Path, clean: bool = True) -> dict[str, str]:
+    """The split's column types for a writer: the record, else rebuilt from the step files. ``clean``:
+    remove temporaries of dead writers first (not by a rank's writer: other ranks may be on other hosts)."""
     side = paths.side_dir(split_dir)
-    for n in stale_temps(side, f".{NAME}.tmp-"):
+    for n in stale_temps(side, f".{NAME}.tmp-") if clean else ():
         (side / n).unlink(missing_ok=True)
     cols = read(split_dir)
     if cols is not None:
@@ -107,9 +108,9 @@ class SplitColumns:
     """A writer's view of its split's column types: ``fit`` a step's table to them (thread-safe),
     recording the step's new columns before the caller commits it."""
 
-    def __init__(self, split_dir: Path) -> None:
+    def __init__(self, split_dir: Path, clean: bool = True) -> None:
         self.dir = split_dir
-        self.types = load(split_dir)
+        self.types = load(split_dir, clean)
         self._lock = threading.Lock()
         self._warned: set[tuple[str, str]] = set()  # (column, its other name) logged once
 

@@ -59,14 +59,18 @@ def commit(tmp: Path, final: Path, overwrite: bool) -> None:
         fsync_dir(side.parent)
 
 
-def clean_temp(split_dir: Path, keep_own: bool = False) -> list[str]:
+def clean_temp(split_dir: Path, keep_own: bool = False, shard: str | None = None) -> list[str]:
     """Remove leftovers of interrupted writes (promoting a temporary checksum that
     matches its committed step); returns the names removed.  Temporaries of other live
     processes are kept, and this process's own too with ``keep_own`` (another Writer of
-    this process may be writing them). Looks in the side folder and the split folder."""
+    this process may be writing them). Looks in the side folder and the split folder.
+    ``shard`` (``".rank00002-of-00004."``): only that rank's files, else ("") only those of whole steps:
+    the ranks of a dump may run on other hosts, where a pid says nothing (docs/RELIABILITY.md)."""
     gone = []
     for d in places(split_dir):
         for n in stale_temps(d, TMP_PREFIX, keep_own):
+            if shard is not None and not (shard in n if shard else ".rank" not in n):
+                continue  # another rank's (or, for a whole-step writer, any rank's)
             m = re.match(r"^\.(step_\d{8,}(?:\.rank\d{5,}-of-\d{5,})?)\.sha256\.tmp-", n)
             if m and _promote(split_dir, m.group(1), d / n):
                 continue
