@@ -363,7 +363,7 @@ def _check_orders(ch: "_Checker", node: dict) -> None:
             raise _Bad(f"a struct key order {str(o)[:60]} is not a [row, [key index, ...]] of a row with a dict")
         rows.add(o[0])
         present = [j for j, c in enumerate(kids) if o[0] not in c.get("missing", ())]
-        if sorted(o[1]) != present or any(type(j) is not int for j in o[1]):
+        if any(type(j) is not int for j in o[1]) or sorted(o[1]) != present:  # ints first: sorted() of None fails
             raise _Bad(f"the key order of row {o[0]} is not an order of the keys the row holds")
 
 

@@ -112,15 +112,16 @@ def scan(split_dir: Path) -> Listing:
         names = os.listdir(split_dir)
     except FileNotFoundError:
         names = []
-    whole: set[int] = set()
+    steps = [int(m.group(1)) for n in names if (m := STEP_RE.match(n))]
     parts: dict[int, dict[int, set[int]]] = {}
-    for n in names:
-        if m := STEP_RE.match(n):
-            whole.add(int(m.group(1)))
-        elif m := SHARD_RE.match(n):
-            parts.setdefault(int(m.group(1)), {}).setdefault(int(m.group(3)), set()).add(int(m.group(2)))
+    if len(steps) < len(names):  # other names: shard files, maybe
+        for n in names:
+            if ".rank" in n and (m := SHARD_RE.match(n)):
+                parts.setdefault(int(m.group(1)), {}).setdefault(int(m.group(3)), set()).add(int(m.group(2)))
     if not parts:
-        return Listing(sorted(whole), {}, {}, {}, {})
+        steps.sort()
+        return Listing(steps, {}, {}, {}, {})
+    whole = set(steps)
     shards, incomplete, ambiguous = {}, {}, {}
     for s, by in parts.items():
         bad = any(N < 1 or max(ranks) >= N for N, ranks in by.items())  # a name no writer makes
