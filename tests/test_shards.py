@@ -20,8 +20,10 @@ from trajstore.format import validate
 from trajstore.format.containers import DataProtoLike
 from trajstore.format.layout import classify, token_mask
 from trajstore.format.shards import RANK_COLUMN, join, partition, take, token_counts
-from trajstore.testing import (assert_batch_equal, batches, group_lists, packed_batches, padded_batches,
-                               prompt_completion_batches, tensors, trajectory_lists, two_sided_batches)
+from trajstore.format.spec import columns_for, fields
+from trajstore.testing import (assert_batch_equal, batches, group_lists, image_batches, packed_batches,
+                               padded_batches, prompt_completion_batches, tensors, trajectory_lists, two_sided_batches,
+                               typed_batches)
 
 SETTINGS = settings(deadline=None, suppress_health_check=list(HealthCheck))
 
@@ -117,7 +119,7 @@ def joined(batch, chunks: list[list[int]], metas: list | None = None):
 
 # ----------------------------------------------------------------------------- join and take round trips
 FORMS = st.one_of(batches(), padded_batches(), two_sided_batches(), prompt_completion_batches(), group_lists(),
-                  trajectory_lists(), packed_batches())
+                  trajectory_lists(), packed_batches(), typed_batches(dataproto=True), image_batches())
 
 
 @SETTINGS
@@ -156,6 +158,35 @@ def test_partitions_taken_and_joined(data):
             assert_batch_equal(decode(d, t), select(batch, rows))
         if how == "contiguous":
             assert_batch_equal(decode(*join(parts)), batch)
+
+
+@SETTINGS
+@given(st.data())
+def test_join_of_tables_read_for_one_field(data):
+    """Shards read for some fields only (``columns=``, each shard's own columns for them) join
+    into those fields of the batch."""
+    batch = data.draw(FORMS)
+    parts = [shard(select(batch, rows), r, 9) for r, rows in enumerate(cuts(data.draw, _rows(batch)))]
+    names = sorted({k for d, _ in parts for k in fields(d["batch"])})
+    if not names:
+        return
+    name = data.draw(st.sampled_from(names))
+    read = [(d, t.select(["step"] + (columns_for(d["batch"], [name]) if name in fields(d["batch"]) else [])))
+            for d, t in parts]
+    doc, table = join(read)
+    got = schema.decode(table, doc["batch"], where="joined", columns=[name])
+    whole = decode(*join(parts))
+    if isinstance(whole, list | tuple):
+        assert_batch_equal(got, type(whole)(None if e is None else {k: v for k, v in e.items() if k == name}
+                                            for e in whole))
+    else:
+        plain = whole if isinstance(whole, dict) else {**dict(whole.batch.items() if whole.batch is not None else {}),
+                                                       **whole.non_tensor_batch} if isinstance(whole, DataProtoLike) \
+            else dict(whole.items())
+        got = got if isinstance(got, dict) else {**dict(got.batch.items() if got.batch is not None else {}),
+                                                 **got.non_tensor_batch} if isinstance(got, DataProtoLike) \
+            else dict(got.items())
+        assert_batch_equal(got[name], plain[name])
 
 
 def test_join_of_one_shard_drops_rank_and_shard():
@@ -328,6 +359,46 @@ def test_moved_column_is_renamed():
     t = t.rename_columns(["rewards__float" if c == "rewards" else c for c in t.column_names])
     got = decode(*join([a, (doc, t)]))
     assert_batch_equal(got, {"rewards": torch.tensor([0.0, 0.0, 1.0])})
+
+
+def test_packed_field_a_shard_could_not_tell():
+    """A rank with as many tokens as trajectories cannot tell a per-trajectory field from a
+    per-token one by its shape (docs/FORMAT.md 3.4); the ranks that could decide."""
+    a = {"input_ids": torch.arange(3), "cu_seqlens": torch.tensor([0, 2, 3], dtype=torch.int32),
+         "adv": torch.tensor([1.0, 2.0]), "rewards": torch.arange(3.0)}
+    b = {"input_ids": torch.arange(2), "cu_seqlens": torch.tensor([0, 1, 2], dtype=torch.int32),
+         "adv": torch.tensor([3.0, 4.0]), "rewards": torch.tensor([5.0, 6.0])}
+    assert dict(encode(b)[0]["batch"]["keys"])["adv"]["kind"] == "token"
+    assert dict(encode(b)[0]["batch"]["keys"])["rewards"]["kind"] == "sample"
+    got = decode(*join([shard(a, 0, 2), shard(b, 1, 2)]))
+    assert_batch_equal(got, {"input_ids": torch.tensor([0, 1, 2, 0, 1]),
+                             "cu_seqlens": torch.tensor([0, 2, 3, 4, 5], dtype=torch.int32),
+                             "adv": torch.tensor([1.0, 2.0, 3.0, 4.0]), "rewards": torch.tensor([0.0, 1, 2, 5, 6])})
+
+
+def test_image_rows_one_per_sample_in_a_shard():
+    """A rank whose samples have one patch row each stores ``pixel_values`` per sample (3.9)."""
+    a = {"rewards": torch.zeros(2), "pixel_values": torch.arange(8.0).reshape(4, 2),
+         "image_grid_thw": torch.tensor([[1, 1, 3], [1, 1, 1]])}
+    b = {"rewards": torch.ones(2), "pixel_values": torch.arange(4.0).reshape(2, 2),
+         "image_grid_thw": torch.tensor([[1, 1, 1], [1, 1, 1]])}
+    assert dict(encode(b)[0]["batch"]["keys"])["pixel_values"]["t"] == "tensor"
+    got = decode(*join([shard(a, 0, 2), shard(b, 1, 2)]))
+    assert_batch_equal(got, {k: torch.cat([a[k], b[k]]) for k in a})
+
+
+def test_dataproto_with_tensordict_joined_and_taken():
+    tensordict = pytest.importorskip("tensordict")
+    m = torch.tensor([[0, 1, 1], [1, 1, 1], [0, 0, 1], [0, 0, 0]])
+    td = tensordict.TensorDict({"input_ids": m * 7, "attention_mask": m,
+                                "extra": tensordict.TensorDict({"lp": m * 0.5}, batch_size=[4])}, batch_size=[4])
+    batch = DataProtoLike(batch=td, non_tensor_batch={"uid": np.array(["a", "b", "c", "d"], dtype=object)},
+                          meta_info={"temperature": 1.0})
+    for chunks in ([[0, 1], [2, 3]], [[0], [], [1, 2, 3]]):
+        assert_batch_equal(decode(*joined(batch, chunks)), batch)
+    doc, table = encode(batch)
+    for rows in ([1, 3], [0], []):
+        assert_batch_equal(decode(*take(doc, table, rows)), select(batch, rows))
 
 
 # ----------------------------------------------------------------------------- token counts, partitions

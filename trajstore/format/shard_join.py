@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import math
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,7 @@ from . import dtypes as dt
 from . import typed
 from .shard_masks import Masks, name_of, same, strip_masks
 from .shard_rows import Rows
+from .spec import RUNS_PREFIX, node_columns
 
 __all__ = ["Joiner", "merge_meta"]
 
@@ -71,6 +73,21 @@ class Joiner(Masks, Rows):
 
     def ints(self, k: int, name: str) -> np.ndarray:
         return np.asarray(self.column(k, name).to_numpy(), dtype=np.int64)
+
+    def absent(self, nodes: list[dict]) -> bool:
+        """Whether no shard's table holds a column of these nodes (the tables were read for other
+        fields only: the field is not decoded, its node is left as it is); FormatError where some
+        shards' tables hold them and some do not."""
+        has = []
+        for k, n in enumerate(nodes):
+            cols: list[str] = []
+            node_columns(n, cols)
+            cols = [c for c in cols if not c.startswith(RUNS_PREFIX)]  # shared by a list batch's cells
+            if cols:
+                has.append(any(c in self.tables[k].column_names or c in self.patch[k] for c in cols))
+        if any(has) and not all(has):
+            raise self.fail(f"the tables of some shards hold the columns of a field ({cols}) and some do not")
+        return bool(has) and not any(has)
 
     def shift(self, nodes: list[dict], key: str) -> list[int]:
         return [self.base[k] + i for k, n in enumerate(nodes) for i in n.get(key, ())]
@@ -124,6 +141,8 @@ class Joiner(Masks, Rows):
 
     # -- dict batch fields
     def field(self, nodes: list[dict], path: tuple) -> dict:
+        if self.absent(nodes):
+            return copy.deepcopy(nodes[0])
         ts = {n.get("t") for n in nodes}
         if ts == {"segtensor", "tensor"}:  # 3.9: a shard whose image rows were one per sample
             nodes = [self.as_segments(k, n, path) if n["t"] == "tensor" else n for k, n in enumerate(nodes)]
@@ -196,6 +215,9 @@ class Joiner(Masks, Rows):
             if follows and self.groups[follows[0].get("mask", 0)]["side"] is None:
                 return self.whole(nodes, follows[0].get("mask", 0), path)
         kinds = {n.get("kind") for n in nodes}
+        if self.form == "packed" and kinds == {"token", "sample"}:
+            nodes = self.packed_kinds(nodes, path)
+            kinds = {n["kind"] for n in nodes}
         if len(kinds) > 1 or not same(nodes, ("lib", "dtype", "axis")):
             raise self.fail(f"field {name_of(path)!r} has other dtypes or kinds in some shards "
                             f"({[(n.get('dtype'), n.get('kind')) for n in nodes]})")
@@ -206,6 +228,37 @@ class Joiner(Masks, Rows):
         if not same(nodes, ("trail",)):
             raise self.fail(f"field {name_of(path)!r} has shapes {[n['trail'] for n in nodes]} after the batch "
                             "dimension in the shards")
+        return out
+
+    def packed_kinds(self, nodes: list[dict], path: tuple) -> list[dict]:
+        """A packed field per token in some shards and per trajectory in others: a shard with as
+        many tokens as trajectories could not tell (docs/FORMAT.md 3.4), the others could; its
+        column is rewritten to the kind they chose."""
+        lens = []
+        for d in self.docs:
+            cu = dict(d["batch"]["keys"]).get("cu_seqlens") or {}
+            raw = base64.b64decode(cu.get("data", ""))
+            lens.append(np.diff(np.frombuffer(raw, dt.storage_numpy(cu["dtype"])).astype(np.int64)) if raw else None)
+        sure = {n["kind"] for k, n in enumerate(nodes) if lens[k] is not None and int(lens[k].sum()) != self.n[k]}
+        if len(sure) != 1:
+            raise self.fail(f"field {name_of(path)!r} is per token in some shards and per trajectory in others")
+        kind = sure.pop()
+        out = []
+        for k, n in enumerate(nodes):
+            if n["kind"] == kind:
+                out.append(n)
+                continue
+            w, c = math.prod(n["trail"]), self.column(k, n["col"]).combine_chunks()
+            vals = c.flatten() if pa.types.is_large_list(c.type) else c
+            typ = pa.large_list(pa.field("element", vals.type, nullable=False))
+            if kind == "sample":
+                arr = vals if not n["trail"] else pa.LargeListArray.from_arrays(
+                    pa.array(np.arange(self.n[k] + 1, dtype=np.int64) * w), vals, type=typ)
+            else:
+                off = np.concatenate([[0], np.cumsum(lens[k])]).astype(np.int64) * w
+                arr = pa.LargeListArray.from_arrays(pa.array(off), vals, type=typ)
+            self.patch[k][n["col"]] = (arr, None)
+            out.append({**n, "kind": kind})
         return out
 
     # -- containers and meta

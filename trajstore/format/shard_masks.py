@@ -65,6 +65,13 @@ def strip_masks(keys: list) -> None:
             node.pop("mask", None)
 
 
+def _tensors(keys: list) -> list[dict]:
+    out = []
+    for _, node in keys:
+        out += _tensors(node["keys"]) if node.get("t") == "group" else [node] if node.get("t") == "tensor" else []
+    return out
+
+
 def pad_field(name: str, dtype: str) -> pa.Field:
     return pa.field(name, pa.large_list(pa.field("element", dt.arrow_type(dtype), nullable=False)), nullable=False,
                     metadata={"trajstore.dtype": dtype, "trajstore.kind": "pad"})
@@ -116,9 +123,21 @@ class Masks:
         keys = [[(g["key"], g["src"]) for g in gs] for gs in per]
         if any(ks != keys[0] for ks in keys):
             raise self.fail(f"the batches' masks differ ({keys})")
-        self.groups = [self.group([gs[i] for gs in per]) for i in range(len(keys[0]))]
+        self.groups = [self.group(i, [gs[i] for gs in per], specs) for i in range(len(keys[0]))]
 
-    def group(self, gs: list[dict]) -> dict:
+    def lengths(self, k: int, i: int, g: dict, spec: dict) -> np.ndarray | None:
+        """Tokens per row of shard ``k``'s mask group ``i``: its ``__len__`` column, else a token
+        column of the group (a table read for some fields only); None if the table has neither."""
+        if g.get("len_col") in self.tables[k].column_names:
+            return self.ints(k, g["len_col"])
+        for node in _tensors(spec["keys"]):
+            w = math.prod(node.get("trail", [0]))
+            if node.get("kind") == "token" and node.get("mask", 0) == i and w and node["col"] in self.tables[k].column_names:
+                off = Columns(self.tables[k], f"rank {self.ranks[k]}").list_parts(node["col"], node["dtype"])[0]
+                return np.diff(off) // w
+        return None
+
+    def group(self, i: int, gs: list[dict], specs: list[dict]) -> dict:
         src = gs[0]["src"]
         Ws = [g["W"] for g in gs]
         W = max(Ws)
@@ -128,15 +147,18 @@ class Masks:
             raise self.fail(f"mask {src!r} group {gs[0]['key']!r} starts at columns {[g['lo'] for g in gs]}")
         if "len_col" in gs[0]:
             out["len_col"] = self.col(list(enumerate(gs)), "len_col")
-        out["_W"], out["_ext"] = Ws, "right"
+        out["_W"], out["_ext"], out["_lens"] = Ws, "right", None
         if None in sides:  # holes: every field of the group stored whole (``whole``)
             if len(set(Ws)) > 1:
                 raise self.fail(f"mask {src!r} has holes and widths {Ws} in the shards; a mask with holes is "
                                 "not widened (where its padding goes is unknown)")
             return out
-        if "len_col" not in out:
-            raise self.fail(f"mask {src!r} has no token count column ({LEN_PREFIX}...)")
-        lens = [self.ints(k, out["len_col"]) for k in range(len(gs))]
+        lens = [self.lengths(k, i, g, specs[k]) for k, g in enumerate(gs)]
+        if any(x is None for x in lens):  # none of the group's fields was read: it is not decoded
+            out["side"] = gs[0]["side"]
+            if "start_col" in gs[0]:
+                out["start_col"] = gs[0]["start_col"]
+            return out
         own = []
         for k, g in enumerate(gs):
             if g["side"] == "span":
@@ -192,6 +214,13 @@ class Masks:
         """One ``pad`` for every padded position of the joined field, or a ``__pad__`` column."""
         w, dtype, size = math.prod(out["trail"]), out["dtype"], dt.storage_numpy(out["dtype"]).itemsize
         W, Ws, lens = g["W"], g["_W"], g["_lens"]
+        if lens is None:  # no column of the group tells its lengths: a field of no values per token
+            if w:
+                raise self.fail(f"field {name_of(path)!r}: the row lengths of mask {g['src']!r} were not read; "
+                                "read its __len__ column too")
+            out["pad"] = nodes[0].get("pad")
+            out.pop("pad_col", None)
+            return
         holes = [bool((lens[k] < W).any()) for k in range(len(nodes))]  # padded positions after the join
         own = [(norm_pad(n["pad"], size) if n.get("pad") is not None else None) for n in nodes]
         values = {own[k] for k, n in enumerate(nodes) if holes[k] and own[k] is not None}

@@ -8,6 +8,7 @@ tensors of other dtypes) stored as typed JSON documents, a list batch's groups b
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -34,6 +35,8 @@ class Rows:
 
     def elems(self, nodes: list[dict], path: tuple) -> dict:
         live = [(k, n) for k, n in enumerate(nodes) if n.get("t") != "empty"]
+        if live and live[0][1].get("t") != "struct" and self.absent(nodes):
+            return copy.deepcopy(live[0][1])
         none, missing = self.shift(nodes, "none"), self.shift(nodes, "missing")
         if not live:
             out: dict = {"t": "empty"}

@@ -30,7 +30,7 @@ from .arrow import Columns
 from .sequences import decode_elems
 from .layout import token_mask
 from .shard_join import Joiner, merge_meta
-from .spec import FORMAT_VERSION, STEP_COLUMN, counted_masks, is_token, node_columns
+from .spec import FORMAT_VERSION, RUNS_PREFIX, STEP_COLUMN, counted_masks, is_token, node_columns
 from .values import dumps
 
 __all__ = ["RANK_COLUMN", "join", "take", "token_counts", "partition", "HOW"]
@@ -118,19 +118,25 @@ def _assemble(j: Joiner, spec: dict, doc: dict) -> pa.Table:
     back = [{new: old for old, new in r.items()} for r in j.rename]
     arrays, fields = [], []
     for name in order:
-        cols, found = [], None
+        if not any(name in j.patch[k] or back[k].get(name, name) in t.column_names for k, t in enumerate(j.tables)):
+            continue  # not read (a table of some fields only)
+        cols, fields_k = [], []
         for k, t in enumerate(j.tables):
             if name in j.patch[k]:
                 arr, f = j.patch[k][name]
-                found = found or f
             else:
                 old = back[k].get(name, name)
-                if old not in t.column_names:
+                if old in t.column_names:
+                    arr, f = t.column(old), t.schema.field(old).with_name(name)
+                elif name.startswith(RUNS_PREFIX):  # a shard whose groups had no runs
+                    arr, f = pa.nulls(t.num_rows, pa.list_(pa.int64())), None
+                else:
                     raise j.fail(f"column {name!r} is missing from rank {j.ranks[k]}'s shard", [k])
-                arr = t.column(old)
-                found = found or t.schema.field(old).with_name(name)
             cols.append(arr)
+            fields_k.append(f)
         typ = _unify([c.type for c in cols], name, j)
+        found = next((f for f in fields_k if f is not None and f.type == typ), None) or next(
+            (f for f in fields_k if f is not None), None)
         cols = [c if c.type == typ else c.cast(typ) for c in cols]
         if found is None or found.type != typ:
             meta = None if found is None else found.metadata
