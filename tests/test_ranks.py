@@ -330,3 +330,23 @@ def test_a_rank_cleans_only_its_own_temporaries(tmp_path):
     assert sorted(n for n in names if (side / n).exists()) == sorted([names[0], names[2], names[3]])
     trajstore.Writer(d).close()
     assert [n for n in names if (side / n).exists()] == [names[0]]
+
+
+def test_columns_and_layouts_of_a_logical_step(tmp_path):
+    """``columns`` reads each shard's own columns of those fields (docs/FORMAT.md 3.12) and decodes
+    what the whole logical step decodes; layouts convert the joined step."""
+    d = write_shards(tmp_path / "d", steps=(0,))
+    r = trajstore.Reader(d)
+    full = r[0]
+    for cols in (["rewards"], ["logprobs"], ["input_ids", "rewards"]):
+        got = r.read(0, columns=cols)
+        assert list(got) == cols
+        for c in cols:
+            assert_batch_equal(got[c], full[c])
+    for layout in ("packed", "padded"):
+        assert_batch_equal(r.read(0, columns=["logprobs"], layout=layout)["logprobs"],
+                           r.read(0, layout=layout)["logprobs"])
+    for k in range(3):  # a slice's columns are the slice's rows of them
+        s = trajstore.Reader(d, rank=k, world_size=3)
+        assert torch.equal(s.read(0, columns=["rewards"])["rewards"], full["rewards"][8 * k:8 * (k + 1)])
+        assert torch.equal(s.column("rewards")[0], full["rewards"][8 * k:8 * (k + 1)])

@@ -92,9 +92,9 @@ def logical(r: Any, step: int, columns: list[str] | None, layout: str | None) ->
     sl = r._slice
     if sl is not None and sl[2] == "contiguous" and len(fs) == sl[1] > 1:
         return _part(r, step, fs, sl[0], columns, layout)  # M == N: exactly the shard rank r dumped
-    # a join reads every column (it merges the whole spec, companions included), and so does token
-    # balancing (each row's tokens); ``columns`` then selects what is decoded
-    whole = len(fs) > 1 or sl is not None and sl[2] == "tokens"
+    # each shard's own columns of ``columns`` join (docs/FORMAT.md 3.12); token balancing reads every
+    # column (each row's tokens), and ``columns`` then selects what is decoded
+    whole = sl is not None and sl[2] == "tokens"
     parts = [_part(r, step, fs, k, None if whole else columns, layout) for k in range(len(fs))]
     if len(parts) == 1:
         doc, table, where = parts[0]
