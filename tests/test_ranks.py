@@ -350,3 +350,20 @@ def test_columns_and_layouts_of_a_logical_step(tmp_path):
         s = trajstore.Reader(d, rank=k, world_size=3)
         assert torch.equal(s.read(0, columns=["rewards"])["rewards"], full["rewards"][8 * k:8 * (k + 1)])
         assert torch.equal(s.column("rewards")[0], full["rewards"][8 * k:8 * (k + 1)])
+
+
+def test_a_step_completed_after_the_listing_is_read(tmp_path):
+    """A reader tailing a run: a step whose last shard is committed after the reader listed the split
+    is read (joined) when asked for, as a whole step committed since would be."""
+    d = write_shards(tmp_path / "d", steps=(0, 1), skip={(1, 3)})
+    r = trajstore.Reader(d)
+    assert r.steps == [0]
+    with trajstore.Writer(d, rank=3, world_size=4) as w:
+        w.append(1, shard_batch(1, 3, SIZES[3]))
+    same(trajectories(r[1]), logical_trajectories(1))
+    assert r.steps == [0, 1]
+    r2 = trajstore.Reader(d)
+    with trajstore.Writer(d, rank=0, world_size=1) as w:
+        w.append(2, shard_batch(2, 0, 2))
+    r2.wait_for(2, timeout=10)
+    assert_batch_equal(r2[2], shard_batch(2, 0, 2))

@@ -63,10 +63,8 @@ class Reader:
     only split; several splits and no ``train`` (rank splits ``train-rank0``... included) is a
     ConfigError naming them (``store.paths.default_split``).
 
-    A step written by N ranks (``Writer(rank=, world_size=)``) is their shards joined in rank order, once
-    all N are committed. ``rank``/``world_size`` (replay on M ranks): ``r[s]`` is rank ``rank``'s slice of
-    step ``s``, ``balance`` "contiguous" (equal chunks in order; the dumped shard when M == N) or
-    "tokens" (``trajstore/shard_read.py``). ``shard(s, k)`` reads the shard rank k dumped, ``files(s)``.
+    A step of N ranks is their shards joined; ``rank``/``world_size``/``balance``: a replaying rank's slice
+    of each step; ``shard(s, k)``: rank k's shard as dumped (``trajstore/shard_read.py``).
     """
 
     def __init__(self, path: str | Path, split: str | None = None, *, verify: bool = False,
@@ -226,8 +224,7 @@ class Reader:
         """The step's stored description: spec, meta, row count."""
         return shard_read.logical(self, step, None, None)[0] if self._sharded(step) else self._open(step).doc
 
-    def _sharded(self, step: int) -> bool:
-        """Whether ``step`` is read through ``shard_read``: a step of shards, or any step of a slicing reader."""
+    def _sharded(self, step: int) -> bool:  # read through shard_read: shards, or a rank's slice
         return self._slice is not None or step in self._listing.shards
 
     def files(self, step: int) -> list[Path]:
@@ -257,10 +254,14 @@ class Reader:
         return self._read(step, columns, layout)
 
     def _read(self, step: int, columns: list[str] | None, layout: str | None, arena: Any = None) -> Any:
-        if self._sharded(step):
-            doc, table, where = shard_read.logical(self, step, columns, layout)
-            return self._finish(doc, table, where, columns, layout, arena)
-        return self._decode(self._open(step), step, columns, layout, arena)
+        if not self._sharded(step):
+            try:
+                return self._decode(self._open(step), step, columns, layout, arena)
+            except ConfigError:
+                if step not in self._listing.shards:  # else its last shard was committed since the listing
+                    raise
+        doc, table, where = shard_read.logical(self, step, columns, layout)
+        return self._finish(doc, table, where, columns, layout, arena)
 
     def _decode(self, sf: _StepFile, step: int, columns: list[str] | None, layout: str | None,
                 arena: Any = None) -> Any:
