@@ -188,6 +188,7 @@ def test_ambiguous_step_and_refusals(tmp_path):
         r[0]
     rep = trajstore.verify(d)
     assert not rep.ok and "ambiguous" in rep.damaged[("train", 0)]
+    assert cli.run(["info", str(d)]) == 0  # info lists it apart
     with trajstore.Writer(d) as w:
         w.append(5, shard_batch(5, 0, 2))
     with trajstore.Writer(d, rank=0, world_size=2) as w:

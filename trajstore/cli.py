@@ -90,6 +90,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         for inc in sp.get("incomplete", []):  # shards not all committed: not readable (docs/RELIABILITY.md)
             print(f"INCOMPLETE step {inc['step']}: {inc['ranks']} ranks, rank(s) "
                   f"{', '.join(map(str, inc['missing']))} not committed; the step is not readable")
+        for amb in sp.get("ambiguous", []):  # a whole file and shards, or shards of two world sizes
+            print(f"AMBIGUOUS step {amb['step']}: {', '.join(amb['files'])}; keep the files of one writing")
         per = sp["per_step"]
         if len(per) > 20 and not args.all_steps:
             per = per[:10] + [{"step": f"... {len(per) - 20} more (--all-steps)"}] + per[-10:]

@@ -162,8 +162,8 @@ def describe(path: str | Path, split: str | None = None,
     }
     for sp in splits:
         r = Reader(root, sp, verify=False)  # footers only; `trajstore verify` checks the bytes
-        steps = r.steps
         listing = paths.scan(root / sp)
+        steps = [s for s in r.steps if s not in listing.ambiguous]  # listed apart: reading one is an error
         per_step, fields = [], {}
         it = progress(steps, f"{sp}") if progress else steps
         for s in it:
@@ -197,5 +197,6 @@ def describe(path: str | Path, split: str | None = None,
             "fields": list(fields.values()),
             "columns": columns.read(root / sp),  # the split's column types (docs/FORMAT.md 3.11), or None
             "incomplete": [{"step": k, "ranks": n, "missing": miss} for k, (n, miss) in listing.incomplete.items()],
+            "ambiguous": [{"step": k, "files": names} for k, names in sorted(listing.ambiguous.items())],
         }
     return out
