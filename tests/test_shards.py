@@ -202,3 +202,25 @@ def test_join_two_sided_responses_of_other_widths():
     want = {k: torch.cat([_pad_to(a[k], b[k].shape[1], "right", torch.zeros(1, dtype=a[k].dtype)), b[k]])
             if a[k].shape[1] != b[k].shape[1] else torch.cat([a[k], b[k]]) for k in a}
     assert_batch_equal(decode(doc, table), want)
+
+
+def test_join_prompt_completion_of_other_widths():
+    """TRL: each rank's prompts left-padded and completions right-padded to its own longest; the
+    join pads each group on its own side to the widest rank's."""
+    def rank(p: list[int], c: list[int], P: int, C: int) -> dict:
+        pm = torch.arange(P)[None, :] >= (P - torch.tensor(p))[:, None]
+        cm = torch.arange(C)[None, :] < torch.tensor(c)[:, None]
+        return {"prompt_ids": torch.where(pm, 5, 0), "prompt_mask": pm.to(torch.int64),
+                "completion_ids": torch.where(cm, 7, 0), "completion_mask": cm.to(torch.int64),
+                "old_per_token_logps": torch.where(cm, 0.25, 0.0), "advantages": torch.arange(len(p), dtype=torch.float32)}
+
+    a, b = rank([1, 3], [2, 4], 3, 4), rank([2], [1], 2, 6)
+    doc, table = join([shard(a, 0, 2), shard(b, 1, 2)])
+    assert doc["batch"]["form"] == "masked" and [g["W"] for g in doc["batch"]["masks"]] == [3, 6]
+    want = {"prompt_ids": torch.tensor([[0, 0, 5], [5, 5, 5], [0, 5, 5]]),
+            "prompt_mask": torch.tensor([[0, 0, 1], [1, 1, 1], [0, 1, 1]]),
+            "completion_ids": torch.tensor([[7, 7, 0, 0, 0, 0], [7, 7, 7, 7, 0, 0], [7, 0, 0, 0, 0, 0]]),
+            "completion_mask": torch.tensor([[1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0], [1, 0, 0, 0, 0, 0]]),
+            "old_per_token_logps": torch.tensor([[0.25, 0.25, 0, 0, 0, 0], [0.25] * 4 + [0, 0], [0.25] + [0.0] * 5]),
+            "advantages": torch.tensor([0.0, 1.0, 0.0])}
+    assert_batch_equal(decode(doc, table), want)
