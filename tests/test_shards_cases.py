@@ -174,3 +174,18 @@ def test_tensordict_with_non_tensor_entries():
         assert_batch_equal(decode(*joined(td, chunks)), td)
     doc, table = encode(td)
     assert_batch_equal(decode(*take(doc, table, [0, 2])), select(td, [0, 2]))
+
+
+def test_tensordict_data_that_differs_becomes_a_stack():
+    """As ``TensorDict.cat`` (inside verl's ``DataProto.concat``) makes it."""
+    tensordict = pytest.importorskip("tensordict")
+    tds = []
+    for mode, n in (("train", 2), ("eval", 1)):
+        td = tensordict.TensorDict({"x": torch.arange(n)}, batch_size=[n])
+        td.set_non_tensor("mode", mode)
+        tds.append(td)
+    got = decode(*join([shard(td, r, 2) for r, td in enumerate(tds)]))
+    want = torch.cat(tds)
+    assert type(got.get("mode")).__name__ == type(want.get("mode")).__name__ == "NonTensorStack"
+    assert got.get("mode").tolist() == want.get("mode").tolist() == ["train", "train", "eval"]
+    assert_batch_equal(got["x"], want["x"])
