@@ -24,10 +24,11 @@ import pyarrow as pa
 
 from ..errors import FormatError
 from . import dtypes as dt
-from . import typed
+from . import tensors, typed
 from .shard_masks import Masks, name_of, same, strip_masks
 from .shard_rows import Rows
 from .spec import RUNS_PREFIX, node_columns
+from .values import dumps
 
 __all__ = ["Joiner", "merge_meta"]
 
@@ -46,6 +47,8 @@ class Joiner(Masks, Rows):
         self.version = 1
         self.groups: list[dict] = []  # merged mask groups, with the per-shard facts token fields need
         self.form = ""
+        self.data_keys: set[str] = set()
+        self.stacked: set[str] = set()
 
     # -- errors and columns
     def fail(self, what: str, ks: list[int] | None = None) -> FormatError:
@@ -104,6 +107,9 @@ class Joiner(Masks, Rows):
         self.form = "packed" if forms[0] == "packed" else "plain" if forms[0] == "plain" else "masked"
         if self.form == "masked":
             self.mask_groups(specs)
+        w = specs[0].get("wrapper") or {}
+        self.data_keys = {k for k, v in ((w.get("td") or {}) if w.get("type") == "dataproto" else w).get(
+            "non_tensor", {}).items() if v == "data"}  # a TensorDict's NonTensorData entries
         keys = [[name, self.field([dict(s["keys"])[name] for s in specs], (name,))] for name in names[0]]
         out: dict = {"t": "batch", "form": forms[0], "B": self.B}
         if self.form == "masked":
@@ -189,9 +195,25 @@ class Joiner(Masks, Rows):
             return {"t": "json", "v": max(n["v"] for n in nodes)}
         for k, n in enumerate(nodes):
             if n != nodes[0]:
+                if len(path) == 1 and path[0] in self.data_keys:
+                    return self.stack(nodes, path[0])
                 raise self.fail(f"field {name_of(path)!r} is one value for the whole batch and differs between "
                                 f"ranks {self.ranks[0]} and {self.ranks[k]}", [0, k])
         return nodes[0]
+
+    def stack(self, nodes: list[dict], name: str) -> dict:
+        """A TensorDict's ``NonTensorData`` that differs between the shards becomes the
+        ``NonTensorStack`` of its rows' values, as ``TensorDict.cat`` (verl's ``DataProto.concat``)
+        makes it: a per-row list of typed documents (3.8)."""
+        for k, n in enumerate(nodes):
+            v = n["v"] if n["t"] == "json" else typed.decode(n["v"], name) if n["t"] == "tvalue" \
+                else tensors.decode_global(n)
+            d = dumps(typed.encode(v))
+            self.version = max(self.version, 2, typed.version(typed.encode(v)))
+            self.patch[k][name] = (pa.array([d] * self.n[k], pa.string()),
+                                   pa.field(name, pa.string(), metadata={"trajstore.kind": "json"}))
+        self.stacked.add(name)
+        return {"t": "seq", "container": "list", "elem": {"t": "value", "col": name, "ptype": "tjson"}}
 
     def cu_seqlens(self, nodes: list[dict]) -> dict:
         if not same(nodes, ("lib", "dtype")):
@@ -270,14 +292,15 @@ class Joiner(Masks, Rows):
         if any(w is None for w in ws) or len({w.get("type") for w in ws}) > 1:
             raise self.fail("the batches are of other container types")
         if ws[0]["type"] == "tensordict":
-            return {"type": "tensordict", **self.td([{k: v for k, v in w.items() if k != "type"} for w in ws])}
+            return {"type": "tensordict", **self.stacks(self.td([{k: v for k, v in w.items() if k != "type"}
+                                                                 for w in ws]))}
         out = {k: v for k, v in ws[0].items() if k not in ("meta_info", "meta_info_t", "td")}
         if any(w.get("non_tensor_keys") != ws[0].get("non_tensor_keys") or w.get("cls") != ws[0].get("cls") for w in ws):
             raise self.fail("the DataProto batches have other non_tensor_batch keys or classes")
         tds = [w.get("td") for w in ws]
         if any((t is None) != (tds[0] is None) for t in tds):
             raise self.fail("some DataProto batches have a TensorDict batch and some have none")
-        out["td"] = None if tds[0] is None else self.td(tds)
+        out["td"] = None if tds[0] is None else self.stacks(self.td(tds))
         metas = [typed.decode(w["meta_info_t"], "meta_info") if "meta_info_t" in w else w["meta_info"]
                  for w in every if isinstance(w, dict) and w.get("type") == "dataproto"]
         meta = merge_meta(metas, self, "meta_info", strict=True)
@@ -287,6 +310,11 @@ class Joiner(Masks, Rows):
         else:
             out["meta_info"] = meta
         return out
+
+    def stacks(self, tag: dict) -> dict:
+        if self.stacked:
+            tag["non_tensor"] = {k: "stack" if k in self.stacked else v for k, v in tag["non_tensor"].items()}
+        return tag
 
     def td(self, tags: list[dict]) -> dict:
         sizes = [t["batch_size"] for t in tags]

@@ -42,7 +42,13 @@ HOW = ("contiguous", "tokens")
 # ----------------------------------------------------------------------------- join
 def join(parts: list[tuple[dict, pa.Table]]) -> tuple[dict, pa.Table]:
     """The logical step of its shards ``parts`` (``(envelope, table)`` each, in rank order); a
-    shard's ``rank`` column is dropped. FormatError when the shards cannot be one batch."""
+    shard's ``rank`` column is dropped. FormatError when the shards cannot be one batch.
+
+    A table may hold only the columns of some fields (each shard read with ``columns_for`` of its
+    own spec for those fields): the other fields' nodes are then the first shard's, not to be
+    decoded (check each shard against its own file, not the joined spec against such a table).
+    Widths are the widest of ``parts``: a slice of the logical batch that keeps its widths is
+    ``take`` of the join of every shard, not the join of some."""
     if not parts:
         raise FormatError("no shards to join")
     docs = [d for d, _ in parts]
