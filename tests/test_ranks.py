@@ -14,20 +14,21 @@ import trajstore
 from trajstore import cli
 from trajstore.errors import ConfigError, FormatError, StepExistsError, StepNotFoundError
 from trajstore.store import columns, commit, paths
-from trajstore.testing import assert_batch_equal, padded_batches, trajectory_lists
+from trajstore.testing import (assert_batch_equal, padded_batches, prompt_completion_batches,
+                               trajectory_lists, two_sided_batches)
 
 SIZES = (3, 9, 5, 7)  # uneven shards, B = 24
 
 
 def cut(batch, rows):
-    """Rows ``rows`` of a batch (every tensor of padded_batches has B first; a list batch: its elements)."""
+    """Rows ``rows`` of a batch (every value of these dict batches has B first; a list batch: its elements)."""
     if isinstance(batch, list):
         return [batch[i] for i in rows]
-    return {k: v[list(rows)] for k, v in batch.items()}
+    return {k: v[list(rows)] if getattr(v, "ndim", 0) else v for k, v in batch.items()}  # scalars: batch-wide
 
 
 def rows_of(batch):
-    return len(batch) if isinstance(batch, list) else len(batch["rewards"])
+    return len(batch) if isinstance(batch, list) else len(next(v for v in batch.values() if v.ndim))
 
 
 def shard_batch(step: int, rank: int, n: int) -> dict:
@@ -216,8 +217,9 @@ def cut_points(draw, n_rows: int, n: int) -> list[list[int]]:
     return [list(range(a, b)) for a, b in zip(bounds, bounds[1:])]
 
 
-@settings(max_examples=15, deadline=None)
-@given(batch=st.one_of(padded_batches(max_batch=8), trajectory_lists(max_batch=8)), n=st.integers(1, 4),
+@settings(max_examples=30, deadline=None)
+@given(batch=st.one_of(padded_batches(max_batch=8), trajectory_lists(max_batch=8), two_sided_batches(),
+                               prompt_completion_batches()), n=st.integers(1, 4),
        data=st.data())
 def test_round_trip_of_shards_and_slices(tmp_path_factory, batch, n, data):
     """A batch cut into n shards (as a dispatch cuts it) reads back as the batch; any M dividing B gives
