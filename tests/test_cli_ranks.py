@@ -4,6 +4,7 @@ joining the rank splits with their ``rank``."""
 
 import json
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,10 +27,15 @@ def _batch(n: int, value: float) -> dict:
 
 
 def _ranks(path, rows=(2, 3), steps=(0, 1), name="train"):
-    """A dump of ``len(rows)`` ranks, rank k writing ``rows[k]`` rows per step, rewards 100 k + step."""
+    """A dump of ``len(rows)`` ranks as trajstore before 0.2 made it (one split per rank), rank k writing
+    ``rows[k]`` rows per step, rewards 100 k + step."""
+    path = Path(path)
     for k, n in enumerate(rows):
-        split = location(DumpReplayConfig(dump=True, path=str(path), split=name), len(rows), k)[1]
-        assert split == f"{name}-rank{k}"  # the Recorder's name for rank k's split
+        split = f"{name}-rank{k}"
+        if k == 0:
+            (path / split).mkdir(parents=True)  # replayed, each rank still reads its own split
+            cfg = DumpReplayConfig(replay=True, path=str(path), split=name)
+            assert location(cfg, len(rows), k)[1] == split and location(cfg, 1, 0)[1] == name
         write(path, {s: _batch(n, 100.0 * k + s) for s in steps}, split=split)
     return path
 

@@ -178,9 +178,11 @@ def test_default_paths_never_collide(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "3")
     rec = Recorder(DumpReplayConfig(dump=True))
     assert rec.path == tmp_path / "trajstore_dumps" / "job42"
-    assert rec.split == "train-rank3"
+    assert rec.split == "train"  # one logical split; rank 3 writes its own shard files of each step
     explicit = Recorder(DumpReplayConfig(dump=True, path=str(tmp_path / "x"), split="eval"))
-    assert explicit.split == "eval-rank3"  # ranks never share files, even on an explicit path
+    explicit.batch(0, lambda: rollout(0))
+    explicit.close()  # ranks never share files, even on an explicit path
+    assert [f.name for f in (tmp_path / "x" / "eval").iterdir()] == ["step_00000000.rank00003-of-00004.parquet"]
     del rec
 
 

@@ -84,6 +84,14 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"steps {rng}  count {st['count']}  gaps {format_ranges(st['gaps'])}")
         print(f"rows {sp['rows']}  tokens {sp['tokens'] if sp['tokens'] is not None else '-'}  "
               f"bytes {human_bytes(sp['bytes'])}")
+        ranks = sorted({p["ranks"] for p in sp["per_step"] if "ranks" in p})
+        if ranks:
+            print(f"written by {', '.join(map(str, ranks))} ranks (one shard file per rank and step)")
+        for inc in sp.get("incomplete", []):  # shards not all committed: not readable (docs/RELIABILITY.md)
+            print(f"INCOMPLETE step {inc['step']}: {inc['ranks']} ranks, rank(s) "
+                  f"{', '.join(map(str, inc['missing']))} not committed; the step is not readable")
+        for amb in sp.get("ambiguous", []):  # a whole file and shards, or shards of two world sizes
+            print(f"AMBIGUOUS step {amb['step']}: {', '.join(amb['files'])}; keep the files of one writing")
         per = sp["per_step"]
         if len(per) > 20 and not args.all_steps:
             per = per[:10] + [{"step": f"... {len(per) - 20} more (--all-steps)"}] + per[-10:]
@@ -323,7 +331,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"path": str(rep.path), "ok": rep.ok, "checked": rep.checked,
                           **{key: [{"split": s, "step": k, "reason": why} for (s, k), why in sorted(d.items())]
-                             for key, d in (("damaged", rep.damaged), ("skipped", rep.skipped))}}, indent=2))
+                             for key, d in (("damaged", rep.damaged), ("skipped", rep.skipped),
+                                            ("incomplete", rep.incomplete))}}, indent=2))
     else:
         print(rep.summary())
     return 0 if rep.ok else 1

@@ -4,8 +4,10 @@ its parsing from a dict or from ``TRAJSTORE_*`` environment variables, and where
 Paths.  ``path=None`` means ``trajstore_dumps/<run id>``; the run id is ``run_id``, else
 ``$TRAJSTORE_RUN_ID``, else torchrun's ``$TORCHELASTIC_RUN_ID`` (shared by the ranks of one
 launch), else one made per process from the time, the pid and random bits, so runs never
-share a default path.  When the world size is above 1 the rank is appended to the split
-(``train-rank3``), so ranks never write the same files, whatever the path (:func:`location`).
+share a default path.  When the world size is above 1 every rank writes its shard of each step of the
+one logical split (``Writer(rank=, world_size=)``, docs/FORMAT.md section 1), and at replay each rank
+reads its slice of each logical step (``balance``). A dump of trajstore before 0.2 made one split per
+rank (``train-rank3``); replaying it, each rank still reads its own split (:func:`location`).
 """
 
 from __future__ import annotations
@@ -109,7 +111,10 @@ class DumpReplayConfig:
     passed to ``Writer(masks=...)``; docs/FORMAT.md 3.4; as a variable, JSON).  ``encodings``:
     ``"portable"`` (default: every Parquet reader reads the dump) or ``"compact"``
     (BYTE_STREAM_SPLIT: smaller, faster to read with trajstore, unreadable by fastparquet), passed
-    to ``Writer(encodings=...)``; docs/FORMAT.md 3.5.
+    to ``Writer(encodings=...)``; docs/FORMAT.md 3.5.  ``balance``: at replay on several ranks, how a
+    logical step is cut into the ranks' slices: ``"contiguous"`` (default: equal chunks in order, like
+    verl's ``DataProto.chunk``; the dumped shards when replayed on the dump's world size) or ``"tokens"``
+    (token-balanced, equal sizes); ``Reader(rank=, world_size=, balance=)``.
 
     Build it from a dict (``from_dict``: YAML, Hydra, parsed arguments) or from
     ``TRAJSTORE_*`` environment variables (``from_env``: ``TRAJSTORE_DUMP=1``,
@@ -132,6 +137,7 @@ class DumpReplayConfig:
     prefetch: bool = True
     masks: dict[str, list[str]] | None = None
     encodings: str = "portable"
+    balance: str = "contiguous"
 
     def __post_init__(self) -> None:
         s = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen dataclass
@@ -162,6 +168,8 @@ class DumpReplayConfig:
                 raise ConfigError(f"DumpReplayConfig.device: {self.device!r} is not a torch device ({e})") from None
         s("masks", _masks(self.masks))
         check_encodings(self.encodings, "DumpReplayConfig.encodings")
+        if self.balance not in ("contiguous", "tokens"):
+            raise ConfigError(f"DumpReplayConfig.balance: {self.balance!r}; use 'contiguous' or 'tokens'")
         v = self.run_id
         if v is not None and (not isinstance(v, str) or "/" in v or v in ("", ".", "..")):
             raise ConfigError(f"DumpReplayConfig.run_id: {v!r} must be a non-empty name without '/'")
@@ -203,11 +211,17 @@ class DumpReplayConfig:
 
 
 def location(cfg: DumpReplayConfig, world_size: int, rank: int) -> tuple[Path, str]:
-    """``(path, split)`` of the dump ``cfg`` names for rank ``rank`` of ``world_size`` processes (see the
-    module doc); ConfigError when replaying without a path."""
-    split = paths.check_split(cfg.split if world_size <= 1 else f"{cfg.split}-rank{rank}")
+    """``(path, split)`` of the dump ``cfg`` names for rank ``rank`` of ``world_size`` processes: the
+    split ``cfg.split``, or at replay of a dump with one split per rank (trajstore before 0.2) and no
+    ``cfg.split``, this rank's ``<split>-rank<rank>`` (see the module doc); ConfigError when replaying
+    without a path."""
+    split = paths.check_split(cfg.split)
     if cfg.path is not None:
-        return paths.local_root(cfg.path, "the dump path (DumpReplayConfig.path / TRAJSTORE_PATH)"), split
+        root = paths.local_root(cfg.path, "the dump path (DumpReplayConfig.path / TRAJSTORE_PATH)")
+        old = f"{split}-rank{rank}"
+        if cfg.replay and world_size > 1 and not (root / split).is_dir() and (root / old).is_dir():
+            split = paths.check_split(old)
+        return root, split
     if cfg.replay:
         raise ConfigError("replay needs the path of the dump: set DumpReplayConfig.path (or TRAJSTORE_PATH)")
     return Path.cwd() / "trajstore_dumps" / (cfg.run_id or default_run_id()), split

@@ -4,6 +4,7 @@ before the current one is handed out."""
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -15,7 +16,7 @@ from . import _threads
 from .errors import ConfigError
 from .torch_bridge import Arena, as_device, launch, map_tensors, on_device, stage
 
-__all__ = ["iterate", "SERIAL_PREFETCH"]
+__all__ = ["iterate", "ReadAhead", "SERIAL_PREFETCH"]
 
 SERIAL_PREFETCH = 4  # from this prefetch depth on, each step's joins and conversions run on its worker
 # thread, not the shared pool; Arrow still decodes its row groups on Arrow's pool (benchmarks/RESULTS.md)
@@ -93,3 +94,24 @@ def iterate(read: Callable[[int, Arena | None], Any], steps: list[int], device: 
             if not fut.cancelled() and fut.exception() is None and cuda:
                 fut.result().release()
         pending.clear()
+
+
+class ReadAhead:
+    """Replay read-ahead: ``Reader.iter`` over ``step`` and the recorded steps after it, one step ahead."""
+
+    def __init__(self, reader: Any, step: int):
+        steps = reader.steps
+        self.order = deque([step, *steps[bisect.bisect_right(steps, step):]])
+        self._it: Iterator[tuple[int, Any]] = reader.iter(list(self.order), prefetch=1)
+
+    @property
+    def step(self) -> int | None:
+        """The step it reads next (being read in the background once the first one was taken)."""
+        return self.order[0] if self.order else None
+
+    def take(self) -> Any:
+        self.order.popleft()
+        return next(self._it)[1]
+
+    def close(self) -> None:
+        self._it.close()  # cancels the read ahead, waits for a running one

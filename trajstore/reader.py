@@ -13,11 +13,12 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import _threads, schema, tables, torch_bridge
+from . import _threads, schema, shard_read, tables, torch_bridge
 from .format import containers
-from .format import dtypes as dt
 from .format import typed
 from .format import validate
+from .format.arrow import flat_nbytes
+from .format.parquet import read_sample
 from .format.spec import check_version, is_dict_batch, is_plain_sample, is_token
 from .prefetch import iterate
 from .store import checksums, paths
@@ -61,9 +62,14 @@ class Reader:
     ``<name>.sha256`` beside it (``sha256sum`` format). Without ``split``: ``train``, else the dump's
     only split; several splits and no ``train`` (rank splits ``train-rank0``... included) is a
     ConfigError naming them (``store.paths.default_split``).
+
+    A step of N ranks is their shards joined; ``rank``/``world_size``/``balance``: a replaying rank's slice
+    of each step; ``shard(s, k)``: rank k's shard as dumped (``trajstore/shard_read.py``).
     """
 
-    def __init__(self, path: str | Path, split: str | None = None, *, verify: bool = False):
+    def __init__(self, path: str | Path, split: str | None = None, *, verify: bool = False,
+                 rank: int | None = None, world_size: int | None = None, balance: str = "contiguous"):
+        self._slice = shard_read.check_slice(rank, world_size, balance, f"Reader({str(path)!r})")
         self.path = paths.local_root(path, f"Reader({str(path)!r})")
         self.verify = verify  # check each step file against its recorded SHA-256 before decoding
         self._lone: int | None = None  # the step of a step file opened on its own
@@ -100,8 +106,10 @@ class Reader:
         """Re-scan the split for steps committed since the reader was opened."""
         if self._lone is not None:
             self._steps = [self._lone] if self.path.exists() else []
+            self._listing = paths.Listing(self._steps, {}, {}, {}, {})
             return self._steps
-        self._steps = paths.list_steps(self.dir)
+        self._listing = paths.scan(self.dir)
+        self._steps = self._listing.steps
         self._index = Index(self.dir, self.split)  # index segments are read again on demand
         return self._steps
 
@@ -114,7 +122,7 @@ class Reader:
             return
         end = None if timeout is None else time.monotonic() + timeout
         f = self.dir / paths.step_name(step)
-        while not f.exists():
+        while not f.exists() and step not in paths.scan(self.dir).shards:
             if paths.is_skipped(self.dir, step):
                 why = paths.list_skipped(self.dir).get(step, "")
                 raise StepNotFoundError(f"step {step} will not appear in dump {self.path} split {self.split!r}: "
@@ -146,7 +154,7 @@ class Reader:
     def __contains__(self, step: object) -> bool:
         if self._lone is not None:
             return step == self._lone and self.path.exists()
-        return isinstance(step, int) and (self.dir / paths.step_name(step)).exists()
+        return isinstance(step, int) and ((self.dir / paths.step_name(step)).exists() or step in self._listing.shards)
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
         for s in list(self._steps):
@@ -165,23 +173,25 @@ class Reader:
             raise StepNotFoundError(f"step {step} is not in {self.path}: the file holds step {self._lone} of "
                                     f"split {self.split!r} alone", step=step)
         f = self.dir / paths.step_name(step)
-        if not f.exists():
+        if step in self._listing.shards or step in self._listing.ambiguous or not f.exists():
             self.refresh()
+            shard_read.check_whole(self, step)  # written by several ranks, or ambiguous: says so
             elsewhere = [s for s in self.splits if s != self.split
                          and (self.path / s / paths.step_name(step)).exists()]
             hint = f"; split(s) {elsewhere} hold step {step}" if elsewhere else ""
             why = paths.list_skipped(self.dir).get(step)
             hint += f"; the writer recorded it as skipped: {why}" if why is not None else ""
+            hint += shard_read.incomplete(self, step)
             raise StepNotFoundError(
                 f"step {step} is not in dump {self.path} split {self.split!r}: "
                 f"{_describe(self._steps, step)}{hint}", step=step
             )
         return f
 
-    def _open(self, step: int, check: bool = True) -> _StepFile:
-        """The step's Parquet file and its trajstore description; ``check=False`` skips the walk of
-        the whole spec (``_validate``), for callers that check the one node they decode."""
-        f = self.file(step)
+    def _open(self, step: int, check: bool = True, f: Path | None = None) -> _StepFile:
+        """The step's Parquet file (``f``: one of its shards) and its trajstore description; ``check=False``
+        skips the walk of the whole spec (``_validate``), for callers that check the one node they decode."""
+        f = self.file(step) if f is None else f
         with foreign_errors(f, "reading it as a Parquet file", then="the step is damaged"):
             src = pa.BufferReader(checksums.read_verified(f, step)) if self.verify else f
             pf = pq.ParquetFile(src, memory_map=False, page_checksum_verification=True)
@@ -203,13 +213,27 @@ class Reader:
         return _StepFile(pf, src, doc, f)
 
     def meta(self, step: int) -> dict:
-        """The ``meta`` dict given to ``append`` for ``step``, its values of the types given."""
+        """The ``meta`` dict given to ``append`` for ``step``, its values of the types given (a step of
+        several ranks: their metas merged, ``shard_read.meta``)."""
+        if self._sharded(step):
+            return shard_read.meta(self, step)
         sf = self._open(step, check=False)  # the spec is not walked: only the meta is decoded
         return typed.step_meta(sf.doc, str(sf.path))
 
     def info(self, step: int) -> dict:
         """The step's stored description: spec, meta, row count."""
-        return self._open(step).doc
+        return shard_read.logical(self, step, None, None)[0] if self._sharded(step) else self._open(step).doc
+
+    def _sharded(self, step: int) -> bool:  # read through shard_read: shards, or a rank's slice
+        return self._slice is not None or step in self._listing.shards
+
+    def files(self, step: int) -> list[Path]:
+        """The files of ``step``: its step file, or its N shard files in rank order."""
+        return shard_read.files(self, step)
+
+    def shard(self, step: int, rank: int, columns: list[str] | None = None, layout: str | None = None) -> Any:
+        """The shard rank ``rank`` appended for ``step`` (of a step written by several ranks), exactly."""
+        return shard_read.shard(self, step, rank, columns, layout)
 
     def read(self, step: int, columns: list[str] | None = None, layout: str | None = None,
              device: Any = None) -> Any:
@@ -230,10 +254,21 @@ class Reader:
         return self._read(step, columns, layout)
 
     def _read(self, step: int, columns: list[str] | None, layout: str | None, arena: Any = None) -> Any:
-        return self._decode(self._open(step), step, columns, layout, arena)
+        if not self._sharded(step):
+            try:
+                return self._decode(self._open(step), step, columns, layout, arena)
+            except ConfigError:
+                if step not in self._listing.shards:  # else its last shard was committed since the listing
+                    raise
+        doc, table, where = shard_read.logical(self, step, columns, layout)
+        return self._finish(doc, table, where, columns, layout, arena)
 
     def _decode(self, sf: _StepFile, step: int, columns: list[str] | None, layout: str | None,
                 arena: Any = None) -> Any:
+        return self._finish(sf.doc, self._table(sf, step, columns, layout), sf.path, columns, layout, arena)
+
+    def _table(self, sf: _StepFile, step: int, columns: list[str] | None, layout: str | None) -> pa.Table:
+        """The columns of the opened step file that decoding ``columns`` in ``layout`` needs."""
         doc, f = sf.doc, sf.path
         spec = doc["batch"]
         try:
@@ -254,8 +289,13 @@ class Reader:
             table = _read_columns(sf.pf, sf.src, cols)
         if table.num_rows != doc.get("num_rows", table.num_rows):
             raise FormatError(f"{f}: holds {table.num_rows} rows, its metadata says {doc.get('num_rows')}")
+        return table
+
+    def _finish(self, doc: dict, table: pa.Table, f: Any, columns: list[str] | None, layout: str | None,
+                arena: Any = None) -> Any:
+        spec = doc["batch"]
         if arena is not None and (layout == "packed" or layout is None and spec.get("form") != "padded"):
-            arena.reserve(_flat_nbytes(table))  # the flat fields are joined straight into pinned memory
+            arena.reserve(flat_nbytes(table))  # the flat fields are joined straight into pinned memory
         return schema.decode(table, spec, where=str(f), columns=columns, layout=layout,
                              alloc=None if arena is None else arena.alloc)
 
@@ -278,7 +318,8 @@ class Reader:
         steps = list(self._steps) if steps is None else [paths.check_step(s) for s in steps]
         if workers is not None and (type(workers) is not int or workers < 1):
             raise ConfigError(f"workers must be an int >= 1, got {workers!r}")
-        got = {} if self.verify or not steps or self._lone is not None else self._index.values(name, steps)
+        got = {} if self.verify or not steps or self._lone is not None or self._slice else \
+            self._index.values(name, steps, self._listing.shards)
         rest = [s for s in steps if s not in got] if got else steps
         n = workers or 1
         if n == 1 or len(rest) < 2:
@@ -289,13 +330,15 @@ class Reader:
         return {s: got[s] if s in got else files[s] for s in steps} if got else files
 
     def _column(self, step: int, name: str) -> Any:
+        if self._sharded(step):
+            return shard_read.column(self, step, name)
         sf = self._open(step, check=False)
         pf, doc, f = sf.pf, sf.doc, sf.path
         spec = doc["batch"]
         node = dict(spec["keys"]).get(name) if is_dict_batch(spec) else None
         if is_plain_sample(node):
             with foreign_errors(f, "reading field {!r} of step {}", name, step, then="the step is damaged"):
-                return _read_sample(pf, node, doc, f)
+                return read_sample(pf, node, doc, f)
         validate.check(doc, pf.schema_arrow, pf.metadata.num_rows, str(f))
         batch = self._decode(sf, step, [name], None)
         if isinstance(batch, list | tuple):
@@ -332,27 +375,6 @@ class Reader:
         return tables.duckdb_connect(self)
 
 
-def _read_sample(pf: pq.ParquetFile, node: dict, doc: dict, f: Path) -> Any:
-    """Decode a plain per-trajectory tensor field from its column alone, checking that one node."""
-    col, dtype = node["col"], node["dtype"]
-    schema_ = pf.schema_arrow
-    idx = schema_.get_field_index(col)
-    if idx < 0:
-        raise FormatError(f"{f}: column {col!r} named in the spec is missing from the file")
-    v = doc.get("format_version")
-    want = dt.arrow_type(dtype, v if type(v) is int else 1)
-    if schema_.field(idx).type != want:
-        raise FormatError(f"{f}: column {col!r} has Arrow type {schema_.field(idx).type}, "
-                          f"the spec says {dtype} (stored as {want})")
-    arr = pf.reader.read_column(idx)
-    n = doc.get("num_rows")
-    if len(arr) != pf.metadata.num_rows or len(arr) != n or arr.null_count:
-        raise FormatError(f"{f}: column {col!r} holds {len(arr)} values ({arr.null_count} null) for "
-                          f"{n} rows; the step is damaged")
-    a = arr.chunk(0) if arr.num_chunks == 1 else arr.combine_chunks()
-    return dt.as_value(a.to_numpy(zero_copy_only=False), node)
-
-
 def _read_columns(pf: pq.ParquetFile, src: Any, cols: list[str] | None) -> pa.Table:
     """Large reads go through the dataset reader (``pq.read_table``), which decodes row groups and
     columns in parallel on Arrow's thread pool (even with ``use_threads=False``); ``schema.decode``
@@ -375,23 +397,6 @@ def _read_columns(pf: pq.ParquetFile, src: Any, cols: list[str] | None) -> pa.Ta
 
 
 PARALLEL_READ_BYTES = 4 << 20
-
-
-def _flat_nbytes(table: pa.Table) -> int:
-    """Bytes of the tensors decoded from ``table`` in a flat layout (bools one byte each), with
-    room for each tensor's alignment: the size of pinned staging to decode it into."""
-    total = 1 << 20
-    for col in table.columns:
-        t = col.type.value_type if pa.types.is_large_list(col.type) else col.type
-        if pa.types.is_boolean(t):
-            w = 1
-        elif pa.types.is_integer(t) or pa.types.is_floating(t):
-            w = t.bit_width // 8
-        else:
-            continue
-        n = sum(len(c.values) for c in col.chunks) if pa.types.is_large_list(col.type) else len(col)
-        total += n * w + 512
-    return total
 
 
 def _token_cols(spec: dict) -> list[str]:

@@ -21,7 +21,10 @@
   The dump's environment fingerprint is compared with this process's at start-up; every
   difference is logged as a warning, or raised as ``EnvironmentMismatchError`` when ``strict``.
 
-The configuration, and where a dump goes by default (a run id; one split per rank), are in
+With several ranks (``fingerprint.world()``: torch.distributed, else ``RANK``/``WORLD_SIZE``) each
+rank dumps its shard of each step of the one split, and replays its slice of each logical step
+(``balance``; any world size that divides the batch): ``trajstore/shard_read.py``.
+The configuration, and where a dump goes by default (a run id), are in
 ``trajstore/config.py``.  Use another ``split`` (``"eval"``) for other loops of one run; two
 dumping Recorders of one process on the same path and split are refused.
 
@@ -33,11 +36,10 @@ whole run needs.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,7 @@ from .config import DumpReplayConfig, location
 from .errors import BatchError, ConfigError, EnvironmentMismatchError
 from .format import containers
 from .format.layout import count_tokens
+from .prefetch import ReadAhead
 from .reader import Reader
 from .store import commit, index
 from .store import paths
@@ -142,27 +145,6 @@ class _DumpLog:
                  "about %s", self.path, human_bytes(size), n, e["dumped"], e["kept"], human_bytes(e["bytes"]))
 
 
-class _ReadAhead:
-    """Replay read-ahead: ``Reader.iter`` over ``step`` and the recorded steps after it, one step ahead."""
-
-    def __init__(self, reader: Reader, step: int):
-        steps = reader.steps
-        self.order = deque([step, *steps[bisect.bisect_right(steps, step):]])
-        self._it: Iterator[tuple[int, Any]] = reader.iter(list(self.order), prefetch=1)
-
-    @property
-    def step(self) -> int | None:
-        """The step it reads next (being read in the background once the first one was taken)."""
-        return self.order[0] if self.order else None
-
-    def take(self) -> Any:
-        self.order.popleft()
-        return next(self._it)[1]
-
-    def close(self) -> None:
-        self._it.close()  # cancels the read ahead, waits for a running one
-
-
 class Recorder:
     """Dump or replay the batches of a training loop (see the module doc)."""
 
@@ -186,7 +168,7 @@ class Recorder:
         self._kept: list[int] = []  # dumped steps on disk, oldest first (pinned ones included)
         self._dumped = _DumpLog(cfg, self.path)
         self._key: tuple[str, str] | None = None
-        self._ahead: _ReadAhead | None = None  # replay: the next step, read while the caller trains
+        self._ahead: ReadAhead | None = None  # replay: the next step, read while the caller trains
         if self.mode == "replay":
             self._open_replay()
 
@@ -237,7 +219,7 @@ class Recorder:
                 self._dumped.forget(step)
             if self.cfg.strict or not isinstance(e, BatchError):
                 raise
-            commit.record_skipped(w.dir, step, f"{type(e).__name__}: {e}")  # Reader.skipped, verify
+            commit.record_skipped(w.dir, step, f"{type(e).__name__}: {e}", w.final(step).name)  # Reader.skipped
             log.error("trajstore dump step=%d was not recorded, training goes on (strict=True raises): %s: %s",
                       step, type(e).__name__, e)
             return
@@ -251,14 +233,13 @@ class Recorder:
         if self._reader is None:
             raise ConfigError(f"load(step={step}): this Recorder is in {self.mode!r} mode, not 'replay'")
         step = paths.check_step(step)
-        f = self._reader.file(step)  # StepNotFoundError past the last dumped step
+        fs = self._reader.files(step)  # StepNotFoundError past the last dumped step
         b = self._read(step) if self.cfg.prefetch else self._reader.read(step)
-        size = f.stat().st_size
-        try:
-            rows = pq.read_metadata(f).num_rows
+        try:  # the log line's trajectories: of the whole step (a rank's slice: not counted)
+            rows = None if self._reader._slice else sum(pq.read_metadata(f).num_rows for f in fs)
         except Exception:  # noqa: BLE001 - only for the log line
             rows = None
-        _log_step("replay", step, f, rows, _tokens(containers.unwrap(b)[0])(), size)
+        _log_step("replay", step, fs[0], rows, _tokens(containers.unwrap(b)[0])(), sum(f.stat().st_size for f in fs))
         if self.cfg.device is not None:
             b = torch_bridge.to_device(b, self.cfg.device)
         return b
@@ -280,7 +261,7 @@ class Recorder:
     def info(self, total_steps: int | None = None) -> dict:
         """Mode, path, split, steps, bytes on disk, and an estimate for ``total_steps``."""
         steps = self.steps
-        files = [self.path / self.split / paths.step_name(s) for s in steps]
+        files = [f for s in steps for f in (self._reader.files(s) if self._reader else [self._final(s)])]
         d = {"mode": self.mode, "path": str(self.path), "split": self.split, "steps": steps,
              "bytes_on_disk": sum(f.stat().st_size for f in files if f.exists()),
              "differences": dict(self.differences)}
@@ -321,7 +302,7 @@ class Recorder:
         if ahead is None or ahead.step != step:
             if ahead is not None:
                 ahead.close()
-            ahead = _ReadAhead(self._reader, step)
+            ahead = ReadAhead(self._reader, step)
         try:
             b = ahead.take()
         except BaseException:
@@ -344,19 +325,19 @@ class Recorder:
             _active.add(key)
         self._key = key
         try:
-            existing = paths.list_steps(self.path / self.split)
+            existing = self._own_steps()
             if existing and not self.cfg.resume:
                 raise ConfigError(f"dump {self.path} split {self.split!r} already holds {len(existing)} step(s) "
                                   f"({existing[0]}..{existing[-1]}); set resume=True to continue it, or "
                                   "choose another path or split")
             self._writer = Writer(self.path, split=self.split, overwrite=True, on_commit=self._dumped.committed,
                                   on_error="raise" if self.cfg.strict else "warn", masks=self.cfg.masks,
-                                  encodings=self.cfg.encodings)  # dumping never stops training
+                                  encodings=self.cfg.encodings, **self._shard())  # dumping never stops training
         except BaseException:
             with _active_lock:
                 _active.discard(key)
             raise
-        self._kept = existing
+        self._kept, self._final = existing, self._writer.final  # the file of each step this process dumps
         if existing:
             log.info("trajstore dump %s split %s: continuing after %d step(s) already recorded (%d..%d); "
                      "steps recorded again replace the old ones", self.path, self.split, len(existing),
@@ -370,7 +351,7 @@ class Recorder:
         rot = [s for s in self._kept if s not in c.pin_steps]
         gone = rot[: max(0, len(rot) - c.max_keep)]
         for s in gone:
-            f = self._writer.dir / paths.step_name(s)
+            f = self._writer.final(s)  # this rank's shard when several ranks dump
             if self._dumped.landing(s):  # still in the background queue: let it land, then delete it
                 try:
                     self._writer.flush()
@@ -382,8 +363,23 @@ class Recorder:
         if gone:
             index.prune(self._writer.dir)  # index segments none of whose steps is left
 
+    def _shard(self) -> dict:
+        """The ``rank``/``world_size`` of this rank's Writer or Reader: none for one process, or at replay of
+        a dump with one split per rank (``config.location``)."""
+        old = self.split != self.cfg.split
+        return {} if self.world_size <= 1 or old else {"rank": self.rank, "world_size": self.world_size}
+
+    def _own_steps(self) -> list[int]:
+        """The steps of the split this process dumped: whole steps, or with several ranks its own shards'."""
+        sh, d = self._shard(), self.path / self.split
+        if not sh:
+            return paths.list_steps(d)
+        parts = paths.scan(d).parts
+        return sorted(s for s, by in parts.items() if sh["rank"] in by.get(sh["world_size"], ()))
+
     def _open_replay(self) -> None:
-        self._reader = Reader(self.path, split=self.split)
+        sh = self._shard()
+        self._reader = Reader(self.path, split=self.split, **sh, **({"balance": self.cfg.balance} if sh else {}))
         recorded = self._reader.manifest.get("environment", {})
         self.differences = fingerprint.compare(recorded)
         if self.differences:

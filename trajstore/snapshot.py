@@ -18,21 +18,65 @@
   tensor; remote ones are fetched in one batch on a background thread started here, through
   AReaL's own API on copies (the caller's RTensors stay remote), and ``batch()`` waits for it
   (``integrations/areal.py``).
+* The step's ``meta`` is checked and copied at ``append`` (``check_meta``); a shard writer's batch may
+  not have a field named ``rank``, the column its shard files add (``check_rank_field``, ``with_rank``).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import torch
 
-from .errors import WriterError
+from .errors import BatchError, ConfigError, WriterError
+from .format import typed
 from .format.spec import where
 from .integrations import areal
 from .torch_bridge import CudaSnapshot, PinnedPool, map_tree, snapshot_cuda
 
-__all__ = ["Snapshot"]
+MAX_META_BYTES = 1 << 20
+
+
+def check_meta(meta: Any, step: int) -> dict:
+    """The step envelope's entry for ``meta`` (docs/FORMAT.md 3.6), made now (the caller may change
+    ``meta`` after ``append``): ``{"meta": a copy}`` when it is plain JSON, else ``{"meta_t": its typed
+    document}`` (numpy scalars, tuples, non-str keys, bytes, arrays, tensors: format/typed.py)."""
+    if meta is None:
+        return {}
+    if type(meta) is not dict:
+        raise ConfigError(f"step {step}: meta must be a dict, got {type(meta).__name__}")
+    entry = {"meta_t": typed.encode(meta)} if typed.needs_typed(meta, f"step {step} meta") else {"meta": meta}
+    doc = json.dumps(entry)
+    if len(doc) > MAX_META_BYTES:
+        raise BatchError(f"step {step}: meta is {len(doc)} bytes of JSON, the limit is {MAX_META_BYTES}; "
+                         "store large values as batch fields instead")
+    return json.loads(doc)
+
+
+RANK_COLUMN = "rank"  # a shard file's column of the writing rank (docs/FORMAT.md section 1)
+_RANK_FIELD = ("step {step}: the batch has a field named 'rank', the column a shard file keeps the writing rank in "
+               "(docs/FORMAT.md section 1); rename the field (e.g. 'rank_id') to dump it from several ranks")
+
+
+def check_rank_field(plain: Any, step: int) -> None:
+    """A shard's batch may not have a top-level field ``rank`` (its column would collide with the rank column)."""
+    elems = plain if isinstance(plain, list | tuple) else [plain]
+    if any(isinstance(e, dict) and RANK_COLUMN in e for e in elems):
+        raise BatchError(_RANK_FIELD.format(step=step))
+
+
+def with_rank(table: pa.Table, rank: int, step: int) -> pa.Table:
+    """A shard's encoded ``table`` with its int32 ``rank`` column appended."""
+    if RANK_COLUMN in table.column_names:  # a list batch's element field that append did not see
+        raise BatchError(_RANK_FIELD.format(step=step))
+    col = pa.array(np.full(table.num_rows, rank, dtype=np.int32))
+    return table.append_column(pa.field(RANK_COLUMN, pa.int32(), nullable=False), col)
+
+
+__all__ = ["Snapshot", "check_meta", "check_rank_field", "with_rank"]
 
 
 class _CudaSlot:

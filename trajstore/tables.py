@@ -4,14 +4,17 @@
 ``to_pandas``, ``traces``, ``diff`` and ``trajstore show`` share.
 
 ``to_pandas``: one row per trajectory with ``step`` and ``index`` (position in the batch)
-columns; per-token fields hold the trajectory's own tokens as numpy arrays (bfloat16 as
+columns (and ``rank``, the rank that wrote it, for steps written by several ranks); per-token fields hold the trajectory's own tokens as numpy arrays (bfloat16 as
 float32), nested fields have dotted names, a rejected (``None``) trajectory is a row whose
 ``rejected`` column is True and whose fields are missing (NaN/None).
 
 ``duckdb``: an in-memory DuckDB connection with one view per split (``train``, ``val``, ...)
 over the split's step files (or over the one file of a Reader opened on a step file), every row carrying its ``step``;
 a split whose name needs quotes has a second view that does not (``train-rank0``: ``train_rank0``), and the
-rank splits of one split (``train-rank0``, ``train-rank1``...) a logical view (``train``) with a ``rank`` column. Columns are the stored Arrow
+rank splits of one split (``train-rank0``, ``train-rank1``...) a logical view (``train``) with a ``rank`` column. A
+split written by N ranks as shard files (docs/FORMAT.md section 1) is one view whose shard rows carry their
+``rank`` column (NULL for whole-step files): the view lists the files of complete steps only, so the shards
+of a step whose other shards are not committed are not in it (a glob of ``*.parquet`` sees them). Columns are the stored Arrow
 columns (docs/FORMAT.md): per-token fields are lists, nested fields have dotted names (quote
 them: ``"a.b"``), JSON-valued fields are JSON strings, and bfloat16 / float16 values appear as
 float32 numbers (as their raw uint16 bits / halffloat in step files of format versions 1 and 2:
@@ -33,6 +36,7 @@ from .errors import FormatError, MissingDependencyError
 from .format import containers
 from .format.grouped import RUNS_COL
 from .format.rows import rows
+from .shard_read import ranks
 from .store import paths
 
 if TYPE_CHECKING:  # optional extras, imported when used
@@ -58,8 +62,11 @@ def to_pandas(reader: Any, step: int | None = None) -> pd.DataFrame:
     steps = reader.steps if step is None else [step]
     recs: list[dict] = []
     for s in steps:
-        for i, r in enumerate(step_rows(reader, s)):
+        rows_, by = step_rows(reader, s), ranks(reader, s)
+        for i, r in enumerate(rows_):
             rec = {"step": s, "index": i, "rejected": r is None}
+            if by is not None and len(by) == len(rows_):
+                rec["rank"] = by[i]
             if r is not None:
                 rec.update(r)
             recs.append(rec)
@@ -89,8 +96,7 @@ def duckdb_connect(path: Any, con: Any = None) -> duckdb.DuckDBPyConnection:
         groups = {path.split: [str(root)]}
     else:
         paths.read_manifest(root)
-        groups = {split: [str(root / split / paths.step_name(s)) for s in paths.list_steps(root / split)]
-                  for split in paths.list_splits(root)}
+        groups = {split: _files(root / split) for split in paths.list_splits(root)}
     con = con if con is not None else duckdb.connect()
     groups = {split: files for split, files in groups.items() if files}
     for split, files in groups.items():
@@ -108,6 +114,12 @@ def duckdb_connect(path: Any, con: Any = None) -> duckdb.DuckDBPyConnection:
             raise FormatError(f"dump {root} split {split!r}: DuckDB cannot open its step files ({e})") from None
     _aliases(con, list(groups))
     return con
+
+
+def _files(d: Any) -> list[str]:
+    """The files of the split's readable steps: whole step files, and the shards of complete steps."""
+    ls = paths.scan(d)
+    return [str(f) for s in ls.steps if s not in ls.ambiguous for f in paths.step_files(d, ls, s)]
 
 
 def _ident(name: str, reserved: set[str]) -> str:

@@ -21,7 +21,6 @@ step, by the next ``append``, ``flush()`` or ``close()``; other steps keep being
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import queue
 import threading
@@ -36,36 +35,18 @@ import pyarrow.parquet as pq
 from . import schema, torch_bridge
 from .format import check
 from .format import containers
-from .format import typed
 from .format.parquet import check_encodings, parquet_options
 from .store import columns
 from .store import commit
 from .store import index
 from .store import paths
 from .errors import BatchError, BatchWriteError, ConfigError, StepExistsError, TrajstoreError, WriterError
-from .snapshot import Snapshot
+from .snapshot import Snapshot, check_meta, check_rank_field, with_rank
 
 __all__ = ["Writer", "Committed"]
 
 log = logging.getLogger("trajstore.writer")
-MAX_META_BYTES = 1 << 20
 LOG_EVERY_S = 60.0  # at most one 'append waited' warning a minute per writer
-
-
-def check_meta(meta: Any, step: int) -> dict:
-    """The step envelope's entry for ``meta`` (docs/FORMAT.md 3.6), made now (the caller may change
-    ``meta`` after ``append``): ``{"meta": a copy}`` when it is plain JSON, else ``{"meta_t": its typed
-    document}`` (numpy scalars, tuples, non-str keys, bytes, arrays, tensors: format/typed.py)."""
-    if meta is None:
-        return {}
-    if type(meta) is not dict:
-        raise ConfigError(f"step {step}: meta must be a dict, got {type(meta).__name__}")
-    entry = {"meta_t": typed.encode(meta)} if typed.needs_typed(meta, f"step {step} meta") else {"meta": meta}
-    doc = json.dumps(entry)
-    if len(doc) > MAX_META_BYTES:
-        raise BatchError(f"step {step}: meta is {len(doc)} bytes of JSON, the limit is {MAX_META_BYTES}; "
-                         "store large values as batch fields instead")
-    return json.loads(doc)
 
 
 @dataclass(frozen=True)
@@ -128,12 +109,16 @@ class Writer:
     Ray Data; not fastparquet).
     ``on_commit`` is called on the background thread with a :class:`Committed` record once each
     step is committed, before ``flush`` returns; an error it raises is logged, never raised.
+    ``rank``/``world_size`` (SPMD): this process appends rank ``rank``'s shard of each step, one file
+    ``step_<n>.rank<r>-of-<N>.parquet`` with an int32 ``rank`` column (a field named ``rank`` is refused);
+    readers see a step once all N shards are committed (docs/FORMAT.md section 1).
     """
 
     def __init__(self, path: str | Path, split: str = "train", *, overwrite: bool = False,
                  max_pending_steps: int = 8, max_pending_bytes: int = 4 << 30, workers: int = 1,
                  on_error: str = "raise", on_commit: Callable[[Committed], Any] | None = None,
-                 masks: dict[str, list[str]] | None = None, encodings: str = "portable"):
+                 masks: dict[str, list[str]] | None = None, encodings: str = "portable",
+                 rank: int | None = None, world_size: int | None = None):
         if on_error not in ("raise", "warn"):
             raise ConfigError(f"Writer({str(path)!r}): on_error must be 'raise' or 'warn', got {on_error!r}")
         if on_commit is not None and not callable(on_commit):
@@ -150,6 +135,7 @@ class Writer:
                         ("workers", workers)):
             if type(v) is not int or v < 1:
                 raise ConfigError(f"Writer({str(path)!r}): {name} must be an int >= 1, got {v!r}")
+        self.shard = paths.check_shard(rank, world_size, f"Writer({str(path)!r})")  # (rank, N) or None
         self.path = paths.local_root(path, f"Writer({str(path)!r})")
         self.split = paths.check_split(split)
         self.overwrite = overwrite
@@ -159,10 +145,12 @@ class Writer:
         self.dir.mkdir(exist_ok=True)
         with _live_lock:  # another open Writer of this process on this split may be mid-write
             busy = any(w.dir == self.dir and not w._closed for w in _live)
-        commit.clean_temp(self.dir, keep_own=busy)
-        index.clean_temp(self.dir, keep_own=busy)
-        self._index = index.Collector(self.dir, self.split)  # Reader.column's index (trajstore/store/index.py)
-        self._columns = columns.SplitColumns(self.dir)  # one type per column name (docs/FORMAT.md 3.11)
+        mine = "" if self.shard is None else paths.shard_name(0, *self.shard)[len("step_00000000"):-len("parquet")]
+        commit.clean_temp(self.dir, keep_own=busy, shard=mine)  # a rank cleans its own files only
+        if self.shard is None:  # other ranks' index temporaries may be live on other hosts
+            index.clean_temp(self.dir, keep_own=busy)
+        self._index = index.Collector(self.dir, self.split, self.shard)  # Reader.column's (store/index.py)
+        self._columns = columns.SplitColumns(self.dir, clean=self.shard is None)  # one type per column name (docs/FORMAT.md 3.11)
         self._closed = False
         self._lock = threading.Lock()          # one append at a time
         self._cond = threading.Condition()     # guards everything below
@@ -199,7 +187,7 @@ class Writer:
             self._raise_errors(f"; step {step} was not appended, call append again to record it")
             meta = check_meta(meta, step)
             ow = self.overwrite if overwrite is None else overwrite
-            final = self.dir / paths.step_name(step)
+            final = self.final(step)
             with self._cond:
                 queued = step in self._pending
             if not ow and queued:
@@ -210,7 +198,13 @@ class Writer:
                     f"step {step} already exists in {self.dir} ({final.name}); pass overwrite=True to "
                     "replace it, or write to another path or split"
                 )
+            whole = self.dir / paths.step_name(step)
+            if self.shard is not None and whole.exists():
+                raise StepExistsError(f"step {step} of {self.dir} is a whole step file ({whole.name}); a shard of it "
+                                      "would make the step ambiguous; write to another path, split or step")
             plain, tag = containers.unwrap(batch)
+            if self.shard is not None:
+                check_rank_field(plain, step)
             check.check(plain, self.masks)  # types, keys, shapes, lengths: errors now, not one step later
             job = _Job(step, Snapshot(plain, copy, self._pool), tag, meta, ow)
             self._admit(job, queued and len(self._threads) > 1)
@@ -335,9 +329,9 @@ class Writer:
                         log.error("trajstore: step %d was not written (on_error='warn', the run goes on; "
                                     "the step is recorded as skipped in %s): %s", job.step, self.dir, err)
             if err is not None:  # best effort: readers then say why the step is missing
-                commit.record_skipped(self.dir, job.step, f"{type(err).__name__}: {err}")
+                commit.record_skipped(self.dir, job.step, f"{type(err).__name__}: {err}", self.final(job.step).name)
             elif self.on_commit is not None:
-                self._report(Committed(job.step, self.dir / paths.step_name(job.step), nbytes, rows, dt))
+                self._report(Committed(job.step, self.final(job.step), nbytes, rows, dt))
             with self._cond:
                 self._pending_bytes -= job.nbytes
                 self._pending[job.step] -= 1
@@ -357,11 +351,17 @@ class Writer:
         step, snap = job.step, job.snap
         batch = snap.batch()
         snap.check(step)
-        table = schema.encode_plain(batch, job.tag, step=step, split=self.split, extra=job.meta,
-                                    masks=self.masks)
+        extra = job.meta if self.shard is None else {**job.meta, "shard": {"rank": self.shard[0],
+                                                                            "world_size": self.shard[1]}}
+        table = schema.encode_plain(batch, job.tag, step=step, split=self.split, extra=extra, masks=self.masks)
+        if self.shard is not None:
+            table = with_rank(table, self.shard[0], step)
         table = self._columns.fit(step, table)  # its new columns recorded before the commit
-        final = self.dir / paths.step_name(step)
-        tmp = paths.temp_path(self.dir, step)  # in the side folder: the split folder holds step files only
+        if self.shard is not None and "rank" not in table.column_names:  # moved: the split holds another 'rank'
+            raise BatchError(f"step {step}: {self.dir} holds a column 'rank' of another type (a field of whole "
+                             "steps); shards of several ranks need that name for their int32 rank column")
+        final = self.final(step)
+        tmp = paths.temp_path(self.dir, step, final.name)  # in the side folder: the split folder holds step files only
         try:
             pq.write_table(table, tmp, **parquet_options(table, self.encodings))
             index_rows = self._index.take(step, table)  # a copy, checked by snap.check below
@@ -383,6 +383,12 @@ class Writer:
         finally:
             tmp.unlink(missing_ok=True)
 
+    def final(self, step: int) -> Path:
+        """The file step ``step`` is committed as: its step file, or this rank's shard file."""
+        if self.shard is None:
+            return self.dir / paths.step_name(step)
+        return self.dir / paths.shard_name(step, *self.shard)
+
     def __enter__(self) -> "Writer":
         return self
 
@@ -396,7 +402,8 @@ class Writer:
             log.error("trajstore: closing %r after an exception: %s", self, e)
 
     def __repr__(self) -> str:
-        return f"Writer({str(self.path)!r}, split={self.split!r})"
+        sh = "" if self.shard is None else f", rank={self.shard[0]}, world_size={self.shard[1]}"
+        return f"Writer({str(self.path)!r}, split={self.split!r}{sh})"
 
 
 def _as_writer_error(e: BaseException, step: int) -> WriterError:

@@ -20,7 +20,7 @@ from . import dtypes as dt
 from .spec import COMPANION_PREFIXES, RESERVED, STEP_COLUMN, where
 from .values import check_str, dumps
 
-__all__ = ["ColumnNames", "TableBuilder", "list_array", "Columns", "empty", "to_numpy"]
+__all__ = ["ColumnNames", "TableBuilder", "list_array", "Columns", "empty", "to_numpy", "flat_nbytes"]
 
 Alloc = Callable[[int, Any], np.ndarray]  # (count, numpy dtype) -> uninitialized 1-D array
 
@@ -289,3 +289,20 @@ class Columns:
         a = self.arr(name)
         with foreign_errors(self.where, "reading column {!r}", name):
             return _checked(a, dtype, name, self.where)
+
+
+def flat_nbytes(table: pa.Table) -> int:
+    """Bytes of the tensors decoded from ``table`` in a flat layout (bools one byte each), with
+    room for each tensor's alignment: the size of pinned staging to decode it into."""
+    total = 1 << 20
+    for col in table.columns:
+        t = col.type.value_type if pa.types.is_large_list(col.type) else col.type
+        if pa.types.is_boolean(t):
+            w = 1
+        elif pa.types.is_integer(t) or pa.types.is_floating(t):
+            w = t.bit_width // 8
+        else:
+            continue
+        n = sum(len(c.values) for c in col.chunks) if pa.types.is_large_list(col.type) else len(col)
+        total += n * w + 512
+    return total

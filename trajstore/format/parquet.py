@@ -4,13 +4,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
-from ..errors import ConfigError
+from . import dtypes as dt
+from ..errors import ConfigError, FormatError
 
-__all__ = ["parquet_options", "ENCODINGS", "ROW_GROUPS", "ROW_GROUP_BYTES", "ZSTD_LEVEL"]
+__all__ = ["parquet_options", "read_sample", "ENCODINGS", "ROW_GROUPS", "ROW_GROUP_BYTES", "ZSTD_LEVEL"]
 
 ROW_GROUPS = 16  # at most this many row groups per step file: a reader decodes them on several cores
 ROW_GROUP_BYTES = 4 << 20  # ...of at least this much Arrow data each (a small step is one row group)
@@ -62,3 +65,24 @@ def parquet_options(table: pa.Table, encodings: str = "portable") -> dict[str, A
         "write_page_checksum": True,  # CRC32 per page, verified on every read (docs/RELIABILITY.md)
         "row_group_size": max(1, -(-table.num_rows // max(1, min(ROW_GROUPS, table.nbytes // ROW_GROUP_BYTES)))),
     }
+
+
+def read_sample(pf: pq.ParquetFile, node: dict, doc: dict, f: Path) -> Any:
+    """Decode a plain per-trajectory tensor field from its column alone, checking that one node."""
+    col, dtype = node["col"], node["dtype"]
+    schema_ = pf.schema_arrow
+    idx = schema_.get_field_index(col)
+    if idx < 0:
+        raise FormatError(f"{f}: column {col!r} named in the spec is missing from the file")
+    v = doc.get("format_version")
+    want = dt.arrow_type(dtype, v if type(v) is int else 1)
+    if schema_.field(idx).type != want:
+        raise FormatError(f"{f}: column {col!r} has Arrow type {schema_.field(idx).type}, "
+                          f"the spec says {dtype} (stored as {want})")
+    arr = pf.reader.read_column(idx)
+    n = doc.get("num_rows")
+    if len(arr) != pf.metadata.num_rows or len(arr) != n or arr.null_count:
+        raise FormatError(f"{f}: column {col!r} holds {len(arr)} values ({arr.null_count} null) for "
+                          f"{n} rows; the step is damaged")
+    a = arr.chunk(0) if arr.num_chunks == 1 else arr.combine_chunks()
+    return dt.as_value(a.to_numpy(zero_copy_only=False), node)

@@ -194,6 +194,8 @@ def step_doc(step: int, split: str, num_rows: int, meta: dict | None, batch: Bat
     if "meta_t" in doc:
         del doc["meta"]
         doc["format_version"] = max(version, 3)
+    if "shard" in doc:  # one rank's shard of a logical step (docs/FORMAT.md section 1): older readers refuse it
+        doc["format_version"] = max(doc["format_version"], 3)
     return doc  # type: ignore[return-value]
 
 

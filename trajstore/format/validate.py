@@ -363,7 +363,7 @@ def _check_orders(ch: "_Checker", node: dict) -> None:
             raise _Bad(f"a struct key order {str(o)[:60]} is not a [row, [key index, ...]] of a row with a dict")
         rows.add(o[0])
         present = [j for j, c in enumerate(kids) if o[0] not in c.get("missing", ())]
-        if sorted(o[1]) != present or any(type(j) is not int for j in o[1]):
+        if any(type(j) is not int for j in o[1]) or sorted(o[1]) != present:  # ints first: sorted() of None fails
             raise _Bad(f"the key order of row {o[0]} is not an order of the keys the row holds")
 
 
@@ -414,6 +414,20 @@ def _wrapper(w, keys: dict) -> None:
             _td_tag(w["td"], {k: v for k, v in keys.items() if k not in names})
 
 
+def _shard(doc: dict, schema: pa.Schema) -> None:
+    """The envelope of one rank's shard of a logical step (docs/FORMAT.md section 1, format version 3):
+    ``{"shard": {"rank": r, "world_size": N}}`` and an int32 ``rank`` column."""
+    sh = doc["shard"]
+    if type(sh) is not dict or set(sh) != {"rank", "world_size"} or type(sh["rank"]) is not int \
+            or type(sh["world_size"]) is not int or not 0 <= sh["rank"] < sh["world_size"]:
+        raise _Bad(f"shard {sh!r} is not {{'rank': r, 'world_size': N}} with 0 <= r < N")
+    if type(doc.get("format_version")) is int and doc["format_version"] < 3:
+        raise _Bad(f"a shard file of format version {doc['format_version']} (it needs 3)")
+    i = schema.get_field_index("rank")
+    if i < 0 or schema.field(i).type != pa.int32():
+        raise _Bad("a shard file without its int32 'rank' column")
+
+
 def check(doc: dict, schema: pa.Schema, num_rows: int, where: str) -> None:
     """Raise FormatError unless ``doc`` (a step's trajstore metadata) fits the file."""
     try:
@@ -423,6 +437,8 @@ def check(doc: dict, schema: pa.Schema, num_rows: int, where: str) -> None:
             raise _Bad(f"the file holds {num_rows} rows, its metadata says {n}")
         if not isinstance(doc.get("meta", {}), dict):
             raise _Bad("meta is not an object")
+        if "shard" in doc:
+            _shard(doc, schema)
         ch = _Checker(schema, n, spec, doc.get("format_version"))
         t = spec.get("t")
         if t == "batch":

@@ -1,7 +1,9 @@
 """What is in a dump: splits, steps (range, gaps), rows/tokens/bytes/meta per step, fields, environment.
 
 Only each step's Parquet footer is read (checksums are not verified here), plus one per-token
-column for the token count (``tokens`` is None for steps without a per-token field).
+column for the token count (``tokens`` is None for steps without a per-token field). A step written
+by N ranks is described whole (its shards' rows, tokens and bytes added up, rank 0's meta) with
+``ranks`` N; steps whose shards are not all committed are listed under ``incomplete``.
 """
 
 from __future__ import annotations
@@ -160,19 +162,25 @@ def describe(path: str | Path, split: str | None = None,
     }
     for sp in splits:
         r = Reader(root, sp, verify=False)  # footers only; `trajstore verify` checks the bytes
-        steps = r.steps
+        listing = paths.scan(root / sp)
+        steps = [s for s in r.steps if s not in listing.ambiguous]  # listed apart: reading one is an error
         per_step, fields = [], {}
         it = progress(steps, f"{sp}") if progress else steps
         for s in it:
-            sf = r._open(s)  # what r.info(s) reads, with the opened file: its footer is parsed once
-            f, doc = sf.path, sf.doc
-            spec = doc["batch"]
-            with foreign_errors(f, "counting the trajectories of step {}", s, then="the step is damaged"):
-                rows, tokens = _counts(sf.pf, spec, doc.get("num_rows"))
-            per_step.append({"step": s, "format": doc["format_version"], "rows": rows, "tokens": tokens,
-                             "bytes": f.stat().st_size,
-                             "meta": jsonable(typed.step_meta(doc, str(f)))})
-            for fd in fields_of(spec):
+            fs = paths.step_files(root / sp, listing, s)  # one file, or the shards of N ranks
+            p = {"step": s, "format": 0, "rows": 0, "tokens": None, "bytes": 0}
+            for f in fs:
+                sf = r._open(s, f=f)  # what r.info(s) reads, with the opened file: its footer is parsed once
+                doc, spec = sf.doc, sf.doc["batch"]
+                with foreign_errors(f, "counting the trajectories of step {}", s, then="the step is damaged"):
+                    rows, tokens = _counts(sf.pf, spec, doc.get("num_rows"))
+                p["format"], p["rows"], p["bytes"] = max(p["format"], doc["format_version"]), p["rows"] + rows, \
+                    p["bytes"] + f.stat().st_size
+                p["tokens"] = tokens if p["tokens"] is None else p["tokens"] + (tokens or 0)
+                if f is fs[0]:
+                    p["meta"], spec0 = jsonable(typed.step_meta(doc, str(f))), spec
+            per_step.append(p if len(fs) == 1 else {**p, "ranks": len(fs)})
+            for fd in fields_of(spec0):
                 cur = fields.setdefault(fd["name"], {**fd, "steps": 0})
                 cur["steps"] += 1
                 if cur["dtype"] != fd["dtype"] or cur["kind"] != fd["kind"]:
@@ -188,5 +196,7 @@ def describe(path: str | Path, split: str | None = None,
             "per_step": per_step,
             "fields": list(fields.values()),
             "columns": columns.read(root / sp),  # the split's column types (docs/FORMAT.md 3.11), or None
+            "incomplete": [{"step": k, "ranks": n, "missing": miss} for k, (n, miss) in listing.incomplete.items()],
+            "ambiguous": [{"step": k, "files": names} for k, names in sorted(listing.ambiguous.items())],
         }
     return out

@@ -1,4 +1,5 @@
-"""``verify``: check every step file of a dump against its recorded checksum (or decode it whole)."""
+"""``verify``: check every step file of a dump against its recorded checksum (or decode it whole); steps
+written by several ranks: every shard, and steps whose shards are not all committed are reported."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ class VerifyReport:
     checked: dict[str, int] = field(default_factory=dict)
     damaged: dict[tuple[str, int], str] = field(default_factory=dict)
     skipped: dict[tuple[str, int], str] = field(default_factory=dict)
+    incomplete: dict[tuple[str, int], str] = field(default_factory=dict)  # shards missing: not readable
     layout: int | None = None  # the manifest's format version (the dump's layout)
     formats: dict[int, int] = field(default_factory=dict)  # step-file format version -> steps of it
 
@@ -34,13 +36,15 @@ class VerifyReport:
     def summary(self) -> str:
         n = sum(self.checked.values())
         lines = [f"{self.path}: {n} step(s) checked in {len(self.checked)} split(s), "
-                 f"{len(self.damaged)} damaged, {len(self.skipped)} recorded as skipped",
+                 f"{len(self.damaged)} damaged, {len(self.skipped)} recorded as skipped"
+                 + (f", {len(self.incomplete)} incomplete (shards missing, not readable)" if self.incomplete else ""),
                  f"layout {self.layout}; step files of format "
                  + (", ".join(f"{v} ({c})" for v, c in sorted(self.formats.items())) or "-")
                  + (" (`trajstore upgrade` moves it to the current layout)" if (self.layout or 0) < MANIFEST_VERSION
                     else "")]
         lines += [f"DAMAGED {s}/{step}: {why}" for (s, step), why in sorted(self.damaged.items())]
         lines += [f"skipped {s}/{step}: {why}" for (s, step), why in sorted(self.skipped.items())]
+        lines += [f"INCOMPLETE {s}/{step}: {why}" for (s, step), why in sorted(self.incomplete.items())]
         return "\n".join(lines)
 
 
@@ -59,18 +63,24 @@ def verify(path: str | Path, split: str | None = None, *, deep: bool = False) ->
     rep = VerifyReport(root, layout=layout)
     for s in splits:
         d = root / s
-        steps = paths.list_steps(d)
+        listing = paths.scan(d)
+        steps = listing.steps
         rep.checked[s] = len(steps)
         rep.skipped.update({(s, k): why for k, why in paths.list_skipped(d).items()})
+        rep.incomplete.update({(s, k): f"written by {n} ranks; the shard(s) of rank(s) {', '.join(map(str, miss))} "
+                               "are not committed (a rank still writing, or stopped): the step is not readable"
+                               for k, (n, miss) in listing.incomplete.items()})
         reader = Reader(root, s, verify=deep)
         for step in steps:
             f = d / paths.step_name(step)
             try:
+                fs = paths.step_files(d, listing, step)  # its shards in rank order; FormatError if ambiguous
                 if deep:
                     reader.read(step)
                 else:
-                    checksums.check_digest(f, step, checksums.file_sha256(f))
-                v = reader.info(step)["format_version"]  # the footer only
+                    for f in fs:
+                        checksums.check_digest(f, step, checksums.file_sha256(f))
+                v = max(reader._open(step, f=f).doc["format_version"] for f in fs)  # the footers only
                 rep.formats[v] = rep.formats.get(v, 0) + 1
             except TrajstoreError as e:
                 rep.damaged[(s, step)] = str(e)

@@ -49,10 +49,10 @@ def read_sum(path: Path) -> str | None:
     return m.group(1) if m else None
 
 
-def pending_sums(split_dir: Path, step: int) -> list[str]:
-    """Digests in temporary checksum files of ``step`` (a commit interrupted after step 2), in the
-    side folder and the split folder."""
-    pre = f".step_{step:08d}.sha256.tmp-"
+def pending_sums(split_dir: Path, step: int, stem: str | None = None) -> list[str]:
+    """Digests in temporary checksum files of ``step`` (of file ``stem``.parquet: a shard's) (a commit
+    interrupted after step 2), in the side folder and the split folder."""
+    pre = f".{stem or f'step_{step:08d}'}.sha256.tmp-"
     out = []
     for d in paths.places(split_dir):
         try:
@@ -71,7 +71,7 @@ def _sums(f: Path) -> list[str]:
 
 def check_digest(f: Path, step: int, digest: str) -> None:
     """Raise ChecksumError unless ``digest`` is one recorded for step file ``f``."""
-    recorded, pending = _sums(f), pending_sums(f.parent, step)
+    recorded, pending = _sums(f), pending_sums(f.parent, step, f.stem)
     if digest in recorded or digest in pending:
         return
     # a writer may have renamed its temporary checksum into place between the two looks

@@ -2,13 +2,18 @@
 
 The writer fits every step to it (``format.columns.fit``) and records a step's new columns there
 *before* committing the step, so every committed step's columns are in the record (a step that
-then fails leaves names it never used: harmless, they only make later steps move sooner). A
+then fails leaves names it never used: harmless, they only make later steps move sooner). Several
+writers of one split (the N ranks writing shards of its steps, docs/FORMAT.md section 1) share the
+record: a writer adding columns re-reads it and saves the union under an exclusive lock
+(``fcntl.flock`` on the folder of the record), so no writer's columns are lost and a name keeps one type. A
 writer that opens a split loads the record; where there is none (a dump of trajstore before
 0.2, or a record removed) it rebuilds it from the footers of the committed steps, in step order
 (the first step's type of a name wins)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -46,22 +51,24 @@ def read(split_dir: Path) -> dict[str, str] | None:
     return None
 
 
-def load(split_dir: Path) -> dict[str, str]:
-    """The split's column types for a writer: the record, else rebuilt from the step files."""
+def load(split_dir: Path, clean: bool = True) -> dict[str, str]:
+    """The split's column types for a writer: the record, else rebuilt from the step files. ``clean``:
+    remove temporaries of dead writers first (not by a rank's writer: other ranks may be on other hosts)."""
     side = paths.side_dir(split_dir)
-    for n in stale_temps(side, f".{NAME}.tmp-"):
+    for n in stale_temps(side, f".{NAME}.tmp-") if clean else ():
         (side / n).unlink(missing_ok=True)
     cols = read(split_dir)
     if cols is not None:
         return cols
     cols = {}
-    for step in paths.list_steps(split_dir):
+    listing = paths.scan(split_dir)
+    for step in listing.steps:
         try:
-            schema = pq.read_schema(split_dir / paths.step_name(step))
+            schemas = [pq.read_schema(f) for f in paths.step_files(split_dir, listing, step)]
         except Exception as e:  # noqa: BLE001 - a damaged step: its readers report it
             log.warning("trajstore: %s: step %d's columns not read for the split's record (%s)", split_dir, step, e)
             continue
-        for f in schema:
+        for f in (f for schema in schemas for f in schema):
             if f.name != STEP_COLUMN:
                 cols.setdefault(f.name, type_name(f.type))
     if cols:
@@ -83,13 +90,27 @@ def save(split_dir: Path, cols: dict[str, str]) -> None:
     fsync_dir(side)
 
 
+@contextlib.contextmanager
+def _locked(split_dir: Path):
+    """An exclusive lock on the split's record across processes: ``flock`` on the folder holding it
+    (released when its holder dies)."""
+    side = paths.side_dir(split_dir)
+    side.mkdir(parents=True, exist_ok=True)
+    fd = os.open(side, os.O_RDONLY)  # the folder itself: no lock file to clean up
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 class SplitColumns:
     """A writer's view of its split's column types: ``fit`` a step's table to them (thread-safe),
     recording the step's new columns before the caller commits it."""
 
-    def __init__(self, split_dir: Path) -> None:
+    def __init__(self, split_dir: Path, clean: bool = True) -> None:
         self.dir = split_dir
-        self.types = load(split_dir)
+        self.types = load(split_dir, clean)
         self._lock = threading.Lock()
         self._warned: set[tuple[str, str]] = set()  # (column, its other name) logged once
 
@@ -100,11 +121,17 @@ class SplitColumns:
         with self._lock:
             for k, v in (read(self.dir) or {}).items():  # what other writers of the split recorded since
                 self.types.setdefault(k, v)
-            table, moved, types = fit(table, self.types)
-            new = {k: v for k, v in types.items() if k not in self.types}
-            if new:
-                save(self.dir, {**self.types, **new})
-                self.types.update(new)
+            fitted, moved, types = fit(table, self.types)
+            if any(k not in self.types for k in types):
+                with _locked(self.dir):  # other writers (ranks) of the split: re-read, fit, save the union
+                    for k, v in (read(self.dir) or {}).items():
+                        self.types.setdefault(k, v)
+                    fitted, moved, types = fit(table, self.types)
+                    new = {k: v for k, v in types.items() if k not in self.types}
+                    if new:
+                        save(self.dir, {**self.types, **new})
+                        self.types.update(new)
+            table = fitted
             warn = [(old, name) for old, name in moved.items() if (old, name) not in self._warned]
             self._warned.update(warn)
         for old, name in warn:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from . import checksums
 from .files import fsync, fsync_dir, stale_temps, write_durable
-from .paths import TMP_PREFIX, places, side_dir, skipped_name, step_of
+from .paths import TMP_PREFIX, places, side_dir, skipped_name, skipped_of
 
 __all__ = ["commit", "clean_temp", "record_skipped"]
 
@@ -51,7 +51,7 @@ def commit(tmp: Path, final: Path, overwrite: bool) -> None:
         pass  # side_tmp stays: readers accept it as the step's checksum, clean_temp promotes it
     for d in places(final.parent):
         try:
-            (d / skipped_name(step_of(final))).unlink(missing_ok=True)
+            (d / skipped_of(final.name)).unlink(missing_ok=True)  # of this file: a shard's own record
         except OSError:
             pass
     fsync_dir(final.parent)
@@ -59,15 +59,19 @@ def commit(tmp: Path, final: Path, overwrite: bool) -> None:
         fsync_dir(side.parent)
 
 
-def clean_temp(split_dir: Path, keep_own: bool = False) -> list[str]:
+def clean_temp(split_dir: Path, keep_own: bool = False, shard: str | None = None) -> list[str]:
     """Remove leftovers of interrupted writes (promoting a temporary checksum that
     matches its committed step); returns the names removed.  Temporaries of other live
     processes are kept, and this process's own too with ``keep_own`` (another Writer of
-    this process may be writing them). Looks in the side folder and the split folder."""
+    this process may be writing them). Looks in the side folder and the split folder.
+    ``shard`` (``".rank00002-of-00004."``): only that rank's files, else ("") only those of whole steps:
+    the ranks of a dump may run on other hosts, where a pid says nothing (docs/RELIABILITY.md)."""
     gone = []
     for d in places(split_dir):
         for n in stale_temps(d, TMP_PREFIX, keep_own):
-            m = re.match(r"^\.(step_\d{8,})\.sha256\.tmp-", n)
+            if shard is not None and not (shard in n if shard else ".rank" not in n):
+                continue  # another rank's (or, for a whole-step writer, any rank's)
+            m = re.match(r"^\.(step_\d{8,}(?:\.rank\d{5,}-of-\d{5,})?)\.sha256\.tmp-", n)
             if m and _promote(split_dir, m.group(1), d / n):
                 continue
             (d / n).unlink(missing_ok=True)
@@ -95,13 +99,14 @@ def _promote(split_dir: Path, stem: str, side_tmp: Path) -> bool:
     return False
 
 
-def record_skipped(split_dir: Path, step: int, reason: str) -> bool:
-    """Record that ``step`` was not written (e.g. disk full) so readers can say so.
+def record_skipped(split_dir: Path, step: int, reason: str, name: str | None = None) -> bool:
+    """Record that ``step`` (its file ``name``: a shard's, ``paths.shard_name``) was not written (e.g.
+    disk full) so readers can say so.
 
     Best effort: returns False if the record itself cannot be written (the disk may be full).
     """
     d = side_dir(split_dir)
-    path = d / skipped_name(step)
+    path = d / (skipped_of(name) if name else skipped_name(step))
     tmp = d / f".{path.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
     doc = {"step": step, "reason": str(reason)[:2000],
            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

@@ -14,6 +14,11 @@ of the dump's step files must not reach them); a dump of layout 1 keeps them, an
 * :class:`Index` (reader side): a step's value comes from a segment only when the step file's
   current identity is the recorded one; every other step is read from its file. A damaged or
   inconsistent segment is ignored with a warning.
+* A writer of one rank's shards (docs/FORMAT.md 1.2) writes segments of its own shard files,
+  marked ``"shard": [rank, world_size]``; a logical step's value is its N shards' values joined in
+  rank order, taken from the index only when every shard is indexed and current. Each writer's
+  segments have names of their own (a random part, written by ``link``), so the N writers of a split
+  never replace each other's.
 """
 
 from __future__ import annotations
@@ -78,8 +83,8 @@ def _ident(st: os.stat_result) -> tuple[int, int, int]:
 class Collector:
     """Index rows of the steps a Writer committed, written out as segments (thread-safe)."""
 
-    def __init__(self, split_dir: Path, split: str):
-        self.dir, self.split = split_dir, split
+    def __init__(self, split_dir: Path, split: str, shard: tuple[int, int] | None = None):
+        self.dir, self.split, self.shard = split_dir, split, shard
         self._lock = threading.Lock()
         self._sig: str | None = None  # the indexed fields (JSON) of the rows kept
         self._fields: list = []
@@ -151,6 +156,8 @@ class Collector:
                 arrays[node["col"]] = pa.concat_arrays([rows[s][2][node["col"]] for s in steps])
             meta = {"version": VERSION, "split": self.split, "fields": fs,
                     "steps": [[s, rows[s][0], *rows[s][1]] for s in steps]}
+            if self.shard is not None:
+                meta["shard"] = list(self.shard)
             table = pa.table(arrays).replace_schema_metadata({KEY: json.dumps(meta)})
             d, suffix = _place(self.dir)
             d.mkdir(parents=True, exist_ok=True)  # not made durable: losing the folder only loses the speed-up
@@ -221,6 +228,11 @@ class _Segment:
                 raise FormatError(f"index version {doc['version']}; this trajstore reads version {VERSION}")
             if doc.get("split") != split:
                 raise FormatError(f"it says it indexes split {doc.get('split')!r}")
+            sh = doc.get("shard")
+            if sh is not None and not (type(sh) is list and len(sh) == 2 and all(type(x) is int for x in sh)
+                                       and 0 <= sh[0] < sh[1]):
+                raise FormatError(f"its shard {sh!r} is not [rank, world_size]")
+            self.shard = None if sh is None else tuple(sh)
             fs, steps = doc.get("fields"), doc.get("steps")
             if not isinstance(fs, list) or not isinstance(steps, list) or not steps:
                 raise FormatError("fields or steps missing")
@@ -263,7 +275,11 @@ class _Segment:
         return arr.combine_chunks()
 
     def value(self, name: str, step: int) -> Any:
-        """``step``'s value of field ``name``, as ``reader._read_sample`` decodes it (a copy)."""
+        """``step``'s value of field ``name``, as ``format.parquet.read_sample`` decodes it (a copy)."""
+        return as_value(*self.raw(name, step))
+
+    def raw(self, name: str, step: int) -> tuple[np.ndarray, dict]:
+        """``step``'s values of field ``name`` as a numpy copy, and the field's spec node."""
         node = self.nodes[name]
         a = self._cols.get(name)
         if a is None:
@@ -275,7 +291,7 @@ class _Segment:
         v = a.slice(self.starts[i], self.counts[i]).to_numpy(zero_copy_only=False)
         c = v.copy()  # owned by the result: an in-place change must not reach the cache
         c.flags.writeable = v.flags.writeable  # as from the step file (Arrow views are read-only)
-        return as_value(c, node)
+        return c, node
 
 
 class Index:
@@ -287,17 +303,18 @@ class Index:
         self._segs: dict[str, _Segment | None] = {}
         self._lock = threading.Lock()
 
-    def values(self, name: str, steps: list[int]) -> dict[int, Any]:
+    def values(self, name: str, steps: list[int], shards: dict[int, int] | None = None) -> dict[int, Any]:
         """``{step: value}`` of field ``name`` for the steps of ``steps`` that a segment covers and
-        whose step file is the one indexed; the others are left out (read them from their files)."""
+        whose step file is the one indexed (``shards``: step -> N of the steps written as N shards,
+        every one indexed); the others are left out (read them from their files)."""
         try:
-            return self._values(name, steps)
+            return self._values(name, steps, shards or {})
         except Exception as e:  # noqa: BLE001 - the index is advisory: fall back to the files
             rlog.warning("trajstore: the index of %s is not used (%s: %s); reading the step files",
                          self.dir, type(e).__name__, e)
             return {}
 
-    def _values(self, name: str, steps: list[int]) -> dict[int, Any]:
+    def _values(self, name: str, steps: list[int], shards: dict[int, int]) -> dict[int, Any]:
         found = []
         for d in self.dirs:
             try:
@@ -317,26 +334,38 @@ class Index:
             seg = self._segment(n, lo, hi)
             if seg is not None and name in seg.nodes:
                 for s in seg.pos.keys() & want[i:bisect.bisect_right(want, hi)]:
-                    cand.setdefault(s, []).append((n, seg))
+                    cand.setdefault((s, seg.shard), []).append((n, seg))
         out: dict[int, Any] = {}
         for s in want:
-            if s not in cand:
+            if s in shards:
+                got = [self._one(name, s, cand.get((s, (r, shards[s]))), paths.shard_name(s, r, shards[s]))
+                       for r in range(shards[s])]
+                if all(g is not None for g in got) and all(g[1] == got[0][1] for g in got):
+                    out[s] = as_value(np.concatenate([g[0] for g in got]), got[0][1])  # in rank order
                 continue
-            try:
-                ident = _ident(os.stat(os.path.join(self.split_dir, paths.step_name(s))))
-            except OSError:
-                continue  # gone: the step file path says so
-            for n, seg in cand[s]:
-                if seg.idents[seg.pos[s]] != ident or self._segs.get(n) is not seg:
-                    continue  # rewritten since it was indexed, or the segment turned out damaged
-                try:
-                    out[s] = seg.value(name, s)
-                    break
-                except FileNotFoundError:
-                    self._segs[n] = None  # deleted since it was listed (rotation)
-                except Exception as e:  # noqa: BLE001 - a damaged column: forget the segment
-                    self._bad(n, e)
+            got = self._one(name, s, cand.get((s, None)), paths.step_name(s))
+            if got is not None:
+                out[s] = as_value(*got)
         return out
+
+    def _one(self, name: str, s: int, cand: list | None, file: str) -> tuple[np.ndarray, dict] | None:
+        """Field ``name`` of step ``s`` from the first of ``cand`` that indexes ``file`` as it is now."""
+        if not cand:
+            return None
+        try:
+            ident = _ident(os.stat(os.path.join(self.split_dir, file)))
+        except OSError:
+            return None  # gone: the step file path says so
+        for n, seg in cand:
+            if seg.idents[seg.pos[s]] != ident or self._segs.get(n) is not seg:
+                continue  # rewritten since it was indexed, or the segment turned out damaged
+            try:
+                return seg.raw(name, s)
+            except FileNotFoundError:
+                self._segs[n] = None  # deleted since it was listed (rotation)
+            except Exception as e:  # noqa: BLE001 - a damaged column: forget the segment
+                self._bad(n, e)
+        return None
 
     def _segment(self, n: str, lo: int, hi: int) -> _Segment | None:
         with self._lock:

@@ -14,6 +14,7 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from .. import fingerprint
 from .._version import __version__
@@ -26,6 +27,9 @@ SIDE = "_trajstore"  # <dump>/_trajstore/<split>/: a split's files that are not 
 LAYOUT = {"steps": "<split>/step_<n>.parquet", "side": f"{SIDE}/<split>/"}  # the manifest's "layout"
 STEP_RE = re.compile(r"^step_(\d{8,})\.parquet$")
 SKIPPED_RE = re.compile(r"^step_(\d{8,})\.skipped\.json$")
+# one rank's shard of a logical step written by N ranks (docs/FORMAT.md section 1)
+SHARD_RE = re.compile(r"^step_(\d{8,})\.rank(\d{5,})-of-(\d{5,})\.parquet$")
+SHARD_SKIPPED_RE = re.compile(r"^step_(\d{8,})\.rank(\d{5,})-of-(\d{5,})\.skipped\.json$")
 TMP_PREFIX = ".step_"
 _SPLIT_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
@@ -66,16 +70,94 @@ def check_step(step) -> int:
     return step
 
 
+def check_shard(rank: Any, world_size: Any, who: str) -> tuple[int, int] | None:
+    """``(rank, world_size)`` of a shard writer or reader, None for a whole-batch writer; ConfigError otherwise."""
+    if rank is None and world_size is None:
+        return None
+    ok = all(type(v) is int or hasattr(v, '__index__') and not isinstance(v, bool | float) for v in (rank, world_size))
+    if not ok or not 0 <= rank < world_size or world_size > 99999:
+        raise ConfigError(f"{who}: rank={rank!r}, world_size={world_size!r}: give both, ints with 0 <= rank < "
+                          "world_size <= 99999 (this rank's shards, or its slice of each step), or neither (whole steps)")
+    return rank.__index__(), world_size.__index__()
+
+
 def step_name(step: int) -> str:
     return f"step_{step:08d}.parquet"
 
 
-def list_steps(split_dir: Path) -> list[int]:
+def shard_name(step: int, rank: int, world_size: int) -> str:
+    """The file of rank ``rank``'s shard of ``step`` written by ``world_size`` ranks."""
+    return f"step_{step:08d}.rank{rank:05d}-of-{world_size:05d}.parquet"
+
+
+class Listing(NamedTuple):
+    """What a split folder holds (``scan``). ``steps``: the logical steps a reader lists, sorted:
+    whole step files, complete shard sets (all N shards of one N committed) and ambiguous steps
+    (reading one raises a FormatError naming its files). ``shards``: step -> N of its complete
+    shard set. ``incomplete``: step -> (N, missing ranks) of shard sets not complete (a rank still
+    writing, or dead); they are not in ``steps``. ``ambiguous``: step -> its files, for a step
+    with a whole file and shards, or shards of two world sizes. ``parts``: step -> N -> the ranks
+    whose shard is there (complete and incomplete sets alike)."""
+
+    steps: list[int]
+    shards: dict[int, int]
+    incomplete: dict[int, tuple[int, list[int]]]
+    ambiguous: dict[int, list[str]]
+    parts: dict[int, dict[int, set[int]]]
+
+
+def scan(split_dir: Path) -> Listing:
+    """The split's steps by kind (see ``Listing``): one directory listing."""
     try:
         names = os.listdir(split_dir)
     except FileNotFoundError:
-        return []
-    return sorted(int(m.group(1)) for n in names if (m := STEP_RE.match(n)))
+        names = []
+    steps = [int(m.group(1)) for n in names if (m := STEP_RE.match(n))]
+    parts: dict[int, dict[int, set[int]]] = {}
+    if len(steps) < len(names):  # other names: shard files, maybe
+        for n in names:
+            if ".rank" in n and (m := SHARD_RE.match(n)):
+                parts.setdefault(int(m.group(1)), {}).setdefault(int(m.group(3)), set()).add(int(m.group(2)))
+    if not parts:
+        steps.sort()
+        return Listing(steps, {}, {}, {}, {})
+    whole = set(steps)
+    shards, incomplete, ambiguous = {}, {}, {}
+    for s, by in parts.items():
+        bad = any(N < 1 or max(ranks) >= N for N, ranks in by.items())  # a name no writer makes
+        if s in whole or len(by) > 1 or bad:
+            ambiguous[s] = sorted(([step_name(s)] if s in whole else [])
+                                  + [shard_name(s, r, N) for N, ranks in by.items() for r in ranks])
+            continue
+        ((N, ranks),) = by.items()
+        if len(ranks) == N:
+            shards[s] = N
+        else:
+            incomplete[s] = (N, sorted(set(range(N)) - ranks))
+    return Listing(sorted(whole | shards.keys() | ambiguous.keys()), shards, incomplete, ambiguous, parts)
+
+
+def step_files(split_dir: Path, listing: Listing, step: int) -> list[Path]:
+    """The files of logical step ``step`` of ``listing`` (``scan(split_dir)``): its whole step file, or its
+    shards in rank order; FormatError for an ambiguous step."""
+    if step in listing.ambiguous:
+        raise ambiguous_error(split_dir, step, listing.ambiguous[step])
+    n = listing.shards.get(step)
+    if n is None:
+        return [split_dir / step_name(step)]
+    return [split_dir / shard_name(step, r, n) for r in range(n)]
+
+
+def list_steps(split_dir: Path) -> list[int]:
+    """The logical steps of a split (``Listing.steps``): whole step files and complete shard sets."""
+    return scan(split_dir).steps
+
+
+def ambiguous_error(split_dir: Path, step: int, names: list[str]) -> FormatError:
+    return FormatError(
+        f"{split_dir}: step {step} is ambiguous: its files {', '.join(names)} are not one whole step file nor "
+        "the shards of one world size (docs/FORMAT.md section 1); keep the files of one writing and move the "
+        "others out of the split folder")
 
 
 _URL_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
@@ -187,40 +269,62 @@ def skipped_name(step: int) -> str:
     return f"step_{step:08d}.skipped.json"
 
 
+def skipped_of(name: str) -> str:
+    """The skipped-step record's name of step file or shard file ``name``."""
+    return name.removesuffix(".parquet") + ".skipped.json"
+
+
 def step_of(final: Path) -> int:
     return int(final.name.split("_", 1)[1].split(".", 1)[0])
 
 
 def is_skipped(split_dir: Path, step: int) -> bool:
-    return any((d / skipped_name(step)).exists() for d in places(split_dir))
+    """Whether ``step``, or a shard of it, is recorded as skipped."""
+    if any((d / skipped_name(step)).exists() for d in places(split_dir)):
+        return True
+    pre = f"step_{step:08d}.rank"
+    for d in places(split_dir):
+        try:
+            if any(n.startswith(pre) and SHARD_SKIPPED_RE.match(n) for n in os.listdir(d)):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def list_skipped(split_dir: Path) -> dict[int, str]:
     """Steps recorded as skipped, with the reason (from the side folder and, layout 1, the split folder)."""
     out: dict[int, str] = {}
+    shard: dict[tuple[int, int, int], str] = {}
     for d in reversed(places(split_dir)):  # the side folder's record wins
         try:
             names = os.listdir(d)
         except (FileNotFoundError, NotADirectoryError):
             continue
         for n in names:
-            m = SKIPPED_RE.match(n)
+            m = SKIPPED_RE.match(n) or SHARD_SKIPPED_RE.match(n)
             if m:
                 try:
                     doc = json.loads((d / n).read_text())
-                    out[int(m.group(1))] = str(doc.get("reason", "")) if isinstance(doc, dict) else ""
+                    why = str(doc.get("reason", "")) if isinstance(doc, dict) else ""
                 except (OSError, ValueError, RecursionError):
-                    out[int(m.group(1))] = "(unreadable record)"
+                    why = "(unreadable record)"
+                if m.re is SHARD_SKIPPED_RE:  # a logical step with any skipped shard is skipped
+                    shard[(int(m.group(1)), int(m.group(2)), int(m.group(3)))] = why
+                else:
+                    out[int(m.group(1))] = why
+    for (s, r, n), why in sorted(shard.items()):
+        out[s] = (f"{out[s]}; " if s in out else "") + f"rank {r} of {n}: {why}"
     return dict(sorted(out.items()))
 
 
-def temp_path(split_dir: Path, step: int) -> Path:
-    """A new temporary to write ``step`` to before ``commit`` links it into ``split_dir``: in the side
-    folder (made if needed), so the split folder never holds anything but committed step files."""
+def temp_path(split_dir: Path, step: int, name: str | None = None) -> Path:
+    """A new temporary to write ``step`` (its file ``name``: a shard's) to before ``commit`` links it into
+    ``split_dir``: in the side folder (made if needed), so the split folder holds committed step files only."""
     d = side_dir(split_dir)
     if d != split_dir and not d.is_dir():
         d.mkdir(exist_ok=True)
         fsync_dir(d.parent)
-    return d / f".{step_name(step)}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
+    return d / f".{name or step_name(step)}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
 
 

@@ -20,7 +20,7 @@ from .files import fsync, fsync_dir, stale_temps
 
 __all__ = ["upgrade_layout"]
 
-_SIDECAR_RE = re.compile(r"^(step_\d{8,}\.(sha256|skipped\.json)|columns\.json)$")  # columns: store/columns.py
+_SIDECAR_RE = re.compile(r"^(step_\d{8,}(\.rank\d{5,}-of-\d{5,})?\.(sha256|skipped\.json)|columns\.json)$")  # columns: store/columns.py
 
 
 def upgrade_layout(root: str | Path) -> list[str]:
