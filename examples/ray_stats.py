@@ -116,18 +116,21 @@ def main() -> None:
     ap.add_argument("--logprobs", default="old_logprobs", help="the trainer's per-token log-probabilities")
     ap.add_argument("--rollout-logprobs", default="logprobs", help="the rollout engine's")
     ap.add_argument("--no-mismatch", action="store_true", help="the dump has no pair of log-probabilities")
-    ap.add_argument("--address", default=None, help="a Ray cluster (ray.init's address; default: a local one)")
-    ap.add_argument("--num-cpus", type=int, default=None, help="CPUs of a local Ray")
+    ap.add_argument("--address", default=None, help="a Ray cluster to use (ray.init's address, e.g. auto); default: "
+                    "$RAY_ADDRESS, else a new Ray on this machine")
+    ap.add_argument("--num-cpus", type=int, default=None, help="CPUs of the new Ray on this machine")
     ap.add_argument("--json", action="store_true", help="one JSON object per step")
     a = ap.parse_args()
     import ray
 
-    env = None
-    if CHECKOUT and a.address is None:
-        pp = os.pathsep.join(filter(None, [CHECKOUT, os.environ.get("PYTHONPATH")]))
-        env = {"env_vars": {"PYTHONPATH": pp}}
-    ray.init(address=a.address, num_cpus=a.num_cpus, include_dashboard=False, log_to_driver=False,
-             configure_logging=False, runtime_env=env)
+    address = a.address or os.environ.get("RAY_ADDRESS") or "local"  # "local": a new Ray on this machine
+    kw: dict[str, Any] = {}
+    if address == "local":
+        kw["num_cpus"] = a.num_cpus
+        if CHECKOUT:
+            kw["runtime_env"] = {"env_vars": {"PYTHONPATH": os.pathsep.join(
+                filter(None, [CHECKOUT, os.environ.get("PYTHONPATH")]))}}
+    ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False, **kw)
     ray.data.DataContext.get_current().enable_progress_bars = False
     try:
         rows = step_stats(a.dump, a.split, reward=a.reward, tokens=a.tokens, mask=a.mask,

@@ -10,8 +10,12 @@ object storage is one more entry there."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -227,6 +231,10 @@ def test_only_the_requested_columns_are_read(tmp_path):
     _assert_rows_equal(str(intact), "train", ds.take_all(), ["logprobs", "rewards", "uid"])
     with pytest.raises(Exception, match=r"ChecksumError: \S*step_0000000\d\.parquet: reading step \d failed"):  # all: the damaged one too
         tray.read_dump(url).take_all()
+    # verify=True: each file is checked whole against its recorded SHA-256 first, whatever is read
+    assert len(tray.read_dump(str(intact), columns=["rewards"], verify=True).take_all()) == 10
+    with pytest.raises(Exception, match=r"ChecksumError: .*step_0000000\d\.parquet"):
+        tray.read_dump(url, columns=["rewards"], verify=True).take_all()
 
 
 def test_a_per_token_field_is_cut_by_its_mask_even_when_the_mask_is_not_asked_for(tmp_path):
@@ -348,3 +356,16 @@ def test_example_without_a_mismatch_pair(dump_url, example):
     assert [g["step"] for g in got] == sorted(SPLITS["packed"])
     assert all(math.isnan(g["mismatch_mean"]) for g in got)
     assert [g["tokens"] for g in got] == [int(b["cu_seqlens"][-1]) for b in SPLITS["packed"].values()]
+
+
+def test_example_command(dump_url, example):
+    """The documented command, in a process of its own (a Ray of its own): its JSON lines are
+    step_stats's figures."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    p = subprocess.run([sys.executable, str(ROOT / "examples" / "ray_stats.py"), dump_url, "--split", "train",
+                        "--mask", "response_mask", "--num-cpus", "1", "--json"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = [json.loads(line) for line in p.stdout.splitlines()]
+    assert got == example.step_stats(dump_url, "train", mask="response_mask")
+    assert [g["step"] for g in got] == sorted(SPLITS["train"])
