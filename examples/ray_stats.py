@@ -90,13 +90,15 @@ def per_step(group: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def step_stats(path: str, split: str | None = None, *, reward: str = "rewards", tokens: str = "input_ids",
                mask: str | None = None, logprobs: str | None = "old_logprobs",
-               rollout_logprobs: str | None = "logprobs", num_partitions: int | None = None) -> list[dict[str, Any]]:
+               rollout_logprobs: str | None = "logprobs", num_partitions: int | None = None,
+               **read_args: Any) -> list[dict[str, Any]]:
     """The statistics of every step of ``split`` of the dump at ``path``, sorted by step (Ray must be
     initialized, or is started locally). ``logprobs`` or ``rollout_logprobs`` None: no mismatch
-    (``mismatch_*`` are NaN). ``num_partitions``: of the group-by's shuffle (default: the number of steps, at most 200)."""
+    (``mismatch_*`` are NaN). ``num_partitions``: of the group-by's shuffle (default: the number of steps, at most 200);
+    ``read_args`` go to ``trajstore.ray.read_dump``."""
     pair = (logprobs, rollout_logprobs) if logprobs and rollout_logprobs else None
     fields = list(dict.fromkeys(f for f in (reward, tokens, mask, *(pair or ())) if f))
-    ds = trajstore.ray.read_dump(path, split, columns=fields)
+    ds = trajstore.ray.read_dump(path, split, columns=fields, **read_args)
     small = ds.map_batches(per_trajectory, batch_size=None, batch_format="numpy",
                            fn_kwargs={"reward": reward, "tokens": tokens, "mask": mask, "pair": pair})
     if num_partitions is None:  # no more shuffle partitions than steps

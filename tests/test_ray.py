@@ -4,12 +4,13 @@ each trajectory its own length, padded and packed forms), one block per step fil
 requested columns read, and examples/ray_stats.py's statistics equal the same figures computed from
 ``trajstore.Reader``.
 
-Every test that reads a dump takes ``dump_url``: one parameter per place a dump can be (``URLS``);
+Every test that reads a dump takes ``dump``: one parameter per place a dump can be (``URLS``);
 object storage is one more entry there."""
 
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import math
 import os
@@ -17,7 +18,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -95,13 +96,23 @@ def _write(url: str) -> str:
     return url
 
 
-# where a dump can be; object storage: one more entry, e.g. "s3": lambda req: req.getfixturevalue(...) + "/ray"
-URLS = {"local": lambda req: str(req.getfixturevalue("tmp_path_factory").mktemp("ray") / "dump")}
+class Dump(NamedTuple):
+    """Where a test's dump is, and what ``read_dump`` needs to read it there (Ray's workers started
+    before the test: the environment of a store, e.g. ``{"runtime_env": {"env_vars": {...}}}``)."""
+
+    url: str
+    args: dict
 
 
-@pytest.fixture(scope="module", params=list(URLS))
-def dump_url(request) -> str:
-    return _write(URLS[request.param](request))
+# where a dump can be: a name -> (request -> Dump of a new, empty place). Object storage is one entry more.
+URLS = {"local": lambda req: Dump(str(req.getfixturevalue("tmp_path") / "dump"), {})}
+
+
+@pytest.fixture(params=list(URLS))
+def dump(request) -> Dump:
+    d = URLS[request.param](request)
+    _write(d.url)
+    return d
 
 
 # ----------------------------------------------------------------------------- comparisons
@@ -150,10 +161,10 @@ def _assert_rows_equal(url: str, split: str, got: list[dict], columns: list[str]
 
 # ----------------------------------------------------------------------------- rows
 @pytest.mark.parametrize("split", list(SPLITS))
-def test_rows_equal_the_reader(dump_url, split):
-    ds = tray.read_dump(dump_url, None if split == "train" else split)
+def test_rows_equal_the_reader(dump, split):
+    ds = tray.read_dump(dump.url, None if split == "train" else split, **dump.args)
     rows = ds.take_all()
-    _assert_rows_equal(dump_url, split, rows)
+    _assert_rows_equal(dump.url, split, rows)
     assert len(rows) == sum(len(b["rewards"]) for b in SPLITS[split].values())
     # per-sample shapes and real bf16 numbers, against the batches appended (not through trajstore)
     got = _by_key(rows)
@@ -177,25 +188,26 @@ def test_rows_equal_the_reader(dump_url, split):
                 assert row["uid"] == b["uid"][i]
 
 
-def test_columns_and_steps(dump_url):
-    ds = tray.read_dump(dump_url, columns=["logprobs", "rewards"], steps=[1, 4, 7])
+def test_columns_and_steps(dump):
+    ds = tray.read_dump(dump.url, columns=["logprobs", "rewards"], steps=[1, 4, 7], **dump.args)
     assert ds.schema().names == [*tray.BASE, "logprobs", "rewards"]
     rows = ds.take_all()
     assert {r["step"] for r in rows} == {1, 4}  # 7 is not in the split
-    _assert_rows_equal(dump_url, "train", rows, ["logprobs", "rewards"], steps=[1, 4])
-    rows = tray.read_dump(dump_url, "packed", columns=["old_logprobs"], steps="3-9").take_all()
-    _assert_rows_equal(dump_url, "packed", rows, ["old_logprobs"], steps=[3, 9])
+    _assert_rows_equal(dump.url, "train", rows, ["logprobs", "rewards"], steps=[1, 4])
+    rows = tray.read_dump(dump.url, "packed", columns=["old_logprobs"], steps="3-9", **dump.args).take_all()
+    _assert_rows_equal(dump.url, "packed", rows, ["old_logprobs"], steps=[3, 9])
     assert not any("cu_seqlens" in r or "input_ids" in r for r in rows)
 
 
-def test_one_block_per_step_file(dump_url):
-    ds = tray.read_dump(dump_url, "train", columns=["rewards"]).materialize()
-    steps = trajstore.Reader(dump_url, "train").steps
+def test_one_block_per_step_file(dump):
+    ds = tray.read_dump(dump.url, "train", columns=["rewards"], **dump.args).materialize()
+    steps = trajstore.Reader(dump.url, "train").steps
     assert ds.num_blocks() == len(steps) == 3
     # batch_size=None: each block is one batch
-    per = ds.map_batches(lambda b: {"steps": np.array([sorted(set(b["step"].tolist()))], dtype=object),
+    per = ds.map_batches(lambda b: {"steps": np.array([len(set(b["step"].tolist()))]), "step": b["step"][:1],
                                     "n": np.array([len(b["step"])])}, batch_size=None).take_all()
-    assert sorted((p["steps"], p["n"]) for p in per) == [([s], len(SPLITS["train"][s]["rewards"])) for s in steps]
+    assert {p["steps"] for p in per} == {1}  # each block: one step file's rows, all of them
+    assert sorted((p["step"], p["n"]) for p in per) == [(s, len(SPLITS["train"][s]["rewards"])) for s in steps]
 
 
 # ----------------------------------------------------------------------------- projection
@@ -258,6 +270,37 @@ def test_any_batch_reads_as_the_reader_reads_it(tmp_path_factory, batch):
     _assert_rows_equal(url, "train", tray.read_dump(url).take_all())
 
 
+@pytest.mark.skipif("rank" not in inspect.signature(trajstore.Writer).parameters,
+                    reason="this trajstore writes no shard files (Writer(rank=, world_size=))")
+def test_a_step_of_shards_is_one_block_per_shard_file(tmp_path, example):
+    """A step written by N ranks: one read task and block per shard file, each shard's rows with its
+    ``rank``; (rank, index) orders the logical batch, whose statistics the example computes."""
+    sizes = {0: [3, 1, 2], 2: [2, 2, 2]}
+    for r in range(3):
+        with trajstore.Writer(tmp_path, rank=r, world_size=3) as w:
+            for s, n in sizes.items():
+                w.append(s, _padded(10 * s + r, n[r]))
+    ds = tray.read_dump(tmp_path).materialize()
+    assert ds.num_blocks() == 6
+    per = ds.map_batches(lambda b: {"files": np.array([len(set(zip(b["step"].tolist(), b["rank"].tolist())))]),
+                                    "step": b["step"][:1], "rank": b["rank"][:1], "n": np.array([len(b["step"])])},
+                         batch_size=None).take_all()
+    assert {p["files"] for p in per} == {1}  # each block: one shard file's rows, all of them
+    assert sorted((p["step"], p["rank"], p["n"]) for p in per) == [(s, r, n[r]) for s, n in sizes.items()
+                                                                   for r in range(3)]
+    rows = ds.take_all()
+    r = trajstore.Reader(tmp_path)
+    for s in sizes:
+        order = sorted((x for x in rows if x["step"] == s), key=lambda x: (x["rank"], x["index"]))
+        want = step_rows(r, s)  # the logical batch: the shards joined in rank order
+        assert len(order) == len(want) == sum(sizes[s])
+        for got, w in zip(order, want):
+            for k, v in w.items():
+                _same(got[k], v, f"step {s} rank {got['rank']} index {got['index']} field {k}")
+    got = example.step_stats(str(tmp_path), mask="response_mask")
+    assert got == _reference(str(tmp_path), "train", "response_mask")
+
+
 def test_rejected_trajectories(tmp_path):
     """A list batch's ``None`` trajectory: a row with ``rejected`` True and no values. Ray's tensor
     columns hold no nulls, so in such a step a tensor field is a list column of the same values."""
@@ -280,16 +323,16 @@ def test_rejected_trajectories(tmp_path):
 
 
 # ----------------------------------------------------------------------------- errors
-def test_errors(dump_url):
+def test_errors(dump):
     with pytest.raises(ConfigError, match="list of field names"):
-        tray.read_dump(dump_url, columns="rewards")
+        tray.read_dump(dump.url, columns="rewards")
     with pytest.raises(ConfigError, match="none of these steps"):
-        tray.read_dump(dump_url, steps=[2, 3])
+        tray.read_dump(dump.url, steps=[2, 3])
     # in the read task (Ray raises its own error, with trajstore's message and the step's file)
     with pytest.raises(Exception, match=r"step_00000000\.parquet: step 0 has no field 'nope'"):
-        tray.read_dump(dump_url, columns=["rewards", "nope"], steps=[0]).take_all()
+        tray.read_dump(dump.url, columns=["rewards", "nope"], steps=[0], **dump.args).take_all()
     with pytest.raises(trajstore.errors.DumpNotFoundError):
-        tray.read_dump(dump_url, "val")
+        tray.read_dump(dump.url, "val")
 
 
 def test_a_field_named_like_a_row_column_is_refused(tmp_path):
@@ -340,9 +383,9 @@ def _reference(url: str, split: str, mask: str | None) -> list[dict]:
 
 
 @pytest.mark.parametrize("split, mask", [("train", "response_mask"), ("train", None), ("packed", None)])
-def test_example_statistics_equal_the_readers(dump_url, example, split, mask):
-    got = example.step_stats(dump_url, split, mask=mask)
-    want = _reference(dump_url, split, mask)
+def test_example_statistics_equal_the_readers(dump, example, split, mask):
+    got = example.step_stats(dump.url, split, mask=mask, **dump.args)
+    want = _reference(dump.url, split, mask)
     assert [g["step"] for g in got] == [w["step"] for w in want] == sorted(SPLITS[split])
     for g, w in zip(got, want):
         assert list(g) == example.STATS
@@ -351,21 +394,21 @@ def test_example_statistics_equal_the_readers(dump_url, example, split, mask):
     assert any(g["mismatch_mean"] > 0 for g in got)  # the fields differ: a mismatch of 0 would prove nothing
 
 
-def test_example_without_a_mismatch_pair(dump_url, example):
-    got = example.step_stats(dump_url, "packed", logprobs=None)
+def test_example_without_a_mismatch_pair(dump, example):
+    got = example.step_stats(dump.url, "packed", logprobs=None, **dump.args)
     assert [g["step"] for g in got] == sorted(SPLITS["packed"])
     assert all(math.isnan(g["mismatch_mean"]) for g in got)
     assert [g["tokens"] for g in got] == [int(b["cu_seqlens"][-1]) for b in SPLITS["packed"].values()]
 
 
-def test_example_command(dump_url, example):
+def test_example_command(dump, example):
     """The documented command, in a process of its own (a Ray of its own): its JSON lines are
     step_stats's figures."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    p = subprocess.run([sys.executable, str(ROOT / "examples" / "ray_stats.py"), dump_url, "--split", "train",
+    p = subprocess.run([sys.executable, str(ROOT / "examples" / "ray_stats.py"), dump.url, "--split", "train",
                         "--mask", "response_mask", "--num-cpus", "1", "--json"],
                        capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     got = [json.loads(line) for line in p.stdout.splitlines()]
-    assert got == example.step_stats(dump_url, "train", mask="response_mask")
+    assert got == example.step_stats(dump.url, "train", mask="response_mask", **dump.args)
     assert [g["step"] for g in got] == sorted(SPLITS["train"])

@@ -51,11 +51,10 @@ BASE = ("step", "index", "rejected")  # the columns every row has, before its fi
 
 
 class _Part(NamedTuple):
-    """One read task: a step file (its path or URL), its step, and its rank (None for a whole step)."""
+    """One read task: a step file (its path or URL) and its step."""
 
     step: int
     target: str
-    rank: int | None
 
 
 def read_dump(path: str | os.PathLike, split: str | None = None, *, columns: list[str] | None = None,
@@ -82,7 +81,7 @@ def read_dump(path: str | os.PathLike, split: str | None = None, *, columns: lis
         raise ConfigError(f"steps {steps!r}: none of these steps is in {path} split {reader.split!r} "
                           f"(it holds {len(reader.steps)} step(s))")
     parts = [p for s in chosen for p in _parts(path, reader, s)]
-    items = [{"step": p.step, "target": p.target, "rank": -1 if p.rank is None else p.rank} for p in parts]
+    items = [{"step": p.step, "target": p.target} for p in parts]
     cols = None if columns is None else list(columns)
     # one block per item, so one map task per step file (batch_size=None: the block is the batch)
     ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
@@ -91,13 +90,17 @@ def read_dump(path: str | os.PathLike, split: str | None = None, *, columns: lis
 
 def _parts(path: str | os.PathLike, reader: Reader, step: int) -> list[_Part]:
     """The files of ``step``, each one read task: the one place the driver names a step's files,
-    through the Reader's listing. A file is named by the path the Reader gives, or, for a dump
-    named by a URL (object storage), by the URL of the file under the dump's URL."""
-    f = str(reader.file(step))
+    through the Reader's listing (``Reader.files``: a step written by N ranks is N shard files). A
+    file is named by the path the Reader gives, or, for a dump named by a URL (object storage), by
+    the URL of the file under the dump's URL."""
+    files = reader.files(step) if hasattr(reader, "files") else [reader.file(step)]
     root = os.fspath(path)
-    if "://" in root and "://" not in f:
-        f = f"{str(root).rstrip('/')}/{reader.split}/{PurePosixPath(f).name}"
-    return [_Part(step, f, None)]
+    out = []
+    for f in map(str, files):
+        if "://" in root and "://" not in f:
+            f = f"{str(root).rstrip('/')}/{reader.split}/{PurePosixPath(f).name}"
+        out.append(_Part(step, f))
+    return out
 
 
 class _ReadTask:
@@ -109,16 +112,15 @@ class _ReadTask:
     def __call__(self, item: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if len(item["step"]) != 1:  # from_items made one block per item
             raise AssertionError(f"a read task got {len(item['step'])} step files; expected one")
-        rank = int(item["rank"][0])
-        return step_table(str(item["target"][0]), int(item["step"][0]), self.columns, verify=self.verify,
-                          rank=None if rank < 0 else rank)
+        return step_table(str(item["target"][0]), int(item["step"][0]), self.columns, verify=self.verify)
 
 
 def step_table(target: str | os.PathLike, step: int, columns: list[str] | None = None, *,
-               verify: bool = False, rank: int | None = None) -> dict[str, np.ndarray]:
+               verify: bool = False) -> dict[str, np.ndarray]:
     """The rows of one step file (path or URL) as columns of numpy arrays: what one read task of
-    ``read_dump`` returns (a tensor column is an object array of per-trajectory arrays)."""
-    recs = _rows(target, step, columns, verify)
+    ``read_dump`` returns (a tensor column is an object array of per-trajectory arrays). A shard
+    file (one rank's part of a step) gives its own rows, with ``rank``."""
+    recs, rank = _rows(target, step, columns, verify)
     n = len(recs)
     out: dict[str, Any] = {"step": np.full(n, step, dtype=np.int64), "index": np.arange(n, dtype=np.int64),
                            "rejected": np.array([r is None for r in recs], dtype=bool)}
@@ -135,13 +137,17 @@ def step_table(target: str | os.PathLike, step: int, columns: list[str] | None =
     return out
 
 
-def _rows(target: str | os.PathLike, step: int, columns: list[str] | None, verify: bool) -> list[dict | None]:
+def _rows(target: str | os.PathLike, step: int, columns: list[str] | None,
+          verify: bool) -> tuple[list[dict | None], int | None]:
     """One step file decoded by trajstore's reader into one dict per trajectory (``format.rows``),
-    with the fields of ``columns`` alone (None: all). The one place a read task opens a file."""
+    with the fields of ``columns`` alone (None: all), and the rank that wrote it if it is a shard.
+    The one place a read task opens a file."""
     reader = Reader(target, verify=verify)  # the step file on its own: no listing of its split
-    spec = reader.info(step)["batch"]
+    doc = reader.info(step)
+    spec, shard = doc["batch"], doc.get("shard")
+    rank = shard.get("rank") if isinstance(shard, dict) else None
     if columns is None:
-        return rows(containers.unwrap(reader.read(step))[0], spec)
+        return rows(containers.unwrap(reader.read(step))[0], spec), rank
     keys = fields(spec)
     missing = [c for c in columns if c not in keys]
     if missing:
@@ -151,7 +157,7 @@ def _rows(target: str | os.PathLike, step: int, columns: list[str] | None, verif
     got = rows(containers.unwrap(reader.read(step, columns=need))[0], spec)
     keep = set(columns) | ({"group"} if spec.get("t") == "seq" else set())  # a list batch's group index
     return [None if r is None else {k: v for k, v in r.items() if any(k == c or k.startswith(c + ".") for c in keep)}
-            for r in got]
+            for r in got], rank
 
 
 def _cut_by(spec: dict, columns: list[str]) -> list[str]:
