@@ -104,7 +104,18 @@ class Dump(NamedTuple):
     args: dict
 
 
-# where a dump can be: a name -> (request -> Dump of a new, empty place). Object storage is one entry more.
+def _s3(req: Any, lib: str) -> Dump:
+    """A new dump URL on the test session's S3 server (``s3_server``, tests/conftest.py) through ``lib``
+    (``TRAJSTORE_FS``: pyarrow or fsspec), its environment set here and given to Ray's workers."""
+    server, mp = req.getfixturevalue("s3_server"), req.getfixturevalue("monkeypatch")
+    env = {**server.env, "TRAJSTORE_FS": lib}
+    for k, v in env.items():
+        mp.setenv(k, v)
+    return Dump(f"s3://{server.bucket()}/run", {"runtime_env": {"env_vars": env}})
+
+
+# where a dump can be: a name -> (request -> Dump of a new, empty place). Object storage is one line more:
+#     "s3-pyarrow": lambda req: _s3(req, "pyarrow"), "s3-fsspec": lambda req: _s3(req, "fsspec")}
 URLS = {"local": lambda req: Dump(str(req.getfixturevalue("tmp_path") / "dump"), {})}
 
 
@@ -241,7 +252,8 @@ def test_only_the_requested_columns_are_read(tmp_path):
     ds = tray.read_dump(url, columns=["logprobs", "rewards", "uid"])
     assert ds.schema().names == [*tray.BASE, "logprobs", "rewards", "uid"]
     _assert_rows_equal(str(intact), "train", ds.take_all(), ["logprobs", "rewards", "uid"])
-    with pytest.raises(Exception, match=r"ChecksumError: \S*step_0000000\d\.parquet: reading step \d failed"):  # all: the damaged one too
+    # all columns: the damaged one too
+    with pytest.raises(Exception, match=r"ChecksumError: \S*step_0000000\d\.parquet: reading step \d failed"):
         tray.read_dump(url).take_all()
     # verify=True: each file is checked whole against its recorded SHA-256 first, whatever is read
     assert len(tray.read_dump(str(intact), columns=["rewards"], verify=True).take_all()) == 10
@@ -306,7 +318,8 @@ def test_rejected_trajectories(tmp_path):
     columns hold no nulls, so in such a step a tensor field is a list column of the same values."""
     def traj(n, seed):
         g = torch.Generator().manual_seed(seed)
-        return {"input_ids": torch.randint(0, 100, (n,), generator=g), "logprobs": torch.randn(n, generator=g).bfloat16(),
+        return {"input_ids": torch.randint(0, 100, (n,), generator=g),
+                "logprobs": torch.randn(n, generator=g).bfloat16(),
                 "attention_mask": torch.ones(n, dtype=torch.bool), "rewards": torch.randn(1, generator=g)}
     with trajstore.Writer(tmp_path) as w:
         w.append(0, [traj(3, 0), None, traj(0, 1), traj(5, 2)])
