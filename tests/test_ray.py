@@ -271,7 +271,7 @@ def test_a_per_token_field_is_cut_by_its_mask_even_when_the_mask_is_not_asked_fo
 
 
 # ----------------------------------------------------------------------------- round trips
-@settings(max_examples=8)
+@settings(max_examples=20)
 @given(st.one_of(padded_batches(max_batch=4), packed_batches(max_batch=4),
                 trajectory_lists(max_batch=4).filter(lambda b: None not in b)))
 def test_any_batch_reads_as_the_reader_reads_it(tmp_path_factory, batch):

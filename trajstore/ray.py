@@ -8,8 +8,9 @@
 One row per trajectory, the rows ``Reader.to_pandas`` gives (``trajstore/format/rows.py``):
 
 * ``step`` and ``index`` (the trajectory's position in the step file), ``rejected`` (True for a
-  ``None`` trajectory of a list batch, whose fields are then None), then the fields, nested ones
-  with dotted names (``extra.score``);
+  ``None`` trajectory of a list batch, whose fields are then None), ``rank`` for the rows of a
+  shard file (a step written by several ranks: ``(rank, index)`` orders its logical batch), then
+  the fields, nested ones with dotted names (``extra.score``);
 * tensors as numpy arrays of the trajectory's own shape: per-token fields cut to its tokens
   (padding removed, packed rows split), so a token field is a variable-shaped tensor column;
   bfloat16 as float32 (the bfloat16 numbers themselves, which float32 holds exactly); a
@@ -18,9 +19,11 @@ One row per trajectory, the rows ``Reader.to_pandas`` gives (``trajstore/format/
   mask or ``cu_seqlens`` a per-token field is cut by (dropped from the rows when not asked for).
   A step without one of them is a ConfigError naming the step and its fields.
 
-Each step file is one read task and one block, decoded by trajstore's own reader in the task
-(``Reader`` on the one file, with all of its checks, and ``verify=True`` its SHA-256 first), so the
-values are bit for bit those of ``Reader[s]``. Ray splits a block larger than
+Each step file (each shard file of a step written by several ranks) is one read task and one
+block, decoded by trajstore's own reader in the task (``Reader`` on the one file, with all of its
+checks, and ``verify=True`` its SHA-256 first), so the values are bit for bit those of ``Reader[s]``.
+A dump named by a URL (object storage) is read the same way; the workers find credentials where
+the Reader does (the environment, profiles) on their own nodes. Ray splits a block larger than
 ``DataContext.target_max_block_size`` (128 MiB by default) into several; the files are listed once,
 on the driver, through the Reader. ``read_dump`` returns a lazy dataset: nothing is read before it
 is consumed. ``examples/ray_stats.py`` computes per-step statistics with it.
