@@ -79,7 +79,8 @@ def read_dump(path: str | os.PathLike, split: str | None = None, *, columns: lis
         raise ConfigError(f"columns must be a list of field names, got {columns!r}")
     reader = Reader(path, split, verify=verify)
     want = parse_steps(steps, "steps")
-    chosen = reader.steps if want is None else [s for s in want if s in set(reader.steps)]
+    have = set(reader.steps)
+    chosen = reader.steps if want is None else [s for s in want if s in have]
     if want is not None and not chosen:
         raise ConfigError(f"steps {steps!r}: none of these steps is in {path} split {reader.split!r} "
                           f"(it holds {len(reader.steps)} step(s))")
