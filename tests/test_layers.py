@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("writer / reader", ["trajstore.writer", "trajstore.snapshot", "trajstore.reader", "trajstore.prefetch",
                          "trajstore.tables", "trajstore.shard_read"]),
     ("recorder / inspection", ["trajstore.config", "trajstore.recorder", "trajstore.inspection",
-                               "trajstore.inspection.*", "trajstore.testing"]),
+                               "trajstore.inspection.*", "trajstore.testing", "trajstore.ray"]),
     ("cli", ["trajstore._console", "trajstore.cli"]),
     ("package root", ["trajstore"]),
 ]
@@ -157,7 +157,7 @@ def test_the_checker_sees_edges():
 
 
 # imported inside functions on purpose: optional extras (an ImportError names the extra to install)
-OPTIONAL = {"tensordict", "pandas", "duckdb", "polars", "tokenizers", "rich", "trackio", "safetensors"}
+OPTIONAL = {"tensordict", "pandas", "duckdb", "polars", "tokenizers", "rich", "trackio", "safetensors", "ray"}
 # the CLI loads a command's modules when the command runs, so `trajstore --help` starts at once
 LAZY = {"trajstore.cli"}
 
