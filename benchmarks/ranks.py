@@ -33,10 +33,10 @@ import trajstore
 from . import workload as W
 
 
-def shard(step: int, rank: int, B: int, max_len: int) -> dict:
+def shard(step: int, rank: int, B: int, max_len: int, scale: float = 1.0) -> dict:
     """Rank ``rank``'s part of ``step``: a padded batch of its own, widened on the right to ``max_len``
     with each field's padding value, so the shards of one step share the padded width."""
-    b = W.padded_batch(B=B, max_len=max_len, seed=10_000 * step + rank, scale=0.25)
+    b = W.padded_batch(B=B, max_len=max_len, seed=10_000 * step + rank, scale=scale)
     T = b["input_ids"].shape[1]
     out = {}
     for k, v in b.items():
@@ -48,9 +48,14 @@ def shard(step: int, rank: int, B: int, max_len: int) -> dict:
     return out
 
 
-def logical(step: int, dumped: int, B: int, max_len: int) -> dict:
-    parts = [shard(step, r, B, max_len) for r in range(dumped)]
+def logical(step: int, dumped: int, B: int, max_len: int, scale: float = 1.0) -> dict:
+    parts = [shard(step, r, B, max_len, scale) for r in range(dumped)]
     return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
 
 
 def _all(x: float, op=dist.ReduceOp.SUM) -> float:
@@ -60,9 +65,9 @@ def _all(x: float, op=dist.ReduceOp.SUM) -> float:
 
 
 def write(a, rank: int, world: int, dev: torch.device) -> dict:
-    batches = {s: {k: v.to(dev) for k, v in shard(s, rank, a.batch, a.max_len).items()} for s in range(a.steps)}
+    batches = {s: {k: v.to(dev) for k, v in shard(s, rank, a.batch, a.max_len, a.scale).items()} for s in range(a.steps)}
     raw = sum(W.raw_bytes(b) for b in batches.values())
-    torch.cuda.synchronize()
+    _sync(dev)
     dist.barrier()
     t0 = time.perf_counter()
     with trajstore.Writer(a.dump, rank=rank, world_size=world) as w:
@@ -79,17 +84,17 @@ def replay(a, rank: int, world: int, dev: torch.device) -> dict:
     steps = r.steps
     for _ in r.iter(steps=steps, device=dev, prefetch=2):  # warm the pinned staging pool
         pass
-    torch.cuda.synchronize()
+    _sync(dev)
     dist.barrier()
     t0 = time.perf_counter()
     for _ in r.iter(steps=steps, device=dev, prefetch=2):
         pass
-    torch.cuda.synchronize()
+    _sync(dev)
     dist.barrier()
     t = time.perf_counter() - t0
     bad, raw = [], 0
     for s in steps:  # not timed: every slice against the logical batch rebuilt from the generator
-        whole = logical(s, a.dumped, a.batch, a.max_len)
+        whole = logical(s, a.dumped, a.batch, a.max_len, a.scale)
         n = next(iter(whole.values())).shape[0] // world
         got = r[s]
         raw += W.raw_bytes({k: v[rank * n:(rank + 1) * n] for k, v in whole.items()})
@@ -114,17 +119,22 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--batch", type=int, default=256, help="trajectories per rank and step (write)")
     ap.add_argument("--max-len", type=int, default=4096)
+    ap.add_argument("--scale", type=float, default=1.0, help="sequence lengths, as in benchmarks/workload.py")
+    ap.add_argument("--cpu", action="store_true", help="no GPU: batches and replay on the CPU (a smoke test)")
     a = ap.parse_args(argv)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     local = int(os.environ.get("LOCAL_RANK", rank))
-    torch.cuda.set_device(local)
-    dev = torch.device("cuda", local)
+    if a.cpu:
+        dev = torch.device("cpu")
+    else:
+        torch.cuda.set_device(local)
+        dev = torch.device("cuda", local)
     if a.phase == "replay" and a.dumped is None:
         ap.error("replay needs --dumped (the world size the dump was written with)")
     out = write(a, rank, world, dev) if a.phase == "write" else replay(a, rank, world, dev)
     if rank == 0:
-        out["gpu"] = torch.cuda.get_device_name(dev)
+        out["gpu"] = None if a.cpu else torch.cuda.get_device_name(dev)
         print(json.dumps(out), flush=True)
     dist.destroy_process_group()
     return 0 if out.get("bit-exact", True) else 1
