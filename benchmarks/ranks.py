@@ -25,6 +25,7 @@ import os
 import sys
 import time
 
+import pyarrow.parquet as pq
 import torch
 import torch.distributed as dist
 
@@ -82,21 +83,31 @@ def write(a, rank: int, world: int, dev: torch.device) -> dict:
 def replay(a, rank: int, world: int, dev: torch.device) -> dict:
     r = trajstore.Reader(a.dump, rank=rank, world_size=world)
     steps = r.steps
-    for _ in r.iter(steps=steps, device=dev, prefetch=2):  # warm the pinned staging pool
+    for _ in r.iter(steps=steps, device=dev, prefetch=2, layout=a.layout):  # warm the pinned staging pool
         pass
     _sync(dev)
     dist.barrier()
     t0 = time.perf_counter()
-    for _ in r.iter(steps=steps, device=dev, prefetch=2):
+    for _ in r.iter(steps=steps, device=dev, prefetch=2, layout=a.layout):
         pass
     _sync(dev)
     dist.barrier()
     t = time.perf_counter() - t0
+    # the decoder's ceiling on the same host, same run: pq.read_table alone of the files this rank
+    # decodes (its own shard when the layout is the dumped one, else every shard of the step)
+    own = world == a.dumped
+    need = [f for s in steps for f in (r.files(s)[rank:rank + 1] if own else r.files(s))]
+    dist.barrier()
+    t0 = time.perf_counter()
+    for f in need:
+        pq.read_table(f)
+    dist.barrier()
+    t_pq = time.perf_counter() - t0
     bad, raw = [], 0
     for s in steps:  # not timed: every slice against the logical batch rebuilt from the generator
         whole = logical(s, a.dumped, a.batch, a.max_len, a.scale)
         n = next(iter(whole.values())).shape[0] // world
-        got = r[s]
+        got = r[s]  # as dumped (padded); the packed layout is the same trajectories, timed above
         raw += W.raw_bytes({k: v[rank * n:(rank + 1) * n] for k, v in whole.items()})
         for k, v in whole.items():
             want = v[rank * n:(rank + 1) * n]
@@ -107,8 +118,8 @@ def replay(a, rank: int, world: int, dev: torch.device) -> dict:
     if bad:
         print(f"rank {rank}: {bad[0]}", file=sys.stderr, flush=True)
     return {"phase": "replay", "ranks": world, "dumped_ranks": a.dumped, "steps": len(steps),
-            "GB": _all(raw) / 1e9, "seconds": t, "GB/s": _all(raw) / t / 1e9,
-            "bit-exact": exact}
+            "layout": a.layout, "GB": _all(raw) / 1e9, "seconds": t, "GB/s": _all(raw) / t / 1e9,
+            "read_table GB/s": _all(raw) / t_pq / 1e9, "bit-exact": exact}
 
 
 def main(argv=None) -> int:
@@ -120,6 +131,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=256, help="trajectories per rank and step (write)")
     ap.add_argument("--max-len", type=int, default=4096)
     ap.add_argument("--scale", type=float, default=1.0, help="sequence lengths, as in benchmarks/workload.py")
+    ap.add_argument("--layout", choices=["padded", "packed"], default=None,
+                    help="replay: Reader.iter's layout (default: as dumped, padded; packed is timed only)")
     ap.add_argument("--cpu", action="store_true", help="no GPU: batches and replay on the CPU (a smoke test)")
     a = ap.parse_args(argv)
     dist.init_process_group("gloo")
