@@ -24,6 +24,7 @@ from ._text import parse_steps
 from .errors import ConfigError
 from .format.parquet import check_encodings
 from .store import paths
+from .store.fs import resolve
 
 __all__ = ["DumpReplayConfig", "default_run_id", "location"]
 
@@ -207,7 +208,7 @@ def location(cfg: DumpReplayConfig, world_size: int, rank: int) -> tuple[Path, s
     module doc); ConfigError when replaying without a path."""
     split = paths.check_split(cfg.split if world_size <= 1 else f"{cfg.split}-rank{rank}")
     if cfg.path is not None:
-        return paths.local_root(cfg.path, "the dump path (DumpReplayConfig.path / TRAJSTORE_PATH)"), split
+        return resolve(cfg.path, "the dump path (DumpReplayConfig.path / TRAJSTORE_PATH)"), split
     if cfg.replay:
         raise ConfigError("replay needs the path of the dump: set DumpReplayConfig.path (or TRAJSTORE_PATH)")
     return Path.cwd() / "trajstore_dumps" / (cfg.run_id or default_run_id()), split

@@ -20,7 +20,8 @@ from .format import typed
 from .format import validate
 from .format.spec import check_version, is_dict_batch, is_plain_sample, is_token
 from .prefetch import iterate
-from .store import checksums, paths
+from .store import checksums, paths, remote
+from .store.fs import is_remote, resolve, source
 from .store.index import Index
 from .errors import (ConfigError, DumpNotFoundError, FormatError, StepNotFoundError,
                      foreign_errors)
@@ -59,12 +60,13 @@ class Reader:
     that one step (its number and split are the file's own, ``split`` is not used), ``manifest``
     is ``{}`` and ``skipped`` is empty; with ``verify=True`` it is checked against a
     ``<name>.sha256`` beside it (``sha256sum`` format). Without ``split``: ``train``, else the dump's
-    only split; several splits and no ``train`` (rank splits ``train-rank0``... included) is a
+    only split; ``path`` may be a URL (``s3://bucket/run1``..., ``fs``: the file system to use, as for
+    :class:`trajstore.Writer`). Several splits and no ``train`` (rank splits ``train-rank0``... included) is a
     ConfigError naming them (``store.paths.default_split``).
     """
 
-    def __init__(self, path: str | Path, split: str | None = None, *, verify: bool = False):
-        self.path = paths.local_root(path, f"Reader({str(path)!r})")
+    def __init__(self, path: str | Path, split: str | None = None, *, verify: bool = False, fs: Any = None):
+        self.path = resolve(path, f"Reader({str(path)!r})", fs)  # a Path, or a RemotePath (store/fs.py)
         self.verify = verify  # check each step file against its recorded SHA-256 before decoding
         self._lone: int | None = None  # the step of a step file opened on its own
         if self.path.is_file():
@@ -83,7 +85,7 @@ class Reader:
     def _open_lone(self) -> None:
         f = self.path
         with foreign_errors(f, "reading it as a Parquet file", then="it is damaged or not a trajstore step file"):
-            kv = pq.read_metadata(f).metadata or {}
+            kv = pq.read_metadata(source(f)).metadata or {}
         try:
             doc = json.loads(kv[b"trajstore"])
             step, split = doc["step"], doc["split"]
@@ -102,7 +104,7 @@ class Reader:
             self._steps = [self._lone] if self.path.exists() else []
             return self._steps
         self._steps = paths.list_steps(self.dir)
-        self._index = Index(self.dir, self.split)  # index segments are read again on demand
+        self._index = remote.NoIndex() if is_remote(self.dir) else Index(self.dir, self.split)  # index segments are read again on demand
         return self._steps
 
     def wait_for(self, step: int, timeout: float | None = None, poll: float = 0.05) -> None:
@@ -183,7 +185,7 @@ class Reader:
         the whole spec (``_validate``), for callers that check the one node they decode."""
         f = self.file(step)
         with foreign_errors(f, "reading it as a Parquet file", then="the step is damaged"):
-            src = pa.BufferReader(checksums.read_verified(f, step)) if self.verify else f
+            src = pa.BufferReader(checksums.read_verified(f, step)) if self.verify else source(f)
             pf = pq.ParquetFile(src, memory_map=False, page_checksum_verification=True)
             kv = pf.metadata.metadata or {}  # the footer's key-value pairs (no Arrow schema build)
         raw = kv.get(b"trajstore")

@@ -33,7 +33,8 @@ from .errors import FormatError, MissingDependencyError
 from .format import containers
 from .format.grouped import RUNS_COL
 from .format.rows import rows
-from .store import paths
+from .store import paths, remote
+from .store.fs import is_remote, resolve
 
 if TYPE_CHECKING:  # optional extras, imported when used
     import duckdb
@@ -84,16 +85,21 @@ def duckdb_connect(path: Any, con: Any = None) -> duckdb.DuckDBPyConnection:
         import duckdb
     except ImportError:
         raise MissingDependencyError("SQL over a dump needs duckdb: pip install 'trajstore[cli]'") from None
-    root = paths.local_root(getattr(path, "path", path), "sql")
+    root = resolve(getattr(path, "path", path), "sql")
     if root.is_file() and getattr(path, "steps", None) is not None:  # a Reader of one step file
-        groups = {path.split: [str(root)]}
+        groups = {path.split: [root if is_remote(root) else str(root)]}
     else:
         paths.read_manifest(root)
-        groups = {split: [str(root / split / paths.step_name(s)) for s in paths.list_steps(root / split)]
+        groups = {split: [(root / split / paths.step_name(s) if is_remote(root) else str(root / split / paths.step_name(s)))
+                          for s in paths.list_steps(root / split)]
                   for split in paths.list_splits(root)}
     con = con if con is not None else duckdb.connect()
     groups = {split: files for split, files in groups.items() if files}
     for split, files in groups.items():
+        if is_remote(root):  # DuckDB scans a pyarrow dataset of the objects (store/remote.py)
+            con.register(f"__trajstore_{split}", remote.dataset(files))
+            con.execute(f"CREATE OR REPLACE VIEW {_quote(split)} AS SELECT * FROM {_quote('__trajstore_' + split)}")
+            continue
         by_select: dict[str | None, list[str]] = {}  # files whose rows are trajectories: None
         for f in files:
             by_select.setdefault(_group_select(f), []).append(f)

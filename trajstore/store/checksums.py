@@ -14,6 +14,8 @@ import pyarrow as pa
 
 from ..errors import ChecksumError, foreign_errors
 from . import paths
+from .files import listdir
+from .fs import is_remote
 
 __all__ = ["SUM_SUFFIX", "sum_path", "file_sha256", "sum_line", "read_sum", "pending_sums", "check_digest",
            "read_verified"]
@@ -28,6 +30,8 @@ def sum_path(f: Path) -> Path:
 
 
 def file_sha256(path: Path) -> str:
+    if is_remote(path):
+        return hashlib.sha256(memoryview(path.read_buffer())).hexdigest()
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
@@ -41,8 +45,11 @@ def sum_line(digest: str, name: str) -> str:
 def read_sum(path: Path) -> str | None:
     """The digest recorded in a checksum file (None if absent or malformed)."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read(4096)
+        if is_remote(path):
+            raw = path.read_bytes()[:4096]
+        else:
+            with open(path, "rb") as f:
+                raw = f.read(4096)
         m = _SUM_RE.match(raw.decode("ascii"))
     except (FileNotFoundError, UnicodeDecodeError):
         return None
@@ -56,7 +63,7 @@ def pending_sums(split_dir: Path, step: int) -> list[str]:
     out = []
     for d in paths.places(split_dir):
         try:
-            names = [n for n in os.listdir(d) if n.startswith(pre)]
+            names = [n for n in listdir(d) if n.startswith(pre)]
         except (FileNotFoundError, NotADirectoryError):
             continue
         out += [s for n in names if (s := read_sum(d / n))]
@@ -92,6 +99,11 @@ def check_digest(f: Path, step: int, digest: str) -> None:
 def read_verified(f: Path, step: int) -> pa.Buffer:
     """The bytes of step file ``f`` (an Arrow buffer: decoded arrays may point into it, and it must
     not be owned by a Python object), after checking them against the recorded checksum."""
+    if is_remote(f):  # one GET: the object is whole, and a new version is a new object
+        with foreign_errors(f, "reading step {}", step, then="check the object and the store"):
+            data = f.read_buffer()
+        check_digest(f, step, hashlib.sha256(memoryview(data)).hexdigest())
+        return data
     for attempt in range(3):
         with foreign_errors(f, "reading step {}", step, then="check the file and the file system"):
             before = os.stat(f)

@@ -22,6 +22,7 @@ from ..format.columns import fit, type_name
 from ..format.spec import STEP_COLUMN
 from . import paths
 from .files import fsync, fsync_dir, stale_temps
+from .fs import is_remote, source
 
 __all__ = ["NAME", "SplitColumns", "load", "save", "read"]
 
@@ -57,7 +58,7 @@ def load(split_dir: Path) -> dict[str, str]:
     cols = {}
     for step in paths.list_steps(split_dir):
         try:
-            schema = pq.read_schema(split_dir / paths.step_name(step))
+            schema = pq.read_schema(source(split_dir / paths.step_name(step)))
         except Exception as e:  # noqa: BLE001 - a damaged step: its readers report it
             log.warning("trajstore: %s: step %d's columns not read for the split's record (%s)", split_dir, step, e)
             continue
@@ -72,6 +73,10 @@ def load(split_dir: Path) -> dict[str, str]:
 def save(split_dir: Path, cols: dict[str, str]) -> None:
     """Replace the record atomically (temporary, fsync, rename) with ``cols``."""
     side = paths.side_dir(split_dir)
+    if is_remote(side):  # one PUT: the record is replaced whole
+        side.store.put((side / NAME).key, json.dumps({"version": VERSION, "columns": cols}, indent=1).encode(),
+                       create=False)
+        return
     side.mkdir(parents=True, exist_ok=True)
     tmp = side / f".{NAME}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
     try:

@@ -11,8 +11,9 @@ import re
 import time
 from pathlib import Path
 
-from . import checksums
+from . import checksums, remote
 from .files import fsync, fsync_dir, stale_temps, write_durable
+from .fs import is_remote
 from .paths import TMP_PREFIX, places, side_dir, skipped_name, step_of
 
 __all__ = ["commit", "clean_temp", "record_skipped"]
@@ -64,6 +65,8 @@ def clean_temp(split_dir: Path, keep_own: bool = False) -> list[str]:
     matches its committed step); returns the names removed.  Temporaries of other live
     processes are kept, and this process's own too with ``keep_own`` (another Writer of
     this process may be writing them). Looks in the side folder and the split folder."""
+    if is_remote(split_dir):
+        return remote.clean_temp(split_dir)
     gone = []
     for d in places(split_dir):
         for n in stale_temps(d, TMP_PREFIX, keep_own):
@@ -100,6 +103,8 @@ def record_skipped(split_dir: Path, step: int, reason: str) -> bool:
 
     Best effort: returns False if the record itself cannot be written (the disk may be full).
     """
+    if is_remote(split_dir):
+        return remote.record_skipped(split_dir, step, reason)
     d = side_dir(split_dir)
     path = d / skipped_name(step)
     tmp = d / f".{path.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}"

@@ -19,7 +19,8 @@ from .. import fingerprint
 from .._version import __version__
 from ..errors import ConfigError, DumpNotFoundError, FormatError
 from ..format.spec import MANIFEST_VERSION, check_version
-from .files import fsync, fsync_dir, stale_temps
+from .files import fsync, fsync_dir, listdir, stale_temps
+from .fs import is_remote
 
 MANIFEST = "trajstore.json"
 SIDE = "_trajstore"  # <dump>/_trajstore/<split>/: a split's files that are not step files (layout 2)
@@ -72,7 +73,7 @@ def step_name(step: int) -> str:
 
 def list_steps(split_dir: Path) -> list[int]:
     try:
-        names = os.listdir(split_dir)
+        names = listdir(split_dir)
     except FileNotFoundError:
         return []
     return sorted(int(m.group(1)) for n in names if (m := STEP_RE.match(n)))
@@ -115,12 +116,13 @@ def default_split(root: Path) -> str:
     splits and no ``train`` is a ConfigError naming them, also when they are the rank splits
     (``train-rank0``, ``train-rank1``...) of one logical split: each rank's split is a part of the
     batch, and choosing one by itself would read a part as if it were the whole."""
-    splits = list_splits(Path(root)) if Path(root).is_dir() else []  # a step file on its own: its split
+    root = root if is_remote(root) else Path(root)
+    splits = list_splits(root) if root.is_dir() else []  # a step file on its own: its split
     if "train" in splits or not splits:
         return "train"
     if len(splits) == 1:
         return splits[0]
-    read_manifest(Path(root))  # a folder that is no dump says so first
+    read_manifest(root)  # a folder that is no dump says so first
     ranks = {m.group(1) for s in splits if (m := RANK_RE.match(s))}
     why = ""
     if ranks:
@@ -200,7 +202,7 @@ def list_skipped(split_dir: Path) -> dict[int, str]:
     out: dict[int, str] = {}
     for d in reversed(places(split_dir)):  # the side folder's record wins
         try:
-            names = os.listdir(d)
+            names = listdir(d)
         except (FileNotFoundError, NotADirectoryError):
             continue
         for n in names:
