@@ -155,7 +155,7 @@ def test_the_checker_sees_edges():
 
 
 # imported inside functions on purpose: optional extras (an ImportError names the extra to install)
-OPTIONAL = {"tensordict", "pandas", "duckdb", "polars", "tokenizers", "rich", "trackio", "safetensors"}
+OPTIONAL = {"tensordict", "pandas", "duckdb", "polars", "tokenizers", "rich", "trackio", "safetensors", "fsspec"}
 # the CLI loads a command's modules when the command runs, so `trajstore --help` starts at once
 LAZY = {"trajstore.cli"}
 

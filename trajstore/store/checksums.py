@@ -9,6 +9,7 @@ import hashlib
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -70,6 +71,22 @@ def pending_sums(split_dir: Path, step: int) -> list[str]:
     return out
 
 
+PENDING = ".pending"  # object storage: <side>/.pending/<step file name>/<writer>.sha256 (store/remote.py)
+
+
+def pending_dir(f: Any) -> Any:
+    """Where writers on object storage put the pending checksums of step file ``f`` (store/remote.py)."""
+    return paths.side_dir(f.parent) / PENDING / f.name
+
+
+def pending_objects(f: Any) -> list[str]:
+    """Digests in the pending checksums of step file ``f`` on object storage."""
+    try:
+        return [s for p in pending_dir(f).iterdir() if (s := read_sum(p))]
+    except FileNotFoundError:
+        return []
+
+
 def _sums(f: Path) -> list[str]:
     """The digests recorded for step file ``f``: the side folder's, then one beside it (layout 1)."""
     name = f.with_suffix(SUM_SUFFIX).name
@@ -78,7 +95,12 @@ def _sums(f: Path) -> list[str]:
 
 def check_digest(f: Path, step: int, digest: str) -> None:
     """Raise ChecksumError unless ``digest`` is one recorded for step file ``f``."""
-    recorded, pending = _sums(f), pending_sums(f.parent, step)
+    if is_remote(f):
+        if digest in _sums(f):
+            return  # the usual case: no listing of pending checksums
+        recorded, pending = _sums(f), pending_objects(f)
+    else:
+        recorded, pending = _sums(f), pending_sums(f.parent, step)
     if digest in recorded or digest in pending:
         return
     # a writer may have renamed its temporary checksum into place between the two looks

@@ -41,7 +41,7 @@ ENV = "TRAJSTORE_FS"
 URL_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 PYARROW = ("s3", "gs", "gcs", "hdfs")  # protocols pyarrow.fs serves itself
 FSSPEC_PKG = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs",
-              "abfss": "adlfs", "hdfs": "pyarrow", "http": "aiohttp", "https": "aiohttp"}
+              "abfss": "adlfs", "http": "aiohttp", "https": "aiohttp"}  # hdfs: pyarrow's own
 
 
 class Store:
@@ -64,12 +64,17 @@ class Store:
     def put(self, key: str, data: bytes | pa.Buffer, create: bool) -> None:
         """Write the object ``key`` whole, in one PUT (or one completed multipart upload): readers see
         all of it or nothing. ``create``: FileExistsError if it exists (conditional where supported)."""
+        parent = key.rsplit("/", 1)[0]
         if self.fsspec is not None:
+            if set(_protocols(self.fsspec)) & {"file", "local"}:  # a real folder must exist first
+                self.fsspec.makedirs(parent, exist_ok=True)
             self.fsspec.pipe_file(key, bytes(data) if isinstance(data, pa.Buffer) else data,
                                   mode="create" if create else "overwrite")
             return
         if create and self.pa.get_file_info(key).type != pafs.FileType.NotFound:
             raise FileExistsError(f"{key} exists")
+        if self.pa.type_name not in ("s3", "gcs"):  # a file system with real folders (local, hdfs)
+            self.pa.create_dir(parent, recursive=True)
         with self.pa.open_output_stream(key) as out:
             out.write(data)
 
@@ -192,6 +197,10 @@ class RemotePath:
         """Nothing: an object store has no folders, a key's prefix is one."""
 
 
+def _protocols(fs: Any) -> tuple:
+    return tuple(fs.protocol) if isinstance(fs.protocol, tuple | list) else (fs.protocol,)
+
+
 def is_remote(p: Any) -> bool:
     return isinstance(p, RemotePath)
 
@@ -254,8 +263,8 @@ def _fsspec(url: str, scheme: str, who: str) -> RemotePath:
     except ImportError as e:
         raise ConfigError(f"{who}: {url!r}: the fsspec implementation of {scheme}:// is not "
                                      f"installed ({e}); pip install {FSSPEC_PKG.get(scheme, 'it')}") from None
-    except ValueError as e:
-        raise ConfigError(f"{who}: {url!r} is not a URL fsspec knows ({e}); check the protocol "
+    except (ValueError, OSError, TypeError) as e:
+        raise ConfigError(f"{who}: {url!r} is not a URL fsspec knows or can open ({e}); check the protocol "
                           "(s3://, gs://, hdfs://, az://, memory://...)") from None
     return _wrap(fs, key, scheme)
 
@@ -272,7 +281,6 @@ def _given(fs: Any, s: str, rest: str, scheme: str | None, who: str) -> RemotePa
     if isinstance(fs, pafs.FileSystem):
         return RemotePath(Store(fs, None, scheme or fs.type_name), rest)
     if hasattr(fs, "pipe_file") and hasattr(fs, "_strip_protocol"):
-        proto = fs.protocol[0] if isinstance(fs.protocol, tuple | list) else fs.protocol
-        return _wrap(fs, fs._strip_protocol(s), scheme or str(proto))
+        return _wrap(fs, fs._strip_protocol(s), scheme or str(_protocols(fs)[0]))
     raise ConfigError(f"{who}: fs must be a pyarrow.fs.FileSystem or an fsspec file system, "
                       f"got {type(fs).__name__}")

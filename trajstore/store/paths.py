@@ -83,10 +83,10 @@ _URL_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
 def local_root(path: str | os.PathLike, who: str) -> Path:
-    """The local directory of a dump named by ``path``, for ``who`` (``Writer('...')``...) to start its
-    errors with. ``file://`` URLs name local paths; any other URL (``s3://``, ``gs://``, ``hdfs://``)
-    is a ConfigError here, before anything is created: this version reads and writes dumps on local
-    or mounted file systems only, and a URL taken as a path would make a local folder named ``s3:``."""
+    """The local directory of a dump named by ``path``, for the local-only commands ``who`` (``import``,
+    ``upgrade``). ``file://`` URLs name local paths; any other URL is a ConfigError here, before anything
+    is created (a URL taken as a path would make a local folder named ``s3:``). Every other entry point
+    takes URLs: ``store.fs.resolve``."""
     s = os.fspath(path)
     m = _URL_RE.match(s) if isinstance(s, str) else None
     if m is None:
@@ -94,9 +94,9 @@ def local_root(path: str | os.PathLike, who: str) -> Path:
     if m.group(1).lower() == "file":
         return Path(s[len(m.group(0)):] or "/")
     raise ConfigError(
-        f"{who}: {s!r} is a {m.group(1)}:// URL; this version of trajstore keeps dumps on a local or "
-        "mounted file system only (object storage is not supported yet). Write to a local path and "
-        "upload the dump folder, or mount the bucket (s3fs, gcsfuse, ...) and pass the mount's path"
+        f"{who}: {s!r} is a {m.group(1)}:// URL; `trajstore {who}` works on dumps on a local or mounted file "
+        "system only (Writer, Reader, Recorder and the other commands also take object-storage URLs). "
+        "Copy the dump to a local folder first, or mount the bucket (s3fs, gcsfuse, ...) and pass the mount's path"
     )
 
 

@@ -6,12 +6,17 @@ local dump, on :class:`~trajstore.store.fs.RemotePath` names.
 Committing step file ``F`` (a whole step or a rank's shard: ``paths`` names it):
 
 1. the step is encoded into memory;
-2. its SHA-256 is PUT as a *pending* checksum ``_trajstore/<split>/.<F stem>.sha256.tmp-<pid>-<random>-<host>``
+2. its SHA-256 is PUT as a *pending* checksum ``_trajstore/<split>/.pending/<F>/<pid>-<random>-<host>.sha256``
    (a name no other writer uses);
 3. ``F`` is PUT whole, in one request (or one multipart upload, which becomes visible only when it
    completes): readers see all of it or nothing. Without ``overwrite`` the PUT is conditional
-   (``If-None-Match: *``, with s3fs) so that of two writers of one step exactly one succeeds; on a
-   file system without conditional writes (pyarrow's S3) it is a check, then the PUT;
+   (``If-None-Match: *``, with s3fs) so that of two writers of one step exactly one succeeds. On a
+   file system without conditional writes (pyarrow's S3) the writer first *claims* the step: it
+   lists ``.pending/<F>/`` after its own PUT of step 2 and gives up (FileExistsError) if ``F`` exists
+   or another writer's pending checksum younger than ``STALE_S`` is there. With a strongly
+   consistent listing (S3 since 2020) of two overlapping writers the later one always sees the
+   earlier, so two never both PUT; both may give up (neither sees itself alone). A writer whose PUT
+   takes longer than ``STALE_S`` can be overtaken (docs/RELIABILITY.md);
 4. the checksum is PUT as ``step_N.sha256`` and the pending one deleted.
 
 A visible step therefore always has its checksum (the pending one until 4; readers accept both,
@@ -39,17 +44,30 @@ from .._version import __version__
 from ..errors import ConfigError, DumpNotFoundError
 from ..format.spec import MANIFEST_VERSION
 from . import checksums, paths
+from . import files
 from .fs import RemotePath
 
 __all__ = ["create_manifest", "write", "commit", "clean_temp", "record_skipped", "NoIndex", "dataset"]
 
 MARKER = ".layout"  # <dump>/_trajstore/.layout: an object store has no empty folders; the side folder's mark
-STALE_S = 3600.0  # a pending checksum of a step that is not there, older than this, is a dead writer's
+STALE_S = 600.0  # a pending checksum of a step that is not there, older than this, is a dead writer's
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname())[:64]
 
 
 def _tag() -> str:
-    host = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname())[:64]
-    return f"{os.getpid()}-{os.urandom(4).hex()}-{host}"
+    return f"{os.getpid()}-{os.urandom(4).hex()}-{_host()}"
+
+
+def _live(p: RemotePath, now: float) -> bool:
+    """Whether the pending checksum ``p`` may be a live writer's: one of this host whose process is
+    gone is not; one of another host is, until ``STALE_S`` after its PUT."""
+    m = re.match(r"^(\d+)-[0-9a-f]{8}-(.+)\.sha256$", p.name)
+    if m and m.group(2) == _host() and int(m.group(1)) != os.getpid():
+        return files.alive(int(m.group(1)))
+    return now - _mtime(p) < STALE_S
 
 
 def create_manifest(root: RemotePath) -> dict:
@@ -102,20 +120,22 @@ def commit(final: RemotePath, data: pa.Buffer, overwrite: bool) -> None:
     store = final.store
     line = checksums.sum_line(hashlib.sha256(memoryview(data)).hexdigest(), final.name).encode()
     side = checksums.sum_path(final)
-    pending = side.parent / f".{side.name}.tmp-{_tag()}"
+    pending = checksums.pending_dir(final) / f"{_tag()}{checksums.SUM_SUFFIX}"
     store.put(pending.key, line, create=False)
     try:
+        if not overwrite and not store.conditional:
+            _claim(final, pending)
         store.put(final.key, data, create=not overwrite)
     except BaseException:
         try:
-            pending.unlink(missing_ok=True)
+            _drop(pending)
         except OSError:
             pass
         raise
     # the step is visible with its pending checksum: what follows cannot fail it
     try:
         store.put(side.key, line, create=False)
-        pending.unlink(missing_ok=True)
+        _drop(pending)
     except OSError:
         pass  # the pending checksum stays: readers accept it, clean_temp promotes it
     for d in paths.places(final.parent):
@@ -125,32 +145,59 @@ def commit(final: RemotePath, data: pa.Buffer, overwrite: bool) -> None:
             pass
 
 
+def _drop(p: RemotePath) -> None:
+    """Delete the pending checksum ``p``. pyarrow's S3 leaves an empty folder marker (``<folder>/``) where
+    it deletes a folder's last object: the folder is removed too, so no marker per step piles up."""
+    p.unlink(missing_ok=True)
+    if p.store.fsspec is None:
+        try:
+            p.parent.listdir()
+        except FileNotFoundError:
+            p.store.pa.delete_dir(p.parent.key)
+
+
+def _claim(final: RemotePath, mine: RemotePath) -> None:
+    """Without conditional writes: FileExistsError unless ``final`` is absent and ``mine`` is the only
+    live pending checksum of it (module doc, step 3)."""
+    if final.exists():
+        raise FileExistsError(f"{final} exists")
+    now = time.time()
+    others = [p for p in mine.parent.iterdir() if p.name != mine.name and _live(p, now)]
+    if others:
+        raise FileExistsError(f"another writer is committing {final} at the same time (its pending checksum "
+                              f"{others[0]}); without conditional writes neither may overwrite the other")
+
+
+def _mtime(p: RemotePath) -> float:
+    try:
+        return p.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
+
+
 def clean_temp(split_dir: RemotePath) -> list[str]:
     """Pending checksums left by writers killed between steps 2 and 4: promoted where they match the
     committed step, deleted where the step holds other bytes (a race's loser) or is still missing
     after ``STALE_S`` (a writer gone before its PUT). Returns the names removed."""
-    side = paths.side_dir(split_dir)
     try:
-        infos = side.iterdir()
+        folders = (paths.side_dir(split_dir) / checksums.PENDING).iterdir()
     except FileNotFoundError:
         return []
     gone = []
-    for p in infos:
-        m = re.match(r"^\.(.+)\.sha256\.tmp-", p.name)
-        if not m:
-            continue
-        final = split_dir / f"{m.group(1)}.parquet"
+    for folder in folders:
+        final = split_dir / folder.name
         try:
-            recorded = checksums.read_sum(p)
-            if not final.exists():
-                if time.time() - p.stat().st_mtime < STALE_S:
-                    continue  # perhaps a live writer's
-            elif recorded is not None and recorded == checksums.file_sha256(final):
-                if checksums.read_sum(side / f"{m.group(1)}{checksums.SUM_SUFFIX}") != recorded:
-                    split_dir.store.put((side / f"{m.group(1)}{checksums.SUM_SUFFIX}").key,
-                                        checksums.sum_line(recorded, final.name).encode(), create=False)
-            p.unlink(missing_ok=True)
-            gone.append(p.name)
+            for p in folder.iterdir():
+                recorded = checksums.read_sum(p)
+                if not final.exists():
+                    if _live(p, time.time()):
+                        continue  # perhaps a live writer's
+                elif recorded is not None and recorded == checksums.file_sha256(final):
+                    side = checksums.sum_path(final)
+                    if checksums.read_sum(side) != recorded:
+                        split_dir.store.put(side.key, checksums.sum_line(recorded, final.name).encode(), create=False)
+                _drop(p)
+                gone.append(p.name)
         except OSError:
             continue
     return gone
