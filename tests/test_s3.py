@@ -282,3 +282,28 @@ def test_any_fsspec_url_and_a_given_file_system(tmp_path):
         w.append(3, _batch(3))
     assert (tmp_path / "d" / "train" / "step_00000003.parquet").is_file()
     assert_batch_equal(_batch(3), trajstore.Reader(tmp_path / "d", verify=True)[3])  # the local reader
+
+
+def test_a_reader_sees_steps_committed_after_it_opened(s3_dump):
+    """No listing cache between a Reader and the store (s3fs caches listings by default, and only a
+    write through the same file system object clears it): the writer here has its own."""
+    import pyarrow.fs as pafs
+
+    if os.environ["TRAJSTORE_FS"] == "fsspec":
+        import s3fs
+
+        other = s3fs.S3FileSystem(skip_instance_cache=True)
+    else:
+        other = pafs.FileSystem.from_uri(s3_dump)[0]  # its own, endpoint and credentials from the environment
+    with trajstore.Writer(s3_dump, fs=other) as w:
+        w.append(0, _batch(0))
+        w.flush()
+        r = trajstore.Reader(s3_dump)
+        assert r.steps == [0]
+        assert 1 not in r  # looked up (and listed) before step 1 exists
+        w.append(1, _batch(1))
+        w.flush()
+        assert 1 not in r.steps and 1 in r
+        assert r.refresh() == [0, 1]
+        r.wait_for(1, timeout=10)
+        assert_batch_equal(_batch(1), r[1])

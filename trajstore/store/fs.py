@@ -169,6 +169,11 @@ class RemotePath:
         if info.type == pafs.FileType.NotFound:
             raise FileNotFoundError(f"{self}: no such object")
         mtime = info.mtime_ns or 0
+        if not mtime and self.store.fsspec is not None:  # FSSpecHandler does not pass it on
+            try:
+                mtime = int(self.store.fsspec.modified(self.key).timestamp() * 1e9)
+            except Exception:  # noqa: BLE001 - a file system that does not know: 0, "unknown"
+                mtime = 0
         return os.stat_result((0o100644, 0, 0, 1, 0, 0, info.size or 0, mtime // 10**9, mtime // 10**9,
                                mtime // 10**9))
 
@@ -259,7 +264,8 @@ def _fsspec(url: str, scheme: str, who: str) -> RemotePath:
         raise ConfigError(f"{who}: {url!r} needs fsspec: pip install 'trajstore[s3]' (or fsspec and "
                                      f"the package of {scheme}://)") from None
     try:
-        fs, key = fsspec.core.url_to_fs(url)
+        # no listings cache: a Reader's refresh must see the steps committed since (s3fs caches by default)
+        fs, key = fsspec.core.url_to_fs(url, use_listings_cache=False)
     except ImportError as e:
         raise ConfigError(f"{who}: {url!r}: the fsspec implementation of {scheme}:// is not "
                                      f"installed ({e}); pip install {FSSPEC_PKG.get(scheme, 'it')}") from None

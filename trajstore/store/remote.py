@@ -169,8 +169,9 @@ def _claim(final: RemotePath, mine: RemotePath) -> None:
 
 
 def _mtime(p: RemotePath) -> float:
+    """When ``p`` was written; now where the file system does not say (so it counts as a live writer's)."""
     try:
-        return p.stat().st_mtime
+        return p.stat().st_mtime or time.time()
     except FileNotFoundError:
         return 0.0
 
