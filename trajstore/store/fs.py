@@ -155,8 +155,17 @@ class RemotePath:
         return [RemotePath(self.store, i.path).name for i in self._list()]
 
     def _list(self) -> list[pafs.FileInfo]:
-        sel = pafs.FileSelector(self.key, allow_not_found=True, recursive=False)
-        out = [i for i in self.store.pa.get_file_info(sel) if i.path.rstrip("/") != self.key]
+        if self.store.fsspec is not None:  # one listing (FSSpecHandler would make two)
+            try:
+                entries = self.store.fsspec.ls(self.key, detail=True)
+            except FileNotFoundError:
+                entries = []
+            out = [pafs.FileInfo(e["name"].rstrip("/"), pafs.FileType.Directory if e.get("type") == "directory"
+                                 else pafs.FileType.File, size=e.get("size")) for e in entries
+                   if e["name"].rstrip("/") != self.key]
+        else:
+            sel = pafs.FileSelector(self.key, allow_not_found=True, recursive=False)
+            out = [i for i in self.store.pa.get_file_info(sel) if i.path.rstrip("/") != self.key]
         if not out:
             raise FileNotFoundError(f"{self}: no such folder")
         return out
