@@ -92,25 +92,32 @@ def run(tmp: Path, n: int = 10_000, keep: int = 100) -> list[tuple[str, float]]:
 
 def run_s3(tmp: Path, n: int = 10_000, column_steps: int = 1_000) -> list[tuple[str, float]]:
     """The same listing on object storage: a local S3 server (moto's server mode on 127.0.0.1, the
-    real S3 protocol over HTTP; needs ``moto[server]``, and ``s3fs`` for the fsspec rows) holding the
+    real S3 protocol over HTTP, in a process of its own so that it does not share the client's GIL;
+    needs ``moto[server]``, and ``s3fs`` for the fsspec rows) holding the
     ``n`` step objects of ``clone``'s dump, listed by ``trajstore.Reader("s3://...")`` through pyarrow's
     S3 file system and through s3fs. Returns [] (skipped) where moto is not installed."""
     try:
         import boto3
-        from moto.server import ThreadedMotoServer
+        import moto.server  # noqa: F401
     except ImportError:
         print("# scale: object-store rows skipped (pip install 'moto[server]')", flush=True)
         return []
-    import logging
     import socket
+    import subprocess
+    import sys
     from concurrent.futures import ThreadPoolExecutor
 
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
     with socket.socket() as sk:
         sk.bind(("127.0.0.1", 0))
         port = sk.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(600):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.1)
     env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "bench",
            "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
     old = {k: os.environ.get(k) for k in [*env, "TRAJSTORE_FS"]}
@@ -148,7 +155,8 @@ def run_s3(tmp: Path, n: int = 10_000, column_steps: int = 1_000) -> list[tuple[
                 assert len(col) == len(some)
                 rows.append((f"S3 ({lib}): Reader.column('rewards') over {len(some)} steps, workers={workers}", t))
     finally:
-        server.stop()
+        server.kill()
+        server.wait()
         for k, v in old.items():
             if v is None:
                 os.environ.pop(k, None)
