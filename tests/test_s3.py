@@ -308,3 +308,23 @@ def test_a_reader_sees_steps_committed_after_it_opened(s3_dump):
         assert r.refresh() == [0, 1]
         r.wait_for(1, timeout=10)
         assert_batch_equal(_batch(1), r[1])
+
+
+def test_show_and_export_read_the_url_as_they_read_a_local_copy(s3_dump, tmp_path, capsys):
+    """Every reading command gives on the URL what it gives on the same dump on a local disk."""
+    pytest.importorskip("tokenizers")
+    from _dumps import make_tokenizer, padded_dump
+
+    tok = str(make_tokenizer(tmp_path))
+    padded_dump(s3_dump, tok)
+    padded_dump(tmp_path / "local", tok)
+    for args in (["show", "{}", "--step", "1", "--sample", "0", "--tokenizer", tok, "--logprobs"],
+                 ["show", "{}", "--step", "2", "--json"],
+                 ["export", "{}", "--format", "jsonl", "--tokenizer", tok],
+                 ["sql", "{}", "SELECT step, count(*) AS n FROM train GROUP BY step ORDER BY step", "--format", "csv"],
+                 ["diff", "{}", str(tmp_path / "local")]):
+        outs = []
+        for where in (s3_dump, str(tmp_path / "local")):
+            assert main([a.format(where) if a == "{}" else a for a in args]) == 0, args
+            outs.append(capsys.readouterr().out.replace(where, "<dump>").replace(str(tmp_path / "local"), "<dump>"))
+        assert outs[0] == outs[1] and outs[0].strip(), (args, outs)
