@@ -25,6 +25,7 @@ whose library is missing is a ConfigError here, before anything is created.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 from pathlib import Path
@@ -257,13 +258,11 @@ def resolve(path: Any, who: str, fs: Any = None) -> Path | RemotePath:
 
 
 def _has(pkg: str | None) -> bool:
-    if pkg is None:
-        return False
+    """Whether ``pkg`` is installed (looked up, not imported)."""
     try:
-        __import__(pkg)
-    except ImportError:
+        return pkg is not None and importlib.util.find_spec(pkg) is not None
+    except (ImportError, ValueError):
         return False
-    return True
 
 
 def _fsspec(url: str, scheme: str, who: str) -> RemotePath:
