@@ -13,8 +13,10 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pyarrow.fs as pafs
 import pytest
 import torch
 from hypothesis import given, settings
@@ -22,7 +24,7 @@ from hypothesis import given, settings
 import trajstore
 from trajstore.cli import main
 from trajstore.errors import ChecksumError, ConfigError, StepExistsError, WriterError
-from trajstore.store import remote
+from trajstore.store import fs, remote
 from trajstore.testing import assert_batch_equal, batches
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,7 +143,7 @@ def test_a_writer_killed_mid_upload_leaves_no_partial_step(s3_dump, s3_server):
     # a new writer on this host: the dead writer's pending checksum is removed, step 1 can be written
     with trajstore.Writer(s3_dump) as w:
         w.append(1, {"x": torch.arange(3)})
-    assert not s3_server.keys(bucket, pending)
+    assert [k for k in s3_server.keys(bucket, pending) if not k.endswith("/")] == []
     assert torch.equal(trajstore.Reader(s3_dump, verify=True)[1]["x"], torch.arange(3))
 
 
@@ -203,8 +205,6 @@ def test_listing_pages_through_10k_objects(s3_server, monkeypatch):
     with trajstore.Writer(url) as w:
         w.append(0, {"x": torch.arange(3)})
     c = s3_server.client()
-    from concurrent.futures import ThreadPoolExecutor
-
     with ThreadPoolExecutor(8) as ex:
         list(ex.map(lambda s: c.put_object(Bucket=bucket, Key=f"run/train/step_{s:08d}.parquet", Body=b"x"),
                     range(1, 10_000)))
@@ -270,8 +270,6 @@ def test_a_bad_url_is_a_config_error_and_creates_nothing(s3_server, tmp_path, mo
 def test_any_fsspec_url_and_a_given_file_system(tmp_path):
     """The generic path: fsspec's in-memory file system (no conditional writes: the claim protocol),
     and a pyarrow LocalFileSystem passed as ``fs`` (the remote code path on a local folder)."""
-    import pyarrow.fs as pafs
-
     url = f"memory://trajstore-test-{os.getpid()}/run"
     with trajstore.Writer(url) as w:
         w.append(0, _batch(0))
@@ -288,8 +286,6 @@ def test_any_fsspec_url_and_a_given_file_system(tmp_path):
 def test_a_reader_sees_steps_committed_after_it_opened(s3_dump):
     """No listing cache between a Reader and the store (s3fs caches listings by default, and only a
     write through the same file system object clears it): the writer here has its own."""
-    import pyarrow.fs as pafs
-
     if os.environ["TRAJSTORE_FS"] == "fsspec":
         import s3fs
 
@@ -328,3 +324,31 @@ def test_show_and_export_read_the_url_as_they_read_a_local_copy(s3_dump, tmp_pat
             assert main([a.format(where) if a == "{}" else a for a in args]) == 0, args
             outs.append(capsys.readouterr().out.replace(where, "<dump>").replace(str(tmp_path / "local"), "<dump>"))
         assert outs[0] == outs[1] and outs[0].strip(), (args, outs)
+
+
+def test_a_step_whose_checksum_put_failed_is_verified_by_its_pending_checksum(s3_dump, s3_server, monkeypatch):
+    """Killed (here: failing) between the step's PUT and its checksum's: the step is visible, readers
+    verify it by the pending checksum, and the next writer promotes that to step_N.sha256."""
+    put = fs.Store.put
+
+    def no_sum(self, key, data, create):
+        if key.endswith("/step_00000001.sha256"):
+            raise OSError("injected: the checksum PUT fails")
+        put(self, key, data, create)
+
+    with trajstore.Writer(s3_dump) as w:
+        w.append(0, _batch(0))
+        w.flush()
+        monkeypatch.setattr(fs.Store, "put", no_sum)
+        w.append(1, _batch(1))
+    monkeypatch.setattr(fs.Store, "put", put)
+    bucket, key = _bucket_key(s3_dump)
+    side = f"{key}/_trajstore/train/"
+    assert f"{side}step_00000001.sha256" not in s3_server.keys(bucket, side)
+    assert len(s3_server.keys(bucket, f"{side}.pending/step_00000001.parquet/")) == 1
+    assert_batch_equal(_batch(1), trajstore.Reader(s3_dump, verify=True)[1])
+    assert trajstore.verify(s3_dump).ok
+    trajstore.Writer(s3_dump).close()  # opening the split cleans up
+    assert [k for k in s3_server.keys(bucket, f"{side}.pending/") if not k.endswith("/")] == []  # pyarrow: a marker
+    assert f"{side}step_00000001.sha256" in s3_server.keys(bucket, side)
+    assert_batch_equal(_batch(1), trajstore.Reader(s3_dump, verify=True)[1])
