@@ -380,7 +380,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write every figure here")
     ap.add_argument("--dir", help="scratch folder (default: a temporary one, removed)")
     ap.add_argument("--no-gpu", action="store_true")
-    ap.add_argument("--skip", default="", help="comma list of sections to skip: encodings,rewards,scale")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: encodings,rewards,scale,s3")
     ap.add_argument("--only-encodings", action="store_true",
                     help="only the encoding benchmark (benchmarks/encodings.py): columns, then whole steps")
     a = ap.parse_args(argv)
@@ -426,6 +426,9 @@ def main(argv=None) -> int:
             for name, t in scale.run(tmp, 1_000 if q else 10_000):
                 rep.add(name, t * 1e3, "ms", target="< 1000 ms (issue 14)" if name.startswith("Reader(path)")
                         else "", ok=t < 1 if name.startswith("Reader(path)") else None)
+        if "s3" not in skip:  # the same listing on a local S3 server (moto), beside it; skipped without moto
+            for name, t in scale.run_s3(tmp, 1_000 if q else 10_000):
+                rep.add(name, t * 1e3, "ms", None, "")
         if torch.cuda.is_available() and not a.no_gpu:
             gpu_figures(rep, d, raw, n, b, tmp, calibrate_sleep())
         enc = [] if "encodings" in skip else encodings.run(P)

@@ -90,9 +90,87 @@ def run(tmp: Path, n: int = 10_000, keep: int = 100) -> list[tuple[str, float]]:
     return rows
 
 
+def run_s3(tmp: Path, n: int = 10_000, column_steps: int = 1_000) -> list[tuple[str, float]]:
+    """The same listing on object storage: a local S3 server (moto's server mode on 127.0.0.1, the
+    real S3 protocol over HTTP, in a process of its own so that it does not share the client's GIL;
+    needs ``moto[server]``, and ``s3fs`` for the fsspec rows) holding the
+    ``n`` step objects of ``clone``'s dump, listed by ``trajstore.Reader("s3://...")`` through pyarrow's
+    S3 file system and through s3fs. Returns [] (skipped) where moto is not installed."""
+    try:
+        import boto3
+        import moto.server  # noqa: F401
+    except ImportError:
+        print("# scale: object-store rows skipped (pip install 'moto[server]')", flush=True)
+        return []
+    import socket
+    import subprocess
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(600):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.1)
+    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "bench",
+           "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+    old = {k: os.environ.get(k) for k in [*env, "TRAJSTORE_FS"]}
+    os.environ.update(env)
+    rows = []
+    try:
+        client = boto3.client("s3")
+        client.create_bucket(Bucket="bench")
+        dump = tmp / "scale-s3"
+        shutil.rmtree(dump, ignore_errors=True)
+        clone(dump, range(n))
+        t0 = time.perf_counter()
+        files = [f for f in dump.rglob("*") if f.is_file()]
+        with ThreadPoolExecutor(8) as ex:
+            list(ex.map(lambda f: client.put_object(Bucket="bench", Key=f"scale/{f.relative_to(dump).as_posix()}",
+                                                    Body=f.read_bytes()), files))
+        print(f"# scale: uploaded {len(files)} objects ({n} steps and their checksums) in "
+              f"{time.perf_counter() - t0:.1f} s", flush=True)
+        shutil.rmtree(dump, ignore_errors=True)
+        url = "s3://bench/scale"
+        libs = ["pyarrow"]
+        try:
+            import s3fs  # noqa: F401
+            libs.append("fsspec")
+        except ImportError:
+            pass
+        for lib in libs:
+            os.environ["TRAJSTORE_FS"] = lib
+            t, r = _t(lambda: trajstore.Reader(url))
+            assert len(r.steps) == n
+            rows.append((f"S3 ({lib}): Reader(url): open + list {n} steps", t))
+            some = r.steps[:column_steps]
+            for workers in (1, 8):
+                t, col = _t(lambda: trajstore.Reader(url).column("rewards", some, workers=workers), repeat=1)
+                assert len(col) == len(some)
+                rows.append((f"S3 ({lib}): Reader.column('rewards') over {len(some)} steps, workers={workers}", t))
+    finally:
+        server.kill()
+        server.wait()
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return rows
+
+
 if __name__ == "__main__":
     import sys
     import tempfile
     root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="trajstore-scale-"))
-    for name, s in run(root, int(sys.argv[2]) if len(sys.argv) > 2 else 10_000):
+    n = int(sys.argv[2]) if len(sys.argv) > 2 else 10_000
+    what = sys.argv[3] if len(sys.argv) > 3 else "local,s3"
+    rows = (run(root, n) if "local" in what else []) + (run_s3(root, n) if "s3" in what else [])
+    for name, s in rows:
         print(f"| {name} | {s * 1e3:.1f} ms |", flush=True)

@@ -18,3 +18,28 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A local S3-compatible server (moto's server mode, tests/_s3server.py) for the whole session;
+    skipped where moto[server] is not installed (`pip install -e '.[test]'` installs it)."""
+    pytest.importorskip("moto.server")
+    pytest.importorskip("boto3")
+    from _s3server import S3Server
+
+    srv = S3Server()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(params=["pyarrow", "fsspec"])
+def s3_dump(request, s3_server, monkeypatch):
+    """``s3://<new bucket>/run``, with the server's endpoint and test credentials in the environment and
+    ``TRAJSTORE_FS`` choosing the library (both: pyarrow's S3 file system, fsspec/s3fs)."""
+    if request.param == "fsspec":
+        pytest.importorskip("s3fs")
+    for k, v in s3_server.env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("TRAJSTORE_FS", request.param)
+    return f"s3://{s3_server.bucket()}/run"

@@ -157,7 +157,8 @@ def test_the_checker_sees_edges():
 
 
 # imported inside functions on purpose: optional extras (an ImportError names the extra to install)
-OPTIONAL = {"tensordict", "pandas", "duckdb", "polars", "tokenizers", "rich", "trackio", "safetensors", "ray"}
+OPTIONAL = {"tensordict", "pandas", "duckdb", "polars", "tokenizers", "rich", "trackio", "safetensors", "ray",
+            "fsspec"}
 # the CLI loads a command's modules when the command runs, so `trajstore --help` starts at once
 LAZY = {"trajstore.cli"}
 

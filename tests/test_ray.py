@@ -10,7 +10,6 @@ object storage is one more entry there."""
 from __future__ import annotations
 
 import importlib.util
-import inspect
 import json
 import math
 import os
@@ -114,9 +113,10 @@ def _s3(req: Any, lib: str) -> Dump:
     return Dump(f"s3://{server.bucket()}/run", {"runtime_env": {"env_vars": env}})
 
 
-# where a dump can be: a name -> (request -> Dump of a new, empty place). Object storage is one line more:
-#     "s3-pyarrow": lambda req: _s3(req, "pyarrow"), "s3-fsspec": lambda req: _s3(req, "fsspec")}
-URLS = {"local": lambda req: Dump(str(req.getfixturevalue("tmp_path") / "dump"), {})}
+# where a dump can be: a name -> (request -> Dump of a new, empty place): local disk, and the session's S3
+# server through s3fs (tests/test_s3.py runs trajstore itself over both pyarrow's S3 and s3fs)
+URLS = {"local": lambda req: Dump(str(req.getfixturevalue("tmp_path") / "dump"), {}),
+        "s3": lambda req: _s3(req, "fsspec")}
 
 
 @pytest.fixture(params=list(URLS))
@@ -282,8 +282,6 @@ def test_any_batch_reads_as_the_reader_reads_it(tmp_path_factory, batch):
     _assert_rows_equal(url, "train", tray.read_dump(url).take_all())
 
 
-@pytest.mark.skipif("rank" not in inspect.signature(trajstore.Writer).parameters,
-                    reason="this trajstore writes no shard files (Writer(rank=, world_size=))")
 def test_a_step_of_shards_is_one_block_per_shard_file(tmp_path, example):
     """A step written by N ranks: one read task and block per shard file, each shard's rows with its
     ``rank``; (rank, index) orders the logical batch, whose statistics the example computes."""

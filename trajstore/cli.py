@@ -24,7 +24,6 @@ import csv
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Any, Callable
 
 from . import _console as out
@@ -204,10 +203,11 @@ def _where(fd: dict | None) -> str:
 def cmd_diff(args: argparse.Namespace) -> int:
     from .inspection.diff import diff
 
+    from .store.fs import resolve
     from .store.paths import default_split
 
     fields = [f.strip() for f in args.fields.split(",") if f.strip()] if args.fields else None
-    split = args.split if args.split is not None else default_split(Path(args.a))  # B: the split of A's name
+    split = args.split if args.split is not None else default_split(resolve(args.a, "diff"))  # B: the split of A's name
     rep = diff(args.a, args.b, steps=parse_steps(args.steps, "--steps"), fields=fields, atol=args.atol,
                rtol=args.rtol, split=split, pair=tuple(args.pair) if args.pair else None, mask=args.mask,
                progress=lambda s: out.progress(s, "comparing"))

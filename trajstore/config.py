@@ -26,6 +26,7 @@ from ._text import parse_steps
 from .errors import ConfigError
 from .format.parquet import check_encodings
 from .store import paths
+from .store.fs import resolve
 
 __all__ = ["DumpReplayConfig", "default_run_id", "location"]
 
@@ -217,7 +218,7 @@ def location(cfg: DumpReplayConfig, world_size: int, rank: int) -> tuple[Path, s
     without a path."""
     split = paths.check_split(cfg.split)
     if cfg.path is not None:
-        root = paths.local_root(cfg.path, "the dump path (DumpReplayConfig.path / TRAJSTORE_PATH)")
+        root = resolve(cfg.path, "the dump path (DumpReplayConfig.path / TRAJSTORE_PATH)")
         old = f"{split}-rank{rank}"
         if cfg.replay and world_size > 1 and not (root / split).is_dir() and (root / old).is_dir():
             split = paths.check_split(old)

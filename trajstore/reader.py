@@ -21,7 +21,8 @@ from .format.arrow import flat_nbytes
 from .format.parquet import read_sample
 from .format.spec import check_version, is_dict_batch, is_plain_sample, is_token
 from .prefetch import iterate
-from .store import checksums, paths
+from .store import checksums, paths, remote
+from .store.fs import is_remote, resolve, source
 from .store.index import Index
 from .errors import (ConfigError, DumpNotFoundError, FormatError, StepNotFoundError,
                      foreign_errors)
@@ -60,7 +61,8 @@ class Reader:
     that one step (its number and split are the file's own, ``split`` is not used), ``manifest``
     is ``{}`` and ``skipped`` is empty; with ``verify=True`` it is checked against a
     ``<name>.sha256`` beside it (``sha256sum`` format). Without ``split``: ``train``, else the dump's
-    only split; several splits and no ``train`` (rank splits ``train-rank0``... included) is a
+    only split; ``path`` may be a URL (``s3://bucket/run1``..., ``fs``: the file system to use, as for
+    :class:`trajstore.Writer`). Several splits and no ``train`` (rank splits ``train-rank0``... included) is a
     ConfigError naming them (``store.paths.default_split``).
 
     A step of N ranks is their shards joined; ``rank``/``world_size``/``balance``: a replaying rank's slice
@@ -68,9 +70,10 @@ class Reader:
     """
 
     def __init__(self, path: str | Path, split: str | None = None, *, verify: bool = False,
-                 rank: int | None = None, world_size: int | None = None, balance: str = "contiguous"):
+                 rank: int | None = None, world_size: int | None = None, balance: str = "contiguous",
+                 fs: Any = None):
         self._slice = shard_read.check_slice(rank, world_size, balance, f"Reader({str(path)!r})")
-        self.path = paths.local_root(path, f"Reader({str(path)!r})")
+        self.path = resolve(path, f"Reader({str(path)!r})", fs)  # a Path, or a RemotePath (store/fs.py)
         self.verify = verify  # check each step file against its recorded SHA-256 before decoding
         self._lone: int | None = None  # the step of a step file opened on its own
         if self.path.is_file():
@@ -89,7 +92,7 @@ class Reader:
     def _open_lone(self) -> None:
         f = self.path
         with foreign_errors(f, "reading it as a Parquet file", then="it is damaged or not a trajstore step file"):
-            kv = pq.read_metadata(f).metadata or {}
+            kv = pq.read_metadata(source(f)).metadata or {}
         try:
             doc = json.loads(kv[b"trajstore"])
             step, split = doc["step"], doc["split"]
@@ -110,7 +113,8 @@ class Reader:
             return self._steps
         self._listing = paths.scan(self.dir)
         self._steps = self._listing.steps
-        self._index = Index(self.dir, self.split)  # index segments are read again on demand
+        # index segments are read again on demand; object storage keeps none (store/remote.py)
+        self._index = remote.NoIndex() if is_remote(self.dir) else Index(self.dir, self.split)
         return self._steps
 
     def wait_for(self, step: int, timeout: float | None = None, poll: float = 0.05) -> None:
@@ -193,7 +197,7 @@ class Reader:
         skips the walk of the whole spec (``_validate``), for callers that check the one node they decode."""
         f = self.file(step) if f is None else f
         with foreign_errors(f, "reading it as a Parquet file", then="the step is damaged"):
-            src = pa.BufferReader(checksums.read_verified(f, step)) if self.verify else f
+            src = pa.BufferReader(checksums.read_verified(f, step)) if self.verify else source(f)
             pf = pq.ParquetFile(src, memory_map=False, page_checksum_verification=True)
             kv = pf.metadata.metadata or {}  # the footer's key-value pairs (no Arrow schema build)
         raw = kv.get(b"trajstore")

@@ -37,7 +37,8 @@ from .format import containers
 from .format.grouped import RUNS_COL
 from .format.rows import rows
 from .shard_read import ranks
-from .store import paths
+from .store import paths, remote
+from .store.fs import is_remote, resolve
 
 if TYPE_CHECKING:  # optional extras, imported when used
     import duckdb
@@ -91,15 +92,19 @@ def duckdb_connect(path: Any, con: Any = None) -> duckdb.DuckDBPyConnection:
         import duckdb
     except ImportError:
         raise MissingDependencyError("SQL over a dump needs duckdb: pip install 'trajstore[cli]'") from None
-    root = paths.local_root(getattr(path, "path", path), "sql")
+    root = resolve(getattr(path, "path", path), "sql")
     if root.is_file() and getattr(path, "steps", None) is not None:  # a Reader of one step file
-        groups = {path.split: [str(root)]}
+        groups = {path.split: [root if is_remote(root) else str(root)]}
     else:
         paths.read_manifest(root)
         groups = {split: _files(root / split) for split in paths.list_splits(root)}
     con = con if con is not None else duckdb.connect()
     groups = {split: files for split, files in groups.items() if files}
     for split, files in groups.items():
+        if is_remote(root):  # DuckDB scans a pyarrow dataset of the objects (store/remote.py)
+            con.register(f"__trajstore_{split}", remote.dataset(files))
+            con.execute(f"CREATE OR REPLACE VIEW {_quote(split)} AS SELECT * FROM {_quote('__trajstore_' + split)}")
+            continue
         by_select: dict[str | None, list[str]] = {}  # files whose rows are trajectories: None
         for f in files:
             by_select.setdefault(_group_select(f), []).append(f)
@@ -119,7 +124,8 @@ def duckdb_connect(path: Any, con: Any = None) -> duckdb.DuckDBPyConnection:
 def _files(d: Any) -> list[str]:
     """The files of the split's readable steps: whole step files, and the shards of complete steps."""
     ls = paths.scan(d)
-    return [str(f) for s in ls.steps if s not in ls.ambiguous for f in paths.step_files(d, ls, s)]
+    return [f if is_remote(f) else str(f)
+            for s in ls.steps if s not in ls.ambiguous for f in paths.step_files(d, ls, s)]
 
 
 def _ident(name: str, reserved: set[str]) -> str:

@@ -40,6 +40,8 @@ from .store import columns
 from .store import commit
 from .store import index
 from .store import paths
+from .store import remote
+from .store.fs import is_remote, resolve
 from .errors import BatchError, BatchWriteError, ConfigError, StepExistsError, TrajstoreError, WriterError
 from .snapshot import Snapshot, check_meta, check_rank_field, with_rank
 
@@ -107,6 +109,9 @@ class Writer:
     every Parquet reader decodes, or "compact": BYTE_STREAM_SPLIT for tensor values, smaller
     float columns for readers that support it (pyarrow, pandas, Polars, DuckDB, DataFusion, Spark,
     Ray Data; not fastparquet).
+    ``path`` may be a URL (``s3://bucket/run1``, ``gs://``, ``hdfs://``, any fsspec protocol; ``fs``: a
+    ``pyarrow.fs.FileSystem`` or fsspec file system to use): each step is then one PUT of the whole
+    object (``trajstore/store/fs.py``, docs/RELIABILITY.md "Object storage").
     ``on_commit`` is called on the background thread with a :class:`Committed` record once each
     step is committed, before ``flush`` returns; an error it raises is logged, never raised.
     ``rank``/``world_size`` (SPMD): this process appends rank ``rank``'s shard of each step, one file
@@ -118,7 +123,7 @@ class Writer:
                  max_pending_steps: int = 8, max_pending_bytes: int = 4 << 30, workers: int = 1,
                  on_error: str = "raise", on_commit: Callable[[Committed], Any] | None = None,
                  masks: dict[str, list[str]] | None = None, encodings: str = "portable",
-                 rank: int | None = None, world_size: int | None = None):
+                 rank: int | None = None, world_size: int | None = None, fs: Any = None):
         if on_error not in ("raise", "warn"):
             raise ConfigError(f"Writer({str(path)!r}): on_error must be 'raise' or 'warn', got {on_error!r}")
         if on_commit is not None and not callable(on_commit):
@@ -136,11 +141,11 @@ class Writer:
             if type(v) is not int or v < 1:
                 raise ConfigError(f"Writer({str(path)!r}): {name} must be an int >= 1, got {v!r}")
         self.shard = paths.check_shard(rank, world_size, f"Writer({str(path)!r})")  # (rank, N) or None
-        self.path = paths.local_root(path, f"Writer({str(path)!r})")
+        self.path = resolve(path, f"Writer({str(path)!r})", fs)  # a Path, or a RemotePath (store/fs.py)
         self.split = paths.check_split(split)
         self.overwrite = overwrite
         self.max_pending_steps, self.max_pending_bytes = max_pending_steps, max_pending_bytes
-        self.manifest = paths.create_manifest(self.path)
+        self.manifest = (remote.create_manifest if is_remote(self.path) else paths.create_manifest)(self.path)
         self.dir = self.path / self.split
         self.dir.mkdir(exist_ok=True)
         with _live_lock:  # another open Writer of this process on this split may be mid-write
@@ -149,7 +154,8 @@ class Writer:
         commit.clean_temp(self.dir, keep_own=busy, shard=mine)  # a rank cleans its own files only
         if self.shard is None:  # other ranks' index temporaries may be live on other hosts
             index.clean_temp(self.dir, keep_own=busy)
-        self._index = index.Collector(self.dir, self.split, self.shard)  # Reader.column's (store/index.py)
+        # Reader.column's index (store/index.py); object storage keeps none (store/remote.py)
+        self._index = remote.NoIndex() if is_remote(self.dir) else index.Collector(self.dir, self.split, self.shard)
         self._columns = columns.SplitColumns(self.dir, clean=self.shard is None)  # one type per column name (docs/FORMAT.md 3.11)
         self._closed = False
         self._lock = threading.Lock()          # one append at a time
@@ -361,6 +367,8 @@ class Writer:
             raise BatchError(f"step {step}: {self.dir} holds a column 'rank' of another type (a field of whole "
                              "steps); shards of several ranks need that name for their int32 rank column")
         final = self.final(step)
+        if is_remote(final):
+            return self._write_remote(job, table, final)
         tmp = paths.temp_path(self.dir, step, final.name)  # in the side folder: the split folder holds step files only
         try:
             pq.write_table(table, tmp, **parquet_options(table, self.encodings))
@@ -388,6 +396,20 @@ class Writer:
         if self.shard is None:
             return self.dir / paths.step_name(step)
         return self.dir / paths.shard_name(step, *self.shard)
+
+    def _write_remote(self, job: _Job, table: Any, final: Any) -> tuple[int, int]:
+        """``_write`` on object storage: encoded into memory, committed by one PUT (store/remote.py)."""
+        rows = table.num_rows
+        try:
+            size = remote.write(table, final, job.overwrite, parquet_options(table, self.encodings),
+                                lambda: job.snap.check(job.step))
+        except FileExistsError:
+            raise StepExistsError(f"step {job.step} was committed to {final} by another writer while it was being "
+                                  "written (its conditional PUT found the object); pass overwrite=True to "
+                                  "replace it") from None
+        except OSError as e:
+            raise WriterError(f"step {job.step}: writing {final} failed: {e}; earlier steps are intact") from e
+        return size, rows
 
     def __enter__(self) -> "Writer":
         return self

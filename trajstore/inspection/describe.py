@@ -22,6 +22,7 @@ from ..format import typed
 from ..format.spec import counted_masks, is_dict_batch, is_token, is_token_cell, is_tokenlike
 from ..reader import Reader
 from ..store import columns, paths
+from ..store.fs import resolve
 
 __all__ = ["describe", "fields_of", "gaps", "jsonable", "short"]
 
@@ -149,7 +150,7 @@ def _counts(f: pq.ParquetFile, spec: dict, num_rows: int) -> tuple[int, int | No
 def describe(path: str | Path, split: str | None = None,
              progress: Callable[[Iterable], Iterable] | None = None) -> dict:
     """A JSON-able description of the dump at ``path`` (every split, or only ``split``)."""
-    root = paths.local_root(path, "describe")
+    root = resolve(path, "describe")
     manifest = paths.read_manifest(root)
     splits = [split] if split else paths.list_splits(root)
     out: dict[str, Any] = {

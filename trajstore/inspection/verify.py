@@ -10,6 +10,7 @@ from ..errors import DumpNotFoundError, TrajstoreError
 from ..reader import Reader
 from ..format.spec import MANIFEST_VERSION
 from ..store import checksums, paths
+from ..store.fs import resolve
 
 __all__ = ["verify", "VerifyReport"]
 
@@ -54,7 +55,7 @@ def verify(path: str | Path, split: str | None = None, *, deep: bool = False) ->
     ``deep=True`` also decodes every step (checks its spec and contents, slower).
     Returns a :class:`VerifyReport`; ``report.damaged`` maps ``(split, step)`` to the reason.
     """
-    root = paths.local_root(path, "verify")
+    root = resolve(path, "verify")
     layout = paths.read_manifest(root)["format_version"]
     splits = [paths.check_split(split)] if split is not None else paths.list_splits(root)
     if split is not None and not (root / split).is_dir():

@@ -9,11 +9,14 @@ import hashlib
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
 from ..errors import ChecksumError, foreign_errors
 from . import paths
+from .files import listdir
+from .fs import is_remote
 
 __all__ = ["SUM_SUFFIX", "sum_path", "file_sha256", "sum_line", "read_sum", "pending_sums", "check_digest",
            "read_verified"]
@@ -28,6 +31,8 @@ def sum_path(f: Path) -> Path:
 
 
 def file_sha256(path: Path) -> str:
+    if is_remote(path):
+        return hashlib.sha256(memoryview(path.read_buffer())).hexdigest()
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
@@ -41,8 +46,11 @@ def sum_line(digest: str, name: str) -> str:
 def read_sum(path: Path) -> str | None:
     """The digest recorded in a checksum file (None if absent or malformed)."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read(4096)
+        if is_remote(path):
+            raw = path.read_bytes()[:4096]
+        else:
+            with open(path, "rb") as f:
+                raw = f.read(4096)
         m = _SUM_RE.match(raw.decode("ascii"))
     except (FileNotFoundError, UnicodeDecodeError):
         return None
@@ -56,11 +64,27 @@ def pending_sums(split_dir: Path, step: int, stem: str | None = None) -> list[st
     out = []
     for d in paths.places(split_dir):
         try:
-            names = [n for n in os.listdir(d) if n.startswith(pre)]
+            names = [n for n in listdir(d) if n.startswith(pre)]
         except (FileNotFoundError, NotADirectoryError):
             continue
         out += [s for n in names if (s := read_sum(d / n))]
     return out
+
+
+PENDING = ".pending"  # object storage: <side>/.pending/<step file name>/<writer>.sha256 (store/remote.py)
+
+
+def pending_dir(f: Any) -> Any:
+    """Where writers on object storage put the pending checksums of step file ``f`` (store/remote.py)."""
+    return paths.side_dir(f.parent) / PENDING / f.name
+
+
+def pending_objects(f: Any) -> list[str]:
+    """Digests in the pending checksums of step file ``f`` on object storage."""
+    try:
+        return [s for p in pending_dir(f).iterdir() if (s := read_sum(p))]
+    except FileNotFoundError:
+        return []
 
 
 def _sums(f: Path) -> list[str]:
@@ -71,7 +95,12 @@ def _sums(f: Path) -> list[str]:
 
 def check_digest(f: Path, step: int, digest: str) -> None:
     """Raise ChecksumError unless ``digest`` is one recorded for step file ``f``."""
-    recorded, pending = _sums(f), pending_sums(f.parent, step, f.stem)
+    if is_remote(f):
+        if digest in _sums(f):
+            return  # the usual case: no listing of pending checksums
+        recorded, pending = _sums(f), pending_objects(f)
+    else:
+        recorded, pending = _sums(f), pending_sums(f.parent, step, f.stem)
     if digest in recorded or digest in pending:
         return
     # a writer may have renamed its temporary checksum into place between the two looks
@@ -92,6 +121,11 @@ def check_digest(f: Path, step: int, digest: str) -> None:
 def read_verified(f: Path, step: int) -> pa.Buffer:
     """The bytes of step file ``f`` (an Arrow buffer: decoded arrays may point into it, and it must
     not be owned by a Python object), after checking them against the recorded checksum."""
+    if is_remote(f):  # one GET: the object is whole, and a new version is a new object
+        with foreign_errors(f, "reading step {}", step, then="check the object and the store"):
+            data = f.read_buffer()
+        check_digest(f, step, hashlib.sha256(memoryview(data)).hexdigest())
+        return data
     for attempt in range(3):
         with foreign_errors(f, "reading step {}", step, then="check the file and the file system"):
             before = os.stat(f)

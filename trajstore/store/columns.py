@@ -27,6 +27,7 @@ from ..format.columns import fit, type_name
 from ..format.spec import STEP_COLUMN
 from . import paths
 from .files import fsync, fsync_dir, stale_temps
+from .fs import is_remote, source
 
 __all__ = ["NAME", "SplitColumns", "load", "save", "read"]
 
@@ -64,7 +65,7 @@ def load(split_dir: Path, clean: bool = True) -> dict[str, str]:
     listing = paths.scan(split_dir)
     for step in listing.steps:
         try:
-            schemas = [pq.read_schema(f) for f in paths.step_files(split_dir, listing, step)]
+            schemas = [pq.read_schema(source(f)) for f in paths.step_files(split_dir, listing, step)]
         except Exception as e:  # noqa: BLE001 - a damaged step: its readers report it
             log.warning("trajstore: %s: step %d's columns not read for the split's record (%s)", split_dir, step, e)
             continue
@@ -79,6 +80,10 @@ def load(split_dir: Path, clean: bool = True) -> dict[str, str]:
 def save(split_dir: Path, cols: dict[str, str]) -> None:
     """Replace the record atomically (temporary, fsync, rename) with ``cols``."""
     side = paths.side_dir(split_dir)
+    if is_remote(side):  # one PUT: the record is replaced whole
+        side.store.put((side / NAME).key, json.dumps({"version": VERSION, "columns": cols}, indent=1).encode(),
+                       create=False)
+        return
     side.mkdir(parents=True, exist_ok=True)
     tmp = side / f".{NAME}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
     try:
@@ -93,8 +98,12 @@ def save(split_dir: Path, cols: dict[str, str]) -> None:
 @contextlib.contextmanager
 def _locked(split_dir: Path):
     """An exclusive lock on the split's record across processes: ``flock`` on the folder holding it
-    (released when its holder dies)."""
+    (released when its holder dies). Object storage has no lock: there the record is one PUT and the
+    ranks' writers race (docs/RELIABILITY.md, object storage)."""
     side = paths.side_dir(split_dir)
+    if is_remote(side):
+        yield
+        return
     side.mkdir(parents=True, exist_ok=True)
     fd = os.open(side, os.O_RDONLY)  # the folder itself: no lock file to clean up
     try:

@@ -11,8 +11,9 @@ import re
 import time
 from pathlib import Path
 
-from . import checksums
+from . import checksums, remote
 from .files import fsync, fsync_dir, stale_temps, write_durable
+from .fs import is_remote
 from .paths import TMP_PREFIX, places, side_dir, skipped_name, skipped_of
 
 __all__ = ["commit", "clean_temp", "record_skipped"]
@@ -66,6 +67,8 @@ def clean_temp(split_dir: Path, keep_own: bool = False, shard: str | None = None
     this process may be writing them). Looks in the side folder and the split folder.
     ``shard`` (``".rank00002-of-00004."``): only that rank's files, else ("") only those of whole steps:
     the ranks of a dump may run on other hosts, where a pid says nothing (docs/RELIABILITY.md)."""
+    if is_remote(split_dir):
+        return remote.clean_temp(split_dir)
     gone = []
     for d in places(split_dir):
         for n in stale_temps(d, TMP_PREFIX, keep_own):
@@ -105,6 +108,8 @@ def record_skipped(split_dir: Path, step: int, reason: str, name: str | None = N
 
     Best effort: returns False if the record itself cannot be written (the disk may be full).
     """
+    if is_remote(split_dir):
+        return remote.record_skipped(split_dir, step, reason, name)
     d = side_dir(split_dir)
     path = d / (skipped_of(name) if name else skipped_name(step))
     tmp = d / f".{path.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}"

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
-__all__ = ["fsync", "fsync_dir", "write_durable", "alive", "stale_temps"]
+from .fs import is_remote
+
+__all__ = ["fsync", "fsync_dir", "write_durable", "alive", "stale_temps", "listdir"]
 
 
 def fsync(path: Path) -> None:
@@ -39,6 +42,11 @@ def write_durable(path: Path, text: str) -> None:
         os.close(fd)
 
 
+def listdir(folder: Any) -> list[str]:
+    """``os.listdir``, also of a folder on object storage (a ``store.fs.RemotePath``)."""
+    return folder.listdir() if is_remote(folder) else os.listdir(folder)
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -54,7 +62,7 @@ def stale_temps(folder: Path, prefix: str, keep_own: bool = False) -> list[str]:
     gone: no pid in the name, or a process that is not running. This process's own temporaries
     count as gone unless ``keep_own`` (another writer of this process may be writing them)."""
     try:
-        names = sorted(os.listdir(folder))
+        names = sorted(listdir(folder))
     except OSError:
         return []
     out = []

@@ -191,7 +191,7 @@ def prune(split_dir: Path) -> list[str]:
     steps, gone = paths.list_steps(split_dir), []
     for d in dirs(split_dir):
         try:
-            names = os.listdir(d)
+            names = files.listdir(d)
         except OSError:
             continue
         for n in names:

@@ -20,7 +20,8 @@ from .. import fingerprint
 from .._version import __version__
 from ..errors import ConfigError, DumpNotFoundError, FormatError
 from ..format.spec import MANIFEST_VERSION, check_version
-from .files import fsync, fsync_dir, stale_temps
+from .files import fsync, fsync_dir, listdir, stale_temps
+from .fs import is_remote
 
 MANIFEST = "trajstore.json"
 SIDE = "_trajstore"  # <dump>/_trajstore/<split>/: a split's files that are not step files (layout 2)
@@ -109,7 +110,7 @@ class Listing(NamedTuple):
 def scan(split_dir: Path) -> Listing:
     """The split's steps by kind (see ``Listing``): one directory listing."""
     try:
-        names = os.listdir(split_dir)
+        names = listdir(split_dir)
     except FileNotFoundError:
         names = []
     steps = [int(m.group(1)) for n in names if (m := STEP_RE.match(n))]
@@ -164,10 +165,10 @@ _URL_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
 def local_root(path: str | os.PathLike, who: str) -> Path:
-    """The local directory of a dump named by ``path``, for ``who`` (``Writer('...')``...) to start its
-    errors with. ``file://`` URLs name local paths; any other URL (``s3://``, ``gs://``, ``hdfs://``)
-    is a ConfigError here, before anything is created: this version reads and writes dumps on local
-    or mounted file systems only, and a URL taken as a path would make a local folder named ``s3:``."""
+    """The local directory of a dump named by ``path``, for the local-only commands ``who`` (``import``,
+    ``upgrade``). ``file://`` URLs name local paths; any other URL is a ConfigError here, before anything
+    is created (a URL taken as a path would make a local folder named ``s3:``). Every other entry point
+    takes URLs: ``store.fs.resolve``."""
     s = os.fspath(path)
     m = _URL_RE.match(s) if isinstance(s, str) else None
     if m is None:
@@ -175,9 +176,9 @@ def local_root(path: str | os.PathLike, who: str) -> Path:
     if m.group(1).lower() == "file":
         return Path(s[len(m.group(0)):] or "/")
     raise ConfigError(
-        f"{who}: {s!r} is a {m.group(1)}:// URL; this version of trajstore keeps dumps on a local or "
-        "mounted file system only (object storage is not supported yet). Write to a local path and "
-        "upload the dump folder, or mount the bucket (s3fs, gcsfuse, ...) and pass the mount's path"
+        f"{who}: {s!r} is a {m.group(1)}:// URL; `trajstore {who}` works on dumps on a local or mounted file "
+        "system only (Writer, Reader, Recorder and the other commands also take object-storage URLs). "
+        "Copy the dump to a local folder first, or mount the bucket (s3fs, gcsfuse, ...) and pass the mount's path"
     )
 
 
@@ -197,12 +198,13 @@ def default_split(root: Path) -> str:
     splits and no ``train`` is a ConfigError naming them, also when they are the rank splits
     (``train-rank0``, ``train-rank1``...) of one logical split: each rank's split is a part of the
     batch, and choosing one by itself would read a part as if it were the whole."""
-    splits = list_splits(Path(root)) if Path(root).is_dir() else []  # a step file on its own: its split
+    root = root if is_remote(root) else Path(root)
+    splits = list_splits(root) if root.is_dir() else []  # a step file on its own: its split
     if "train" in splits or not splits:
         return "train"
     if len(splits) == 1:
         return splits[0]
-    read_manifest(Path(root))  # a folder that is no dump says so first
+    read_manifest(root)  # a folder that is no dump says so first
     ranks = {m.group(1) for s in splits if (m := RANK_RE.match(s))}
     why = ""
     if ranks:
@@ -298,7 +300,7 @@ def list_skipped(split_dir: Path) -> dict[int, str]:
     shard: dict[tuple[int, int, int], str] = {}
     for d in reversed(places(split_dir)):  # the side folder's record wins
         try:
-            names = os.listdir(d)
+            names = listdir(d)
         except (FileNotFoundError, NotADirectoryError):
             continue
         for n in names:

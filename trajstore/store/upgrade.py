@@ -26,7 +26,7 @@ _SIDECAR_RE = re.compile(r"^(step_\d{8,}(\.rank\d{5,}-of-\d{5,})?\.(sha256|skipp
 def upgrade_layout(root: str | Path) -> list[str]:
     """Upgrade the dump at ``root`` to layout 2; returns the files moved (``<split>/<name>``), empty
     when the dump already is of layout 2. ConfigError while a live process writes to it."""
-    root = Path(root)
+    root = paths.local_root(root, "upgrade")
     doc = paths.read_manifest(root)
     if doc["format_version"] >= 2:
         return []
