@@ -352,3 +352,26 @@ def test_a_step_whose_checksum_put_failed_is_verified_by_its_pending_checksum(s3
     assert [k for k in s3_server.keys(bucket, f"{side}.pending/") if not k.endswith("/")] == []  # pyarrow: a marker
     assert f"{side}step_00000001.sha256" in s3_server.keys(bucket, side)
     assert_batch_equal(_batch(1), trajstore.Reader(s3_dump, verify=True)[1])
+
+
+def test_shards_of_n_ranks_on_object_storage(s3_dump):
+    """N ranks' shard files on object storage: a step is listed once all N are there, joined in rank
+    order; a replaying rank's slice and one rank's shard as dumped (FORMAT 1.2, RELIABILITY "Object storage")."""
+    parts = [_batch(10 + r, n) for r, n in enumerate((3, 1, 4))]
+    writers = [trajstore.Writer(s3_dump, rank=r, world_size=3) for r in range(3)]
+    for r in (0, 2):
+        writers[r].append(0, parts[r])
+        writers[r].flush()
+    assert trajstore.Reader(s3_dump).steps == []  # rank 1's shard is missing: no half step
+    writers[1].append(0, parts[1])
+    for w in writers:
+        w.close()
+    whole = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+    r = trajstore.Reader(s3_dump, verify=True)
+    assert r.steps == [0]
+    assert_batch_equal(whole, r[0])
+    assert_batch_equal(parts[2], r.shard(0, 2))
+    halves = [trajstore.Reader(s3_dump, rank=k, world_size=2)[0] for k in range(2)]
+    assert_batch_equal(whole, {k: torch.cat([h[k] for h in halves]) for k in whole})
+    assert [len(h["rewards"]) for h in halves] == [4, 4]
+    assert trajstore.verify(s3_dump).ok

@@ -229,7 +229,7 @@ class NoIndex:
     def flush(self) -> None:
         pass
 
-    def values(self, name: str, steps: list[int]) -> dict:
+    def values(self, name: str, steps: list[int], shards: dict | None = None) -> dict:
         return {}
 
 
