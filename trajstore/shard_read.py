@@ -34,12 +34,13 @@ BALANCES = ("contiguous", "tokens")
 
 
 def check_slice(rank: Any, world_size: Any, balance: Any, who: str) -> tuple[int, int, str] | None:
-    """``(rank, world_size, balance)`` of a reader that reads one rank's slice of each step, or None."""
+    """``(rank, world_size, balance)`` of a reader that reads one rank's slice of each step, or None: also
+    for a world size of 1, whose one slice is the whole logical batch (read as without a slice, no take)."""
     if balance not in BALANCES:
         raise ConfigError(f"{who}: balance={balance!r}; use 'contiguous' (equal chunks in order, the dumped "
                           "shards when the world size is the dump's) or 'tokens' (token-balanced)")
     sh = paths.check_shard(rank, world_size, who)
-    return None if sh is None else (*sh, balance)
+    return None if sh is None or sh[1] == 1 else (*sh, balance)
 
 
 def check_whole(r: Any, step: int) -> None:
