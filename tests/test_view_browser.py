@@ -30,7 +30,6 @@ METRICS = ["reward_mean", "reward_std", "reward_min", "reward_max", "length_mean
 @pytest.fixture(scope="session")
 def env(tmp_path_factory):
     need_chromium()
-    pytest.importorskip("trajstore.view")  # TEMP until the viewer is merged
     for m in ("starlette", "uvicorn", "plotly"):
         pytest.importorskip(m)
     d = tmp_path_factory.mktemp("view")

@@ -1,0 +1,303 @@
+"""What the pages of ``trajstore view`` show, as plain JSON-able dicts, reading only what a page needs.
+
+Definitions (also in README.md and docs/CLI.md):
+
+* **reward**: the per-trajectory field ``rewards`` (else ``reward``, ``scores``, else the first float
+  per-trajectory field); ``reward_std`` is the population standard deviation (``numpy.std``).
+* **length**: a trajectory's response tokens: the count of its non-zero loss-mask tokens (the first of
+  ``loss_mask``, ``response_mask``, ``completion_mask``, ``action_mask``), else its tokens (those of the
+  attention mask). ``length_p95``: ``numpy.percentile(lengths, 95)`` (linear).
+* **tokens**: the total tokens of the step (every trajectory's tokens).
+* **version_lag**: over the step, the largest (max policy version of the step's response tokens - min
+  version of a trajectory's response tokens), from the per-token ``versions`` (else ``version``).
+* **logprob_mismatch**: the mean over the step's loss-mask tokens of ``|a - b|`` for the first logprob
+  pair present (``PAIRS``), or the pair asked for.
+
+A step appended as a padded or packed dict is read column by column straight from its file(s) (only
+the columns a page needs; one row group for a trajectory); any other form (lists of trajectories,
+several masks, nested fields) is decoded and cut by ``format.rows`` (``tables.step_rows``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import ConfigError
+from ..format.spec import is_dict_batch, is_plain_sample, is_token
+from ..tables import step_rows
+
+REWARDS = ("rewards", "reward", "scores")
+MASKS = ("loss_mask", "response_mask", "completion_mask", "action_mask")
+VERSIONS = ("versions", "version")
+TOKENS = ("input_ids", "tokens", "token_ids", "sequences")
+PAIRS = (("old_logprobs", "rollout_logprobs"), ("logprobs", "rollout_logprobs"),
+         ("old_logprobs", "logprobs"), ("logprobs", "ref_logprobs"))
+METRICS = ("reward_mean", "reward_std", "reward_min", "reward_max", "length_mean", "length_p95", "tokens",
+           "version_lag", "logprob_mismatch")
+
+
+@dataclass
+class Cols:
+    """Some columns of one step (or one trajectory of it): ragged token fields as offsets + values."""
+
+    n: int  # trajectories
+    counts: np.ndarray  # tokens of each trajectory
+    tok: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # name -> (offsets, values)
+    scal: dict[str, list] = field(default_factory=dict)  # name -> one value per trajectory (None: absent)
+
+    def row(self, name: str, i: int) -> np.ndarray | None:
+        got = self.tok.get(name)
+        return None if got is None else got[1][got[0][i]:got[0][i + 1]]
+
+
+@dataclass
+class Fields:
+    """The fields of a split the pages use (None where the dump has none)."""
+
+    tokens: list[str]  # per-token 1-D fields
+    scalars: list[str]  # per-trajectory scalar fields (numbers or text), in spec order
+    reward: str | None = None
+    mask: str | None = None
+    versions: str | None = None
+    ids: str | None = None
+    pair: tuple[str, str] | None = None
+
+
+def _spec_fields(spec: Any) -> tuple[list[str], list[str], set[str]]:
+    """(1-D token fields, scalar per-trajectory fields, float scalar fields) of a step spec."""
+    toks, scal, floats = [], [], set()
+    if is_dict_batch(spec):
+        for k, n in spec["keys"]:
+            if is_token(n) and n.get("trail") == []:
+                toks.append(k)
+            elif is_plain_sample(n):
+                scal.append(k)
+                if str(n.get("dtype")).startswith(("float", "bfloat")):
+                    floats.add(k)
+            elif isinstance(n, dict) and n.get("t") == "seq" and isinstance(n.get("elem"), dict) \
+                    and n["elem"].get("t") == "value" and n["elem"].get("ptype") in ("str", "int", "float"):
+                scal.append(k)
+                if n["elem"]["ptype"] == "float":
+                    floats.add(k)
+    return toks, scal, floats
+
+
+def _row_fields(rows: list) -> tuple[list[str], list[str], set[str]]:
+    toks: dict = {}
+    scal: dict = {}
+    floats = set()
+    for r in rows:
+        if r is None:
+            continue
+        for k, v in r.items():
+            a = v if isinstance(v, np.ndarray) else None
+            if a is not None and a.ndim == 1 and a.dtype.kind in "biuf":
+                toks.setdefault(k, None)
+            elif a is not None and a.ndim == 0 or isinstance(v, int | float | str | np.generic):
+                scal.setdefault(k, None)
+                if np.asarray(v).dtype.kind == "f":
+                    floats.add(k)
+    return list(toks), list(scal), floats
+
+
+def pick(toks: list[str], scal: list[str], floats: set[str], pair: tuple[str, str] | None = None) -> Fields:
+    first = lambda names, have: next((n for n in names if n in have), None)  # noqa: E731
+    f = Fields(toks, scal)
+    f.reward = first(REWARDS, scal) or next((s for s in scal if s in floats), None)
+    f.mask, f.versions, f.ids = first(MASKS, toks), first(VERSIONS, toks), first(TOKENS, toks)
+    if pair is not None:
+        missing = [p for p in pair if p not in toks]
+        if missing:
+            raise ConfigError(f"logprob pair {list(pair)}: no per-token field {missing[0]!r}; per-token fields: {toks}")
+        f.pair = (pair[0], pair[1])
+    else:
+        f.pair = next((p for p in PAIRS if p[0] in toks and p[1] in toks), None)
+    return f
+
+
+def fields_of(reader: Any, step: int, pair: tuple[str, str] | None = None) -> Fields:
+    """The fields of ``step`` (its spec, or its decoded rows for forms read through ``rows``)."""
+    doc = reader._open(step, False, reader.files(step)[0]).doc
+    if _fast(doc):
+        return pick(*_spec_fields(doc["batch"]), pair)
+    return pick(*_row_fields(step_rows(reader, step)), pair)
+
+
+def _fast(doc: dict) -> bool:
+    spec = doc["batch"]
+    if not (is_dict_batch(spec) and spec.get("form") in ("padded", "packed", "plain")):
+        return False
+    old = doc.get("format_version", 1) < 3  # bf16/fp16 were stored as their bits before version 3
+    return not (old and any(isinstance(n, dict) and n.get("dtype") in ("bfloat16", "float16") for _, n in spec["keys"]))
+
+
+def _lists(a: Any) -> tuple[np.ndarray, np.ndarray]:
+    a = a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a
+    offs = a.offsets.to_numpy().astype(np.int64)
+    return offs, a.values.to_numpy(zero_copy_only=False)
+
+
+def read(reader: Any, step: int, toks: list[str], scal: list[str], row: int | None = None) -> Cols:
+    """Columns ``toks`` (per-token) and ``scal`` (per-trajectory) of ``step``; ``row``: only that trajectory."""
+    files = reader.files(step)
+    parts = []
+    first = 0
+    for f in files:
+        sf = reader._open(step, False, f)
+        if not _fast(sf.doc):
+            return _from_rows(reader, step, toks, scal, row)
+        keys = dict(sf.doc["batch"]["keys"])
+        nrows = sf.pf.metadata.num_rows
+        if row is not None and not first <= row < first + nrows:
+            first += nrows
+            continue
+        want = [n for n in toks if is_token(keys.get(n))] + [n for n in scal if n in keys]
+        cnt = next((n for n in toks if is_token(keys.get(n))), None)
+        if cnt is None:  # the token counts come from any token column (the length column of padded form)
+            cnt = next((k for k, n in keys.items() if is_token(n)), None)
+            if cnt is not None:
+                want.append(cnt)
+        cols = [keys[n]["col"] if "col" in keys[n] else keys[n]["elem"]["col"] for n in want]
+        len_col = sf.doc["batch"].get("len_col") if cnt is None else None
+        cols += [len_col] if len_col else []
+        if row is None:
+            t = sf.pf.read(columns=cols)
+        else:
+            k, lo = 0, first
+            while lo + sf.pf.metadata.row_group(k).num_rows <= row:
+                lo += sf.pf.metadata.row_group(k).num_rows
+                k += 1
+            t = sf.pf.read_row_group(k, columns=cols).slice(row - lo, 1)
+        parts.append((want, t, cnt, len_col))
+        first += nrows
+    return _join(parts, toks, scal)
+
+
+def _join(parts: list, toks: list[str], scal: list[str]) -> Cols:
+    n = sum(t.num_rows for _, t, _, _ in parts)
+    counts = []
+    tok: dict[str, list] = {k: [] for k in toks}
+    sc: dict[str, list] = {k: [] for k in scal}
+    for want, t, cnt, len_col in parts:
+        got = dict(zip(want, t.columns))
+        if cnt is not None:
+            counts.append(np.diff(_lists(got[cnt])[0]))
+        elif len_col:
+            counts.append(t.column(len_col).to_numpy().astype(np.int64))
+        else:
+            counts.append(np.zeros(t.num_rows, np.int64))
+        for k in toks:
+            tok[k].append(_lists(got[k]) if k in got else None)
+        for k in scal:
+            sc[k] += got[k].to_pylist() if k in got else [None] * t.num_rows
+    out = Cols(n, np.concatenate(counts) if counts else np.zeros(0, np.int64), scal=sc)
+    for k, ps in tok.items():
+        if ps and all(p is not None for p in ps):
+            vals = [p[1][p[0][0]:p[0][-1]] for p in ps]
+            lens = np.concatenate([np.diff(p[0]) for p in ps])
+            out.tok[k] = (np.concatenate([[0], np.cumsum(lens)]), np.concatenate(vals))
+    return out
+
+
+def _from_rows(reader: Any, step: int, toks: list[str], scal: list[str], row: int | None) -> Cols:
+    rows = step_rows(reader, step)
+    if row is not None:
+        if not 0 <= row < len(rows):
+            raise ConfigError(f"step {step} has {len(rows)} trajectories; there is no trajectory {row}")
+        rows = [rows[row]]
+    counts = []
+    for r in rows:
+        if r is None:
+            counts.append(0)
+            continue
+        base = next((r[k] for k in ("attention_mask", *MASKS, *TOKENS, *toks) if isinstance(r.get(k), np.ndarray)
+                     and r[k].ndim >= 1), None)
+        counts.append(0 if base is None else len(base))
+    out = Cols(len(rows), np.asarray(counts, np.int64))
+    for k in toks:
+        vals = [np.asarray(r[k]).reshape(-1) if r is not None and k in r else np.zeros(0) for r in rows]
+        lens = np.asarray([len(v) for v in vals], np.int64)
+        if any(r is not None and k in r for r in rows):
+            out.tok[k] = (np.concatenate([[0], np.cumsum(lens)]), np.concatenate(vals) if vals else np.zeros(0))
+    for k in scal:
+        out.scal[k] = [_plain(r.get(k)) if r is not None else None for r in rows]
+    return out
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, np.ndarray | np.generic):
+        return v.item() if np.ndim(v) == 0 else None
+    return v
+
+
+def _seg(offs: np.ndarray, vals: np.ndarray, fn: Any, fill: float) -> np.ndarray:
+    """``fn`` (np.minimum / np.maximum / np.add) over each row's values; ``fill`` for empty rows."""
+    out = np.full(len(offs) - 1, fill, dtype=np.float64)
+    lens = np.diff(offs)
+    ne = lens > 0
+    if ne.any():
+        out[ne] = fn.reduceat(vals[offs[0]:offs[-1]].astype(np.float64), (offs[:-1] - offs[0])[ne])
+    return out
+
+
+def per_traj(c: Cols, f: Fields) -> dict[str, np.ndarray]:
+    """reward, length, version (max), version min (response tokens) of each trajectory (NaN: none)."""
+    out = {"reward": np.asarray([np.nan if v is None else float(v) for v in c.scal.get(f.reward, [None] * c.n)]
+                                if f.reward else [np.nan] * c.n, dtype=np.float64)}
+    resp = None
+    if f.mask in c.tok:
+        offs, m = c.tok[f.mask]
+        resp = (offs, m != 0)
+        out["length"] = _seg(offs, resp[1], np.add, 0.0)
+    else:
+        out["length"] = c.counts.astype(np.float64)
+    if f.versions in c.tok:
+        offs, v = c.tok[f.versions]
+        v = v.astype(np.float64)
+        if resp is not None and len(resp[1]) == len(v):
+            hi, lo = np.where(resp[1], v, -np.inf), np.where(resp[1], v, np.inf)
+        else:
+            hi = lo = v
+        out["version"] = _seg(offs, hi, np.maximum, -np.inf)
+        out["version_min"] = _seg(offs, lo, np.minimum, np.inf)
+        for k in ("version", "version_min"):
+            out[k][~np.isfinite(out[k])] = np.nan
+    return out
+
+
+def _num(v: Any) -> float | None:
+    return None if v is None or isinstance(v, float) and math.isnan(v) else float(v)
+
+
+def step_stats(c: Cols, f: Fields) -> dict[str, float | None]:
+    """The run-page metrics of one step (``METRICS``; None where the dump has no such field)."""
+    t = per_traj(c, f)
+    r = t["reward"][~np.isnan(t["reward"])]
+    ln = t["length"]
+    out: dict[str, float | None] = dict.fromkeys(METRICS)
+    if len(r):
+        out.update(reward_mean=float(r.mean()), reward_std=float(r.std()), reward_min=float(r.min()),
+                   reward_max=float(r.max()))
+    if len(ln):
+        out.update(length_mean=float(ln.mean()), length_p95=float(np.percentile(ln, 95)))
+    out["tokens"] = float(c.counts.sum())
+    if "version" in t and not np.isnan(t["version"]).all():
+        out["version_lag"] = float(np.nanmax(np.nanmax(t["version"]) - t["version_min"]))
+    if f.pair and f.pair[0] in c.tok and f.pair[1] in c.tok:
+        a, b = c.tok[f.pair[0]][1].astype(np.float64), c.tok[f.pair[1]][1].astype(np.float64)
+        if len(a) == len(b):
+            keep = c.tok[f.mask][1] != 0 if f.mask in c.tok and len(c.tok[f.mask][1]) == len(a) else slice(None)
+            d = np.abs(a[keep] - b[keep])
+            out["logprob_mismatch"] = float(d.mean()) if len(d) else None
+    return {k: _num(v) for k, v in out.items()}
+
+
+def needs(f: Fields, run: bool) -> list[str]:
+    """The token columns a page reads: the mask and versions (+ the logprob pair for the run page)."""
+    want = [f.mask, f.versions] + (list(f.pair) if run and f.pair else [])
+    return [w for w in dict.fromkeys(want) if w]

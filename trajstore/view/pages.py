@@ -1,0 +1,148 @@
+"""The JSON of each page of ``trajstore view`` (``/api/run``, ``/api/step``, ``/api/traj``, ``/api/diff``).
+
+``View`` holds the Readers of one dump (one per split) and the run metrics of the steps already read
+(a committed step file does not change), so a page reload reads only steps committed since.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError, StepNotFoundError
+from ..inspection.diff import diff
+from ..inspection.traces import decode_ids, load_tokenizer
+from ..reader import Reader
+from . import data
+
+
+def _f(v: Any) -> Any:
+    if isinstance(v, float | np.floating):
+        return None if math.isnan(v) else float(v)
+    if isinstance(v, np.integer):
+        return int(v)
+    return v
+
+
+class View:
+    """The data behind the pages of one dump (``path``) and, for the diff page, a second (``other``)."""
+
+    def __init__(self, path: Any, split: str | None = None, tokenizer: Any = None, other: Any = None):
+        first = Reader(path, split)
+        self.path, self.split = first.path, first.split
+        self.splits = first.splits
+        self._readers = {first.split: first}
+        self.tokenizer = load_tokenizer(tokenizer)
+        self.other = other
+        self._cache: dict[tuple, dict] = {}
+        self._lock = threading.Lock()
+
+    def reader(self, split: str | None) -> Reader:
+        split = self.split if split in (None, "") else split
+        with self._lock:
+            if split not in self._readers:
+                if split not in self.splits:
+                    raise StepNotFoundError(f"dump {self.path} has no split {split!r}; splits: {self.splits}")
+                self._readers[split] = Reader(self.path, split)
+            return self._readers[split]
+
+    # -- run page
+    def run(self, split: str | None = None, pair: tuple[str, str] | None = None) -> dict:
+        r = self.reader(split)
+        r.refresh()
+        steps = r.steps
+        f = data.fields_of(r, steps[-1], pair) if steps else data.pick([], [], set(), None)
+        series: dict[str, list] = {m: [] for m in data.METRICS}
+        for s in steps:
+            key = (r.split, s, f.pair)
+            st = self._cache.get(key)
+            if st is None:
+                c = data.read(r, s, data.needs(f, True), [f.reward] if f.reward else [])
+                st = self._cache[key] = data.step_stats(c, f)
+            for m in data.METRICS:
+                series[m].append(st[m])
+        missing = [{"step": s, "why": "skipped", "detail": why} for s, why in sorted(r.skipped.items())]
+        missing += [{"step": s, "why": "incomplete", "detail": f"{n} ranks, missing {ranks}"}
+                    for s, (n, ranks) in sorted(r._listing.incomplete.items())]
+        if f.pair is None:
+            series.pop("logprob_mismatch")
+        return {"path": str(self.path), "split": r.split, "default_split": self.split, "splits": self.splits,
+                "steps": steps, "series": series, "missing": sorted(missing, key=lambda m: m["step"]),
+                "fields": {"reward": f.reward, "mask": f.mask, "versions": f.versions,
+                           "pair": list(f.pair) if f.pair else None}}
+
+    # -- step page
+    def step(self, split: str | None, step: int) -> dict:
+        r = self.reader(split)
+        f = data.fields_of(r, step)
+        c = data.read(r, step, data.needs(f, False), f.scalars)
+        t = data.per_traj(c, f)
+        cols = ["index", "reward", "length", "version"] + [s for s in f.scalars if s not in ("index", f.reward)]
+        rows = []
+        for i in range(c.n):
+            row = {"index": i, "reward": _f(t["reward"][i]), "length": _f(t["length"][i]),
+                   "version": _f(t["version"][i]) if "version" in t else None}
+            for s in cols[4:]:
+                row[s] = _f(c.scal[s][i])
+            rows.append(row)
+        return {"path": str(self.path), "split": r.split, "step": step, "columns": cols, "rows": rows,
+                "fields": {"reward": f.reward, "mask": f.mask, "versions": f.versions}}
+
+    # -- trajectory page
+    def traj(self, split: str | None, step: int, index: int, reader: Reader | None = None) -> dict:
+        r = reader or self.reader(split)
+        f = data.fields_of(r, step)
+        ids = f.ids or (f.tokens[0] if f.tokens else None)
+        lone = None if f.pair else next((n for n in ("logprobs", "old_logprobs", "rollout_logprobs", "ref_logprobs")
+                                         if n in f.tokens), None)  # one logprob field alone still colours
+        want = [w for w in dict.fromkeys([ids, f.mask, f.versions, *(f.pair or ()), lone]) if w]
+        c = data.read(r, step, want, f.scalars, row=index)
+        if c.n != 1:
+            raise ConfigError(f"step {step} of split {r.split!r} has no trajectory {index}")
+        lp_name = f.pair[0] if f.pair else lone
+        cols = {k: c.row(k, 0) for k in want}
+        n_tok = int(c.counts[0]) if ids is None else len(cols[ids])
+        tid = cols[ids] if ids else np.arange(n_tok)
+        mask = (cols[f.mask] != 0).astype(int) if f.mask else np.ones(n_tok, int)
+        lp = cols.get(lp_name) if lp_name else None
+        other = cols.get(f.pair[1]) if f.pair else None
+        ver = cols.get(f.versions) if f.versions else None
+        text = [decode_ids(self.tokenizer, [int(x)]) for x in tid] if self.tokenizer else [str(int(x)) for x in tid]
+        toks = []
+        for j in range(n_tok):
+            lps = "" if lp is None else repr(float(lp[j]))
+            vs = "" if ver is None else str(int(ver[j]))
+            title = f"id={int(tid[j])} text={text[j]!r} logprob={lps} mask={int(mask[j])} version={vs}"
+            t = {"id": int(tid[j]), "text": text[j], "logprob": lps, "mask": int(mask[j]), "version": vs}
+            if other is not None:
+                t["other"] = repr(float(other[j]))
+                title += f" other={t['other']}"
+            t["title"] = title
+            toks.append(t)
+        scal = {k: _f(v[0]) for k, v in c.scal.items()}
+        return {"path": str(r.path), "split": r.split, "step": step, "index": index, "tokens": toks,
+                "fields": {"ids": ids, "mask": f.mask, "versions": f.versions, "logprob": lp_name,
+                           "other": f.pair[1] if f.pair else None}, "values": scal}
+
+    # -- diff page
+    def diff(self) -> dict:
+        if self.other is None:
+            raise ConfigError("the diff page needs two dumps: trajstore view PATH PATH2")
+        rb = Reader(self.other, self.split)
+        ra = self.reader(None)
+        rep = diff(ra, rb, split=self.split)
+        first = rep.first_divergence
+        out = {"a": str(ra.path), "b": str(rb.path), "split": self.split, "first": first and
+               {k: _f(v) if not isinstance(v, list | dict) else v for k, v in first.items()}}
+        if first and first.get("trajectory") is not None and first["step"] in ra.steps and first["step"] in rb.steps:
+            out["tokens_a"] = self.traj(None, first["step"], first["trajectory"], ra)["tokens"]
+            out["tokens_b"] = self.traj(None, first["step"], first["trajectory"], rb)["tokens"]
+        return out
+
+
+def dump_name(path: Any) -> str:
+    return Path(str(path)).name or str(path)
