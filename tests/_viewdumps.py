@@ -24,7 +24,7 @@ PROMPT = "Repeat exactly: "
 XSS_INDEX = 2
 STEPS, SKIPPED = [0, 1, 2, 4, 5], 3
 B, LONG = 6, 16384
-PLANT = {"step": 2, "field": "old_logprobs", "index": 1, "token": 5, "delta": 0.25}
+PLANT = {"step": 2, "field": "old_logprobs", "index": 1, "token": None, "delta": 0.25}  # token: 3rd response token
 PAIR = ("old_logprobs", "rollout_logprobs")  # the first pair of the viewer's list that the dump has
 PALETTE = ["rgb(255, 255, 255)", "rgb(198, 219, 239)", "rgb(158, 202, 225)", "rgb(107, 174, 214)",
            "rgb(66, 146, 198)", "rgb(33, 113, 181)", "rgb(8, 81, 156)", "rgb(8, 48, 107)"]
@@ -116,8 +116,9 @@ def view_dump(path: Path, tok_path: Path) -> None:
                      "rewards": torch.tensor([0.5, -0.5])})
 
 
-def diff_dumps(a: Path, b: Path, tok_path: Path) -> None:
-    """Two dumps of steps 0..3, equal but for ``PLANT``: ``old_logprobs`` of one token of one trajectory."""
+def diff_dumps(a: Path, b: Path, tok_path: Path) -> dict:
+    """Two dumps of steps 0..3, equal but for ``PLANT``: ``old_logprobs`` of one response token of one
+    trajectory. Returns ``PLANT`` with its token."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(tok_path))
@@ -126,8 +127,10 @@ def diff_dumps(a: Path, b: Path, tok_path: Path) -> None:
             for s in range(4):
                 batch = _padded_step(tok, s)
                 if planted and s == PLANT["step"]:
-                    batch[PLANT["field"]][PLANT["index"], PLANT["token"]] += PLANT["delta"]
+                    j = int(batch["loss_mask"][PLANT["index"]].nonzero()[2])
+                    batch[PLANT["field"]][PLANT["index"], j] += PLANT["delta"]
                 w.append(s, batch)
+    return {**PLANT, "token": j}
 
 
 # -- what the pages should show, from the reader

@@ -18,7 +18,7 @@ import pytest
 
 from _browser import OFFLINE, ViewServer, get_raw, make_driver, need_chromium, save_shot
 from _dumps import run as run_cli
-from _viewdumps import (B, LONG, PAIR, PAYLOAD, PLANT, SKIPPED, XSS_INDEX, colour, curves, diff_dumps,
+from _viewdumps import (B, LONG, PAIR, PAYLOAD, SKIPPED, XSS_INDEX, colour, curves, diff_dumps,
                         make_tokenizer, rows, view_dump)
 
 pytestmark = pytest.mark.browser
@@ -35,12 +35,12 @@ def env(tmp_path_factory):
     d = tmp_path_factory.mktemp("view")
     tok = make_tokenizer(d)
     view_dump(d / "dump", tok)
-    diff_dumps(d / "a", d / "b", tok)
+    plant = diff_dumps(d / "a", d / "b", tok)
     servers = []
     try:
         servers.append(ViewServer(d / "dump", "--tokenizer", tok, log=d / "run.log"))
         servers.append(ViewServer(d / "a", d / "b", "--tokenizer", tok, log=d / "diff.log"))
-        yield SimpleNamespace(dir=d, tok=tok, dump=d / "dump", url=servers[0].url, diff_url=servers[1].url)
+        yield SimpleNamespace(dir=d, tok=tok, plant=plant, dump=d / "dump", url=servers[0].url, diff_url=servers[1].url)
     finally:
         for s in servers:
             s.stop()
@@ -246,19 +246,24 @@ def test_trajectory_page_colours_and_tooltips_follow_the_data(env, browser, shot
 def test_diff_page_highlights_the_planted_divergence(env, browser, shots):
     import trajstore
 
+    plant = env.plant
+
     first = trajstore.diff(env.dir / "a", env.dir / "b").first_divergence
     assert (first["step"], first["field"], first["trajectory"], first["token"]) == \
-        (PLANT["step"], PLANT["field"], PLANT["index"], PLANT["token"])
+        (plant["step"], plant["field"], plant["index"], plant["token"])
     open_page(browser, env.diff_url + "/diff", "diff", "document.querySelector('#divergence')"
               " && document.querySelectorAll('#divergence span.tok, span.tok').length > 0")
     div = browser.execute_script("return Object.assign({}, document.getElementById('divergence').dataset)")
-    assert div == {"step": str(PLANT["step"]), "field": PLANT["field"], "index": str(PLANT["index"]),
-                   "token": str(PLANT["token"])}
-    hot = browser.find_elements("css selector", "span.tok.diverge")
-    assert len(hot) == 1 and hot[0].get_attribute("data-pos") == str(PLANT["token"])
-    text = browser.find_element("id", "divergence").text
-    for v in (first["a"], first["b"]):
-        assert f"{v:.4f}"[:-1] in text, (v, text)
+    assert div == {"step": str(plant["step"]), "field": plant["field"], "index": str(plant["index"]),
+                   "token": str(plant["token"])}
+    # both sides' tokens of that trajectory, the divergent token marked once on each side, with its value
+    for side in ("a", "b"):
+        hot = browser.find_elements("css selector", f"#tokens-{side} span.tok.diverge")
+        assert len(hot) == 1 and hot[0].get_attribute("data-pos") == str(plant["token"]), side
+        assert float(hot[0].get_attribute("data-logprob")) == first[side]
+    assert len(browser.find_elements("css selector", "span.tok.diverge")) == 2
+    values = [float(dd.text) for dd in browser.find_elements("css selector", "#divergence dd.side")[:2]]
+    assert values == [first["a"], first["b"]]
     only_local_resources(browser, env.diff_url)
     save_shot(browser, "diff", shots)
 
