@@ -4,6 +4,7 @@ should show, computed here from ``trajstore.Reader`` alone (never from trajstore
 ``view_dump``: split ``train`` (right-padded; steps 0, 1, 2, 4, 5, step 3 recorded as skipped; a float32
 ``old_logprobs`` and a bfloat16 ``rollout_logprobs``, per-token ``versions``, multi-turn loss masks, text
 fields, trajectory ``XSS_INDEX`` of every step is the ``PAYLOAD`` as its completion text and tokens),
+split ``ranks`` (2 SPMD shards a step, step ``INCOMPLETE`` of rank 0 only),
 split ``packed`` (``cu_seqlens``, no mask) and split ``long`` (one trajectory of ``LONG`` tokens).
 ``diff_dumps``: two small dumps equal but for one logprob (``PLANT``)."""
 
@@ -22,7 +23,7 @@ from trajstore.store import commit
 PAYLOAD = "<script>alert(1)</script><img src=x onerror=alert(1)>"
 PROMPT = "Repeat exactly: "
 XSS_INDEX = 2
-STEPS, SKIPPED = [0, 1, 2, 4, 5], 3
+STEPS, SKIPPED, INCOMPLETE = [0, 1, 2, 4, 5], 3, 2
 B, LONG = 6, 16384
 PLANT = {"step": 2, "field": "old_logprobs", "index": 1, "token": None, "delta": 0.25}  # token: 3rd response token
 PAIR = ("old_logprobs", "rollout_logprobs")  # the first pair of the viewer's list that the dump has
@@ -95,6 +96,10 @@ def view_dump(path: Path, tok_path: Path) -> None:
         for s in STEPS:
             w.append(s, _padded_step(tok, s), meta={"lr": 1e-6})
     assert commit.record_skipped(path / "train", SKIPPED, "No space left on device")
+    for rank in (0, 1):  # split "ranks": two SPMD shards a step; rank 1 never wrote step INCOMPLETE
+        with trajstore.Writer(path, split="ranks", rank=rank, world_size=2) as w:
+            for s in range(INCOMPLETE + 1 - rank):
+                w.append(s, _padded_step(tok, 10 * s + rank))
     with trajstore.Writer(path, split="packed") as w:
         for s in range(4):
             g = torch.Generator().manual_seed(200 + s)

@@ -18,7 +18,7 @@ import pytest
 
 from _browser import OFFLINE, ViewServer, get_raw, make_driver, need_chromium, save_shot
 from _dumps import run as run_cli
-from _viewdumps import (B, LONG, PAIR, PAYLOAD, SKIPPED, XSS_INDEX, colour, curves, diff_dumps,
+from _viewdumps import (B, INCOMPLETE, LONG, PAIR, PAYLOAD, SKIPPED, XSS_INDEX, colour, curves, diff_dumps,
                         make_tokenizer, rows, view_dump)
 
 pytestmark = pytest.mark.browser
@@ -111,7 +111,8 @@ def test_run_page_plots_the_readers_statistics_and_a_point_opens_its_step(env, b
     from selenium.webdriver.common.action_chains import ActionChains
 
     open_page(browser, env.url + "/", "run", "document.querySelector('#curve-reward_mean .main-svg')")
-    for split, prefix in (("train", "curve-"), ("packed", "curve-packed-"), ("long", "curve-long-")):
+    for split, prefix in (("train", "curve-"), ("ranks", "curve-ranks-"), ("packed", "curve-packed-"),
+                          ("long", "curve-long-")):
         for metric, (xs, ys) in curves(env.dump, split).items():
             got = plot(browser, prefix + metric)
             assert got is not None, f"no plot {prefix + metric}"
@@ -119,8 +120,8 @@ def test_run_page_plots_the_readers_statistics_and_a_point_opens_its_step(env, b
             assert got[1] == pytest.approx(ys, rel=1e-6, abs=1e-12), (prefix + metric, got[1], ys)
     assert browser.execute_script("return document.getElementById('curve-packed-logprob_mismatch')") is None
     missing = browser.execute_script("return Array.from(document.querySelectorAll('#missing li'))"
-                                     ".map(li => [li.dataset.step, li.dataset.why])")
-    assert missing == [[str(SKIPPED), "skipped"]]
+                                     ".map(li => [li.dataset.step, li.dataset.why, li.dataset.split])")
+    assert sorted(missing) == [[str(INCOMPLETE), "incomplete", "ranks"], [str(SKIPPED), "skipped", "train"]]
     only_local_resources(browser, env.url)
     save_shot(browser, "run", shots)
 
