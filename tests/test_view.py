@@ -306,3 +306,26 @@ def test_field_choice_follows_the_definitions():
     assert data.pick(["a", "b"], [], set(), ("b", "a")).pair == ("b", "a")
     with pytest.raises(trajstore.ConfigError, match="no per-token field 'c'"):
         data.pick(["a", "b"], [], set(), ("a", "c"))
+
+
+def test_run_page_shows_index_rewards_first_then_every_curve(dumps, monkeypatch):
+    """Steps still being read are ``pending``: their rewards come from the column index at once, the
+    other curves once the server's thread has read them."""
+    from trajstore.view import pages
+
+    gate = threading.Event()
+    real = pages.data.read
+
+    def slow(*a, **kw):
+        assert gate.wait(30)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(pages.data, "read", slow)
+    v = View(dumps["packed"])
+    first = v.run(wait=0)
+    assert first["pending"] == 4 and first["series"]["length_mean"] == [None] * 4
+    gate.set()
+    full = v.run()
+    assert full["pending"] == 0 and None not in full["series"]["length_mean"]
+    for m in ("reward_mean", "reward_std", "reward_min", "reward_max"):
+        assert first["series"][m] == pytest.approx(full["series"][m], rel=1e-12)

@@ -104,7 +104,10 @@ def make_app(view: View) -> Starlette:
                             headers=HEADERS)
 
     def api_run(req: Request) -> Response:
-        return _json(view.run(req.query_params.get("split"), _pair(req)))
+        w = req.query_params.get("wait")
+        if w is not None and not re.fullmatch(r"\d{1,4}(\.\d{1,3})?", w):
+            raise _Bad(f"wait must be a number of seconds, got {w!r}")
+        return _json(view.run(req.query_params.get("split"), _pair(req), None if w is None else float(w)))
 
     def api_step(req: Request) -> Response:
         return _json(view.step(req.query_params.get("split"), _int(req, "step")))
