@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from ..reader import Reader
 from . import data
 
 CHUNK = 256  # steps read per batch of the run page's metrics
+READERS = 2  # step files read at once (pyarrow's reads release the GIL)
 
 
 def _f(v: Any) -> Any:
@@ -102,19 +104,27 @@ class View:
         r = Reader(self.path, split)  # a reader of its own: the request threads keep theirs
         errors = self._errors.setdefault((split, f.reward, f.mask, f.versions, f.pair), {})
         toks, scal = data.needs(f, True), [f.reward] if f.reward else []
-        for lo in range(0, len(todo), CHUNK):
-            parts, got = [], []
-            for s in todo[lo:lo + CHUNK]:
-                try:
-                    parts.append(data.read(r, s, toks, scal))
-                    got.append(s)
-                except (TrajstoreError, OSError) as e:
-                    errors[s] = f"{type(e).__name__}: {e}"
-                    done[s] = dict.fromkeys(data.METRICS)
-            c, bounds = data.concat(parts)
-            ms = data.metrics(c, f, bounds)
-            for g, s in enumerate(got):
-                done[s] = {m: ms[m][g] for m in data.METRICS}
+        def one(s: int) -> Any:
+            try:
+                return data.read(r, s, toks, scal)
+            except (TrajstoreError, OSError) as e:
+                return e
+
+        with ThreadPoolExecutor(READERS, thread_name_prefix="trajstore-view") as ex:
+            for lo in range(0, len(todo), CHUNK):
+                chunk = todo[lo:lo + CHUNK]
+                parts, got = [], []
+                for s, c in zip(chunk, ex.map(one, chunk)):
+                    if isinstance(c, data.Cols):
+                        parts.append(c)
+                        got.append(s)
+                    else:
+                        errors[s] = f"{type(c).__name__}: {c}"
+                        done[s] = dict.fromkeys(data.METRICS)
+                c, bounds = data.concat(parts)
+                ms = data.metrics(c, f, bounds)
+                for g, s in enumerate(got):
+                    done[s] = {m: ms[m][g] for m in data.METRICS}
 
     def _rewards(self, r: Reader, f: data.Fields, steps: list[int]) -> dict[int, dict]:
         """Reward metrics of ``steps`` from the split's column index alone (steps it lacks are left out)."""
