@@ -222,7 +222,6 @@
       if (seg === null || Number(seg.getAttribute("data-mask")) !== t.mask) {
         var kind = t.mask === 1 ? "response" : (j === 0 ? "prompt" : "turn");
         seg = el("div", {"class": "segment", "data-kind": kind, "data-mask": t.mask});
-        seg.appendChild(el("span", {"class": "seg-label"}, kind));
         frag.appendChild(seg);
       }
       var s = tokenSpan(t, j);
