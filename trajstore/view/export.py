@@ -43,7 +43,7 @@ def export(view: View, out: str | Path, steps: list[int] | None = None, per_step
             trajs.append(view.traj(None, s, i))
     data = {"path": str(view.path), "runs": runs, "steps": step_data, "trajs": trajs}
     title = html.escape(f"trajstore export: {view.path}")
-    page = (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>{title}</title><link rel="icon" href="data:,">\n'
+    page = (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>{title}</title>\n'
             f'<style>{(STATIC / "view.css").read_text()}</style></head>\n'
             f'<body data-page="run" data-export="1" data-split="{html.escape(view.split, quote=True)}">'
             f'<h1>{title}</h1><div id="app"></div>\n'
