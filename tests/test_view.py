@@ -329,3 +329,23 @@ def test_run_page_shows_index_rewards_first_then_every_curve(dumps, monkeypatch)
     assert full["pending"] == 0 and None not in full["series"]["length_mean"]
     for m in ("reward_mean", "reward_std", "reward_min", "reward_max"):
         assert first["series"][m] == pytest.approx(full["series"][m], rel=1e-12)
+
+
+def test_cli_view_export_and_missing_extra(dumps, tmp_path):
+    """``trajstore view --export`` through the command; without the extra, exit 2 naming it."""
+    import subprocess
+    import sys
+
+    from trajstore.cli import main
+
+    out = tmp_path / "e.html"
+    assert main(["view", str(dumps["padded"]), "--export", str(out), "--steps", "1-2", "--max-per-step", "1"]) == 0
+    got = json.loads(re.search(r'(?s)<script id="trajstore-data" type="application/json">(.*?)</script>',
+                               out.read_text()).group(1))
+    assert [(t["step"], t["index"]) for t in got["trajs"]] == [(1, 0), (2, 0)]
+    assert main(["view", str(dumps["padded"]), "--export", str(out), "--steps", "7-9"]) == 2
+    code = ("import sys; sys.modules['starlette'] = None; from trajstore.cli import main; "
+            f"sys.exit(main(['view', {str(dumps['padded'])!r}]))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).resolve().parent.parent)
+    assert p.returncode == 2 and "pip install 'trajstore[view]'" in p.stderr, p.stderr
