@@ -235,37 +235,56 @@ def _plain(v: Any) -> Any:
 
 
 def _seg(offs: np.ndarray, vals: np.ndarray, fn: Any, fill: float) -> np.ndarray:
-    """``fn`` (np.minimum / np.maximum / np.add) over each row's values; ``fill`` for empty rows."""
+    """``fn`` (np.minimum / np.maximum / np.add) over each row's values, as float64; ``fill`` for empty
+    rows. Min and max run in the values' own dtype (no float copy of a step's tokens)."""
     out = np.full(len(offs) - 1, fill, dtype=np.float64)
     lens = np.diff(offs)
     ne = lens > 0
     if ne.any():
-        out[ne] = fn.reduceat(vals[offs[0]:offs[-1]].astype(np.float64), (offs[:-1] - offs[0])[ne])
+        v = vals[offs[0]:offs[-1]]
+        if fn is np.add and v.dtype.kind != "f":
+            v = v.astype(np.int64)
+        out[ne] = fn.reduceat(v, (offs[:-1] - offs[0])[ne])
     return out
+
+
+def _count(offs: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """The true values of each row of the bool tokens ``m``."""
+    nz = np.flatnonzero(m[offs[0]:offs[-1]])
+    return np.diff(np.searchsorted(nz, offs - offs[0])).astype(np.float64)
+
+
+def _extremes(offs: np.ndarray, v: np.ndarray, keep: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Max and min of each row's values where ``keep`` (NaN for a row with none)."""
+    if keep is None:
+        n = np.diff(offs).astype(np.float64)
+        hi, lo = _seg(offs, v, np.maximum, np.nan), _seg(offs, v, np.minimum, np.nan)
+    else:
+        n = _count(offs, keep)
+        big = np.iinfo(v.dtype) if v.dtype.kind in "iu" else None
+        top, bot = (big.min, big.max) if big else (-np.inf, np.inf)
+        hi = _seg(offs, np.where(keep, v, np.asarray(top, v.dtype)), np.maximum, np.nan)
+        lo = _seg(offs, np.where(keep, v, np.asarray(bot, v.dtype)), np.minimum, np.nan)
+    hi[n == 0] = np.nan
+    lo[n == 0] = np.nan
+    return hi, lo
 
 
 def per_traj(c: Cols, f: Fields) -> dict[str, np.ndarray]:
     """reward, length, version (max), version min (response tokens) of each trajectory (NaN: none)."""
     out = {"reward": np.asarray([np.nan if v is None else float(v) for v in c.scal.get(f.reward, [None] * c.n)]
                                 if f.reward else [np.nan] * c.n, dtype=np.float64)}
-    resp = None
+    keep = None
     if f.mask in c.tok:
         offs, m = c.tok[f.mask]
-        resp = (offs, m != 0)
-        out["length"] = _seg(offs, resp[1], np.add, 0.0)
+        keep = m if m.dtype == bool else m != 0
+        out["length"] = _count(offs, keep)
     else:
         out["length"] = c.counts.astype(np.float64)
     if f.versions in c.tok:
         offs, v = c.tok[f.versions]
-        v = v.astype(np.float64)
-        if resp is not None and len(resp[1]) == len(v):
-            hi, lo = np.where(resp[1], v, -np.inf), np.where(resp[1], v, np.inf)
-        else:
-            hi = lo = v
-        out["version"] = _seg(offs, hi, np.maximum, -np.inf)
-        out["version_min"] = _seg(offs, lo, np.minimum, np.inf)
-        for k in ("version", "version_min"):
-            out[k][~np.isfinite(out[k])] = np.nan
+        ok = keep is not None and len(keep) == len(v) and np.array_equal(offs, c.tok[f.mask][0])
+        out["version"], out["version_min"] = _extremes(offs, v, keep if ok else None)
     return out
 
 
@@ -339,7 +358,7 @@ def metrics(c: Cols, f: Fields, bounds: np.ndarray) -> dict[str, list]:
                     mo, mv = c.tok[f.mask]
                     keep = mv[mo[0]:mo[-1]] != 0
                 rs = _seg(rel, np.where(keep, d, 0.0), np.add, 0.0)
-                rc = _seg(rel, keep, np.add, 0.0)
+                rc = _count(rel, keep)
                 out["logprob_mismatch"] = _seg(bounds, rs, np.add, 0.0) / _seg(bounds, rc, np.add, 0.0)
     return {k: [None if not np.isfinite(x) else float(x) for x in v] for k, v in out.items()}
 
