@@ -349,3 +349,24 @@ def test_cli_view_export_and_missing_extra(dumps, tmp_path):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        cwd=Path(__file__).resolve().parent.parent)
     assert p.returncode == 2 and "pip install 'trajstore[view]'" in p.stderr, p.stderr
+
+
+def test_non_finite_values_and_clashing_names(tmp_path):
+    b = small_batch(B=3, T=4)
+    b["rewards"] = torch.tensor([float("inf"), float("nan"), 1.0])
+    b["logprobs"][0, 0] = float("-inf")
+    b["length"] = torch.tensor([7, 8, 9])  # a field named like a column of the table
+    r = write(tmp_path / "d", {0: b})
+    v = View(r.path)
+    srv = Server(v)
+    try:
+        step = srv.json("/api/step?step=0")
+        run = srv.json("/api/run")
+        tr = srv.json("/api/traj?step=0&index=0")
+    finally:
+        srv.close()
+    assert [x["reward"] for x in step["rows"]] == ["inf", None, 1.0]
+    assert [x["field:length"] for x in step["rows"]] == [7, 8, 9]
+    assert [x["length"] for x in step["rows"]] == [float(n) for n in r.read(0)["attention_mask"].sum(1).tolist()]
+    assert run["series"]["reward_mean"] == [None]  # inf in the mean; NaN left out
+    assert tr["tokens"][0]["logprob"] == "-inf"

@@ -25,8 +25,9 @@ READERS = 2  # step files read at once (pyarrow's reads release the GIL)
 
 
 def _f(v: Any) -> Any:
+    """A value as JSON: NaN as None, infinities as the text ``inf`` / ``-inf``."""
     if isinstance(v, float | np.floating):
-        return None if math.isnan(v) else float(v)
+        return None if math.isnan(v) else float(v) if math.isfinite(v) else ("inf" if v > 0 else "-inf")
     if isinstance(v, np.integer):
         return int(v)
     return v
@@ -149,13 +150,15 @@ class View:
         f = data.fields_of(r, step)
         c = data.read(r, step, data.needs(f, False), f.scalars)
         t = data.per_traj(c, f)
-        cols = ["index", "reward", "length", "version"] + [s for s in f.scalars if s not in ("index", f.reward)]
+        base = ["index", "reward", "length", "version"]
+        extra = {(s if s not in base else f"field:{s}"): s for s in f.scalars if s != f.reward}
+        cols = base + list(extra)
         rows = []
         for i in range(c.n):
             row = {"index": i, "reward": _f(t["reward"][i]), "length": _f(t["length"][i]),
                    "version": _f(t["version"][i]) if "version" in t else None}
-            for s in cols[4:]:
-                row[s] = _f(c.scal[s][i])
+            for k, s in extra.items():
+                row[k] = _f(c.scal[s][i])
             rows.append(row)
         return {"path": str(self.path), "split": r.split, "step": step, "columns": cols, "rows": rows,
                 "fields": {"reward": f.reward, "mask": f.mask, "versions": f.versions}}

@@ -193,13 +193,16 @@
   function colour(t, mode, maxv) {
     if (t.mask === 0) return MASKED;
     if (mode === "logprob") {
-      if (t.logprob === "") return WHITE;
-      var p = Math.min(1, Math.max(0, Math.exp(Number(t.logprob)))), g = Math.round(255 * p);
+      var x = t.logprob === "-inf" ? -Infinity : Number(t.logprob);
+      if (t.logprob === "" || isNaN(x)) return WHITE;
+      var p = Math.min(1, Math.max(0, Math.exp(x))), g = Math.round(255 * p);
       return "rgb(255, " + g + ", " + g + ")";
     }
     if (mode === "diff") {
       if (t.logprob === "" || t.other === undefined || t.other === "") return WHITE;
-      var dd = Math.min(Math.abs(Number(t.logprob) - Number(t.other)), 1), h = Math.round(255 * (1 - dd));
+      var dd = Math.min(Math.abs(Number(t.logprob) - Number(t.other)), 1);
+      if (isNaN(dd)) return WHITE;
+      var h = Math.round(255 * (1 - dd));
       return "rgb(255, " + h + ", " + h + ")";
     }
     if (t.version === "") return WHITE;
