@@ -306,3 +306,67 @@ def test_field_choice_follows_the_definitions():
     assert data.pick(["a", "b"], [], set(), ("b", "a")).pair == ("b", "a")
     with pytest.raises(trajstore.ConfigError, match="no per-token field 'c'"):
         data.pick(["a", "b"], [], set(), ("a", "c"))
+
+
+def test_run_page_shows_index_rewards_first_then_every_curve(dumps, monkeypatch):
+    """Steps still being read are ``pending``: their rewards come from the column index at once, the
+    other curves once the server's thread has read them."""
+    from trajstore.view import pages
+
+    gate = threading.Event()
+    real = pages.data.read
+
+    def slow(*a, **kw):
+        assert gate.wait(30)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(pages.data, "read", slow)
+    v = View(dumps["packed"])
+    first = v.run(wait=0)
+    assert first["pending"] == 4 and first["series"]["length_mean"] == [None] * 4
+    gate.set()
+    full = v.run()
+    assert full["pending"] == 0 and None not in full["series"]["length_mean"]
+    for m in ("reward_mean", "reward_std", "reward_min", "reward_max"):
+        assert first["series"][m] == pytest.approx(full["series"][m], rel=1e-12)
+
+
+def test_cli_view_export_and_missing_extra(dumps, tmp_path):
+    """``trajstore view --export`` through the command; without the extra, exit 2 naming it."""
+    import subprocess
+    import sys
+
+    from trajstore.cli import main
+
+    out = tmp_path / "e.html"
+    assert main(["view", str(dumps["padded"]), "--export", str(out), "--steps", "1-2", "--max-per-step", "1"]) == 0
+    got = json.loads(re.search(r'(?s)<script id="trajstore-data" type="application/json">(.*?)</script>',
+                               out.read_text()).group(1))
+    assert [(t["step"], t["index"]) for t in got["trajs"]] == [(1, 0), (2, 0)]
+    assert main(["view", str(dumps["padded"]), "--export", str(out), "--steps", "7-9"]) == 2
+    code = ("import sys; sys.modules['starlette'] = None; from trajstore.cli import main; "
+            f"sys.exit(main(['view', {str(dumps['padded'])!r}]))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).resolve().parent.parent)
+    assert p.returncode == 2 and "pip install 'trajstore[view]'" in p.stderr, p.stderr
+
+
+def test_non_finite_values_and_clashing_names(tmp_path):
+    b = small_batch(B=3, T=4)
+    b["rewards"] = torch.tensor([float("inf"), float("nan"), 1.0])
+    b["logprobs"][0, 0] = float("-inf")
+    b["length"] = torch.tensor([7, 8, 9])  # a field named like a column of the table
+    r = write(tmp_path / "d", {0: b})
+    v = View(r.path)
+    srv = Server(v)
+    try:
+        step = srv.json("/api/step?step=0")
+        run = srv.json("/api/run")
+        tr = srv.json("/api/traj?step=0&index=0")
+    finally:
+        srv.close()
+    assert [x["reward"] for x in step["rows"]] == ["inf", None, 1.0]
+    assert [x["field:length"] for x in step["rows"]] == [7, 8, 9]
+    assert [x["length"] for x in step["rows"]] == [float(n) for n in r.read(0)["attention_mask"].sum(1).tolist()]
+    assert run["series"]["reward_mean"] == [None]  # inf in the mean; NaN left out
+    assert tr["tokens"][0]["logprob"] == "-inf"

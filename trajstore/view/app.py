@@ -45,7 +45,7 @@ def shell(page: str, title: str, attrs: dict[str, Any] | None = None) -> str:
     a = "".join(f' data-{k}="{html.escape(str(v), quote=True)}"' for k, v in (attrs or {}).items())
     t = html.escape(title)
     return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>{t}</title>'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1"><link rel="icon" href="data:,">'
             f'<link rel="stylesheet" href="/static/view.css"></head>\n'
             f'<body data-page="{page}"{a}><nav><a href="/">run</a></nav><h1>{t}</h1><div id="app"></div>\n'
             f'<script src="/static/plotly.min.js"></script><script src="/static/view.js"></script>\n</body></html>\n')
@@ -104,7 +104,10 @@ def make_app(view: View) -> Starlette:
                             headers=HEADERS)
 
     def api_run(req: Request) -> Response:
-        return _json(view.run(req.query_params.get("split"), _pair(req)))
+        w = req.query_params.get("wait")
+        if w is not None and not re.fullmatch(r"\d{1,4}(\.\d{1,3})?", w):
+            raise _Bad(f"wait must be a number of seconds, got {w!r}")
+        return _json(view.run(req.query_params.get("split"), _pair(req), None if w is None else float(w)))
 
     def api_step(req: Request) -> Response:
         return _json(view.step(req.query_params.get("split"), _int(req, "step")))

@@ -20,7 +20,6 @@ several masks, nested fields) is decoded and cut by ``format.rows`` (``tables.st
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -236,65 +235,137 @@ def _plain(v: Any) -> Any:
 
 
 def _seg(offs: np.ndarray, vals: np.ndarray, fn: Any, fill: float) -> np.ndarray:
-    """``fn`` (np.minimum / np.maximum / np.add) over each row's values; ``fill`` for empty rows."""
+    """``fn`` (np.minimum / np.maximum / np.add) over each row's values, as float64; ``fill`` for empty
+    rows. Min and max run in the values' own dtype (no float copy of a step's tokens)."""
     out = np.full(len(offs) - 1, fill, dtype=np.float64)
     lens = np.diff(offs)
     ne = lens > 0
     if ne.any():
-        out[ne] = fn.reduceat(vals[offs[0]:offs[-1]].astype(np.float64), (offs[:-1] - offs[0])[ne])
+        v = vals[offs[0]:offs[-1]]
+        if fn is np.add and v.dtype.kind != "f":
+            v = v.astype(np.int64)
+        out[ne] = fn.reduceat(v, (offs[:-1] - offs[0])[ne])
     return out
+
+
+def _count(offs: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """The true values of each row of the bool tokens ``m``."""
+    nz = np.flatnonzero(m[offs[0]:offs[-1]])
+    return np.diff(np.searchsorted(nz, offs - offs[0])).astype(np.float64)
+
+
+def _extremes(offs: np.ndarray, v: np.ndarray, keep: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Max and min of each row's values where ``keep`` (NaN for a row with none)."""
+    if keep is None:
+        n = np.diff(offs).astype(np.float64)
+        hi, lo = _seg(offs, v, np.maximum, np.nan), _seg(offs, v, np.minimum, np.nan)
+    else:
+        n = _count(offs, keep)
+        big = np.iinfo(v.dtype) if v.dtype.kind in "iu" else None
+        top, bot = (big.min, big.max) if big else (-np.inf, np.inf)
+        hi = _seg(offs, np.where(keep, v, np.asarray(top, v.dtype)), np.maximum, np.nan)
+        lo = _seg(offs, np.where(keep, v, np.asarray(bot, v.dtype)), np.minimum, np.nan)
+    hi[n == 0] = np.nan
+    lo[n == 0] = np.nan
+    return hi, lo
 
 
 def per_traj(c: Cols, f: Fields) -> dict[str, np.ndarray]:
     """reward, length, version (max), version min (response tokens) of each trajectory (NaN: none)."""
     out = {"reward": np.asarray([np.nan if v is None else float(v) for v in c.scal.get(f.reward, [None] * c.n)]
                                 if f.reward else [np.nan] * c.n, dtype=np.float64)}
-    resp = None
+    keep = None
     if f.mask in c.tok:
         offs, m = c.tok[f.mask]
-        resp = (offs, m != 0)
-        out["length"] = _seg(offs, resp[1], np.add, 0.0)
+        keep = m if m.dtype == bool else m != 0
+        out["length"] = _count(offs, keep)
     else:
         out["length"] = c.counts.astype(np.float64)
     if f.versions in c.tok:
         offs, v = c.tok[f.versions]
-        v = v.astype(np.float64)
-        if resp is not None and len(resp[1]) == len(v):
-            hi, lo = np.where(resp[1], v, -np.inf), np.where(resp[1], v, np.inf)
-        else:
-            hi = lo = v
-        out["version"] = _seg(offs, hi, np.maximum, -np.inf)
-        out["version_min"] = _seg(offs, lo, np.minimum, np.inf)
-        for k in ("version", "version_min"):
-            out[k][~np.isfinite(out[k])] = np.nan
+        ok = keep is not None and len(keep) == len(v) and np.array_equal(offs, c.tok[f.mask][0])
+        out["version"], out["version_min"] = _extremes(offs, v, keep if ok else None)
     return out
 
 
-def _num(v: Any) -> float | None:
-    return None if v is None or isinstance(v, float) and math.isnan(v) else float(v)
+def concat(parts: list[Cols]) -> tuple[Cols, np.ndarray]:
+    """Several steps' columns as one (rows in order) and the row bounds of each step (``[G + 1]``)."""
+    bounds = np.concatenate([[0], np.cumsum([p.n for p in parts])]).astype(np.int64)
+    out = Cols(int(bounds[-1]), np.concatenate([p.counts for p in parts]) if parts else np.zeros(0, np.int64))
+    for k in set().union(*(p.tok for p in parts)) if parts else ():
+        if all(k in p.tok for p in parts):
+            lens = np.concatenate([np.diff(p.tok[k][0]) for p in parts])
+            vals = np.concatenate([p.tok[k][1][p.tok[k][0][0]:p.tok[k][0][-1]] for p in parts])
+            out.tok[k] = (np.concatenate([[0], np.cumsum(lens)]), vals)
+    for k in set().union(*(p.scal for p in parts)) if parts else ():
+        out.scal[k] = [v for p in parts for v in p.scal.get(k, [None] * p.n)]
+    return out, bounds
+
+
+def _pct(x: np.ndarray, bounds: np.ndarray, q: float) -> np.ndarray:
+    """``numpy.percentile(x[lo:hi], q)`` (linear) of each group, vectorized (numpy's own interpolation)."""
+    G = len(bounds) - 1
+    n = np.diff(bounds)
+    gid = np.repeat(np.arange(G), n)
+    xs = x[np.lexsort((x, gid))]
+    out = np.full(G, np.nan)
+    ok = n > 0
+    pos = (q / 100) * (n[ok] - 1)
+    lo = np.floor(pos).astype(np.int64)
+    hi = np.minimum(lo + 1, n[ok] - 1)
+    t = pos - lo
+    a, b = xs[bounds[:-1][ok] + lo], xs[bounds[:-1][ok] + hi]
+    d = b - a
+    out[ok] = np.where(t >= 0.5, b - d * (1 - t), a + d * t)
+    return out
+
+
+def metrics(c: Cols, f: Fields, bounds: np.ndarray) -> dict[str, list]:
+    """The run-page metrics (``METRICS``) of each step of ``c`` (rows ``bounds[g]:bounds[g + 1]``):
+    a list per metric, None where the step has no such value."""
+    G = len(bounds) - 1
+    n = np.diff(bounds)
+    gid = np.repeat(np.arange(G), n)
+    t = per_traj(c, f)
+    out: dict[str, np.ndarray] = {}
+    rew = t["reward"]
+    ok = ~np.isnan(rew)
+    rn = _seg(bounds, ok, np.add, 0.0)
+    with np.errstate(all="ignore"):
+        mean = _seg(bounds, np.where(ok, rew, 0.0), np.add, 0.0) / rn
+        dev = np.where(ok, rew - mean[gid], 0.0) if len(rew) else rew
+        out["reward_mean"] = mean
+        out["reward_std"] = np.sqrt(_seg(bounds, dev * dev, np.add, 0.0) / rn)
+        out["reward_min"] = np.where(rn > 0, _seg(bounds, np.where(ok, rew, np.inf), np.minimum, np.nan), np.nan)
+        out["reward_max"] = np.where(rn > 0, _seg(bounds, np.where(ok, rew, -np.inf), np.maximum, np.nan), np.nan)
+        ln = t["length"]
+        out["length_mean"] = _seg(bounds, ln, np.add, 0.0) / np.where(n > 0, n, np.nan)
+        out["length_p95"] = _pct(ln, bounds, 95)
+        out["tokens"] = _seg(bounds, c.counts, np.add, 0.0)
+        out["version_lag"] = np.full(G, np.nan)
+        if "version" in t:
+            top = _seg(bounds, np.nan_to_num(t["version"], nan=-np.inf), np.maximum, -np.inf)
+            lag = np.where(np.isnan(t["version_min"]), -np.inf, top[gid] - t["version_min"]) if len(gid) else gid
+            out["version_lag"] = _seg(bounds, lag, np.maximum, -np.inf)
+        out["logprob_mismatch"] = np.full(G, np.nan)
+        if f.pair and f.pair[0] in c.tok and f.pair[1] in c.tok:
+            (oa, a), (ob, b) = c.tok[f.pair[0]], c.tok[f.pair[1]]
+            if len(a) == len(b) and np.array_equal(np.diff(oa), np.diff(ob)):
+                d = np.abs(a.astype(np.float64)[oa[0]:oa[-1]] - b.astype(np.float64)[ob[0]:ob[-1]])
+                rel = oa - oa[0]
+                keep = np.ones(len(d), bool)
+                if f.mask in c.tok and np.array_equal(np.diff(c.tok[f.mask][0]), np.diff(oa)):
+                    mo, mv = c.tok[f.mask]
+                    keep = mv[mo[0]:mo[-1]] != 0
+                rs = _seg(rel, np.where(keep, d, 0.0), np.add, 0.0)
+                rc = _count(rel, keep)
+                out["logprob_mismatch"] = _seg(bounds, rs, np.add, 0.0) / _seg(bounds, rc, np.add, 0.0)
+    return {k: [None if not np.isfinite(x) else float(x) for x in v] for k, v in out.items()}
 
 
 def step_stats(c: Cols, f: Fields) -> dict[str, float | None]:
-    """The run-page metrics of one step (``METRICS``; None where the dump has no such field)."""
-    t = per_traj(c, f)
-    r = t["reward"][~np.isnan(t["reward"])]
-    ln = t["length"]
-    out: dict[str, float | None] = dict.fromkeys(METRICS)
-    if len(r):
-        out.update(reward_mean=float(r.mean()), reward_std=float(r.std()), reward_min=float(r.min()),
-                   reward_max=float(r.max()))
-    if len(ln):
-        out.update(length_mean=float(ln.mean()), length_p95=float(np.percentile(ln, 95)))
-    out["tokens"] = float(c.counts.sum())
-    if "version" in t and not np.isnan(t["version"]).all():
-        out["version_lag"] = float(np.nanmax(np.nanmax(t["version"]) - t["version_min"]))
-    if f.pair and f.pair[0] in c.tok and f.pair[1] in c.tok:
-        a, b = c.tok[f.pair[0]][1].astype(np.float64), c.tok[f.pair[1]][1].astype(np.float64)
-        if len(a) == len(b):
-            keep = c.tok[f.mask][1] != 0 if f.mask in c.tok and len(c.tok[f.mask][1]) == len(a) else slice(None)
-            d = np.abs(a[keep] - b[keep])
-            out["logprob_mismatch"] = float(d.mean()) if len(d) else None
-    return {k: _num(v) for k, v in out.items()}
+    """The run-page metrics of one step."""
+    return {k: v[0] for k, v in metrics(c, f, np.asarray([0, c.n])).items()}
 
 
 def needs(f: Fields, run: bool) -> list[str]:

@@ -36,6 +36,14 @@
   }
 
   // ---------------------------------------------------------------- run page
+  function curve(div, d, m, fresh) {
+    var trace = [{x: d.steps, y: d.series[m], type: "scatter", mode: d.steps.length > 300 ? "lines" : "lines+markers",
+      hovertemplate: "step %{x}<br>%{y}<extra></extra>"}];
+    var layout = {title: {text: TITLES[m] || m}, height: 250, margin: {l: 50, r: 10, t: 36, b: 36},
+      xaxis: {title: {text: "step"}}};
+    return fresh ? Plotly.newPlot(div, trace, layout, PLOT) : Plotly.react(div, trace, layout, PLOT);
+  }
+
   function runSplit(d, link) {
     var prefix = d.split === d.default_split ? "curve-" : "curve-" + d.split + "-";
     var sec = el("section", {"class": "split", "data-split": d.split});
@@ -44,21 +52,30 @@
     sec.appendChild(el("p", {"class": "fields"}, "reward: " + raw(f.reward || "none") + "; mask: " +
       raw(f.mask || "none") + "; versions: " + raw(f.versions || "none") + "; logprob pair: " +
       (f.pair ? f.pair.join(" vs ") : "none")));
+    var status = el("p", {"class": "pending", "data-split": d.split});
+    sec.appendChild(status);
     var grid = el("div", {"class": "grid"});
     sec.appendChild(grid);
     app.appendChild(sec);
+    var divs = {};
     Object.keys(d.series).forEach(function (m) {
-      var div = el("div", {id: prefix + m, "class": "curve", "data-metric": m, "data-split": d.split});
+      var div = divs[m] = el("div", {id: prefix + m, "class": "curve", "data-metric": m, "data-split": d.split});
       grid.appendChild(div);
-      Plotly.newPlot(div, [{x: d.steps, y: d.series[m], type: "scatter", mode: d.steps.length > 300 ? "lines" : "lines+markers",
-        hovertemplate: "step %{x}<br>%{y}<extra></extra>"}],
-        {title: {text: TITLES[m] || m}, height: 250, margin: {l: 50, r: 10, t: 36, b: 36}, xaxis: {title: {text: "step"}}},
-        PLOT);
+      curve(div, d, m, true);
       if (link) div.on("plotly_click", function (ev) {
         if (ev.points && ev.points.length) location.href = "/step/" + enc(d.split) + "/" + ev.points[0].x;
       });
     });
-    return d.missing.map(function (m) { m.split = d.split; return m; });
+    function note(d2) {
+      status.textContent = d2.pending ? "reading the tokens of " + d2.pending + " more steps..." :
+        (d2.errors && d2.errors.length ? d2.errors.length + " step(s) could not be read: " +
+          d2.errors.map(function (e) { return e.step + " (" + e.error + ")"; }).join("; ") : "");
+    }
+    note(d);
+    return {missing: d.missing.map(function (m) { m.split = d.split; return m; }), update: function (d2) {
+      Object.keys(divs).forEach(function (m) { if (d2.series[m]) curve(divs[m], d2, m, false); });
+      note(d2);
+    }};
   }
 
   function missingList(all) {
@@ -86,8 +103,16 @@
     var missing = [];
     var chain = Promise.resolve();
     order.forEach(function (s) {
-      chain = chain.then(function () { return get("/api/run?split=" + enc(s) + extra); })
-        .then(function (d) { missing = missing.concat(runSplit(d, true)); });
+      var url = "/api/run?split=" + enc(s) + extra;
+      chain = chain.then(function () { return get(url + "&wait=0.5"); }).then(function (d) {
+        var v = runSplit(d, true);
+        missing = missing.concat(v.missing);
+        function poll(prev) {  // the metrics of steps still being read come in as they are
+          if (!prev.pending) return null;
+          return get(url + "&wait=2").then(function (d2) { v.update(d2); return poll(d2); });
+        }
+        return poll(d);
+      });
     });
     chain.then(function () { missingList(missing); ready(); }).catch(fail);
   }
@@ -168,13 +193,16 @@
   function colour(t, mode, maxv) {
     if (t.mask === 0) return MASKED;
     if (mode === "logprob") {
-      if (t.logprob === "") return WHITE;
-      var p = Math.min(1, Math.max(0, Math.exp(Number(t.logprob)))), g = Math.round(255 * p);
+      var x = t.logprob === "-inf" ? -Infinity : Number(t.logprob);
+      if (t.logprob === "" || isNaN(x)) return WHITE;
+      var p = Math.min(1, Math.max(0, Math.exp(x))), g = Math.round(255 * p);
       return "rgb(255, " + g + ", " + g + ")";
     }
     if (mode === "diff") {
       if (t.logprob === "" || t.other === undefined || t.other === "") return WHITE;
-      var dd = Math.min(Math.abs(Number(t.logprob) - Number(t.other)), 1), h = Math.round(255 * (1 - dd));
+      var dd = Math.min(Math.abs(Number(t.logprob) - Number(t.other)), 1);
+      if (isNaN(dd)) return WHITE;
+      var h = Math.round(255 * (1 - dd));
       return "rgb(255, " + h + ", " + h + ")";
     }
     if (t.version === "") return WHITE;
@@ -197,7 +225,6 @@
       if (seg === null || Number(seg.getAttribute("data-mask")) !== t.mask) {
         var kind = t.mask === 1 ? "response" : (j === 0 ? "prompt" : "turn");
         seg = el("div", {"class": "segment", "data-kind": kind, "data-mask": t.mask});
-        seg.appendChild(el("span", {"class": "seg-label"}, kind));
         frag.appendChild(seg);
       }
       var s = tokenSpan(t, j);
@@ -273,7 +300,7 @@
   // ---------------------------------------------------------------- an exported file
   function exportPage() {
     var missing = [];
-    DATA.runs.forEach(function (d) { missing = missing.concat(runSplit(d, false)); });
+    DATA.runs.forEach(function (d) { missing = missing.concat(runSplit(d, false).missing); });
     missingList(missing);
     DATA.steps.forEach(function (d) {
       app.appendChild(el("h2", null, "split " + d.split + " step " + d.step));
