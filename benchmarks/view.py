@@ -9,7 +9,8 @@ Two figures of issue 15, on local disk with a warm page cache:
   server's thread), then ``GET /api/run`` again (the metrics of committed steps are kept);
 * the step page of one step of ``--batch`` (1,024) trajectories of ``--tokens`` (16,384) tokens:
   ``GET /api/step`` (the scalar columns and the loss-mask and versions columns; no token ids, no
-  log-probs), and ``GET /api/traj`` of one of its trajectories (one row group read).
+  log-probs), and ``GET /api/traj`` of one of its trajectories (one row group read); with
+  ``--browser``, those pages loaded in headless Chromium until drawn (``data-ready``).
 
 Each request goes through a real uvicorn server on 127.0.0.1 (``tests/test_view.py``'s set-up) and
 is timed at the client, JSON included; best of 3 unless said. """
@@ -75,7 +76,7 @@ def best(fn, repeat: int = 3) -> float:
     return min(fn() for _ in range(repeat))
 
 
-def run(tmp: Path, steps: int = 10_000, B: int = 1024, T: int = 16_384) -> list[tuple[str, float]]:
+def run(tmp: Path, steps: int = 10_000, B: int = 1024, T: int = 16_384, browser: bool = False) -> list[tuple[str, float]]:
     rows = []
     t0 = time.perf_counter()
     b = batch(8, 16)
@@ -105,8 +106,38 @@ def run(tmp: Path, steps: int = 10_000, B: int = 1024, T: int = 16_384) -> list[
     rows.append((f"GET /api/step, {B} x {T} tokens (s)", best(lambda: srv.get("/api/step?step=0")[0])))
     rows.append((f"GET /api/traj, one trajectory of {T} tokens (s)",
                  best(lambda: srv.get(f"/api/traj?step=0&index={B // 2}")[0])))
+    if browser:
+        rows += _browser(srv, B, T)
     srv.close()
     return rows
+
+
+def _browser(srv: _Server, B: int, T: int) -> list[tuple[str, float]]:
+    """Page load to ``data-ready`` (JSON fetched, table or tokens built) in headless Chromium
+    (Debian's ``chromium`` + ``chromium-driver`` through Selenium), best of 3."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    o = Options()
+    o.binary_location = "/usr/bin/chromium"
+    for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,900"):
+        o.add_argument(a)
+    drv = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=o)
+
+    def load(path: str) -> float:
+        t0 = time.perf_counter()
+        drv.get(f"http://127.0.0.1:{srv.port}{path}")
+        while drv.execute_script("return document.body.getAttribute('data-ready')") != "1":
+            time.sleep(0.01)
+        return time.perf_counter() - t0
+
+    try:
+        return [(f"Chromium: step page of {B} x {T} tokens, load to table drawn (s)", best(lambda: load("/step/train/0"))),
+                (f"Chromium: trajectory page of {T} tokens, load to tokens coloured (s)",
+                 best(lambda: load(f"/traj/train/0/{B // 2}")))]
+    finally:
+        drv.quit()
 
 
 def main() -> None:
@@ -114,11 +145,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10_000)
     ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--tokens", type=int, default=16_384)
+    ap.add_argument("--browser", action="store_true", help="also time the pages in headless Chromium (selenium)")
     a = ap.parse_args()
     print(f"# {platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
           f"python {platform.python_version()}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     with tempfile.TemporaryDirectory() as tmp:
-        rows = run(Path(tmp), a.steps, a.batch, a.tokens)
+        rows = run(Path(tmp), a.steps, a.batch, a.tokens, a.browser)
     print("| figure | value |\n|---|---|")
     for name, v in rows:
         print(f"| {name} | {v:.3f} |")
