@@ -11,6 +11,11 @@ settings.register_profile(
 settings.load_profile("default")
 
 
+def pytest_addoption(parser):
+    parser.addoption("--screenshots", metavar="DIR", default=None,
+                     help="tests/test_view_browser.py also saves its PNG of each page in DIR (docs/img)")
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -25,7 +25,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("writer / reader", ["trajstore.writer", "trajstore.snapshot", "trajstore.reader", "trajstore.prefetch",
                          "trajstore.tables", "trajstore.shard_read"]),
     ("recorder / inspection", ["trajstore.config", "trajstore.recorder", "trajstore.inspection",
-                               "trajstore.inspection.*", "trajstore.testing", "trajstore.ray"]),
+                               "trajstore.inspection.*", "trajstore.testing", "trajstore.ray",
+                               "trajstore.view", "trajstore.view.*"]),
     ("cli", ["trajstore._console", "trajstore.cli"]),
     ("package root", ["trajstore"]),
 ]
@@ -35,6 +36,8 @@ SAME_LAYER = [
     ("trajstore.store.*", "trajstore.store.*"),
     ("trajstore.integrations.*", "trajstore.integrations"),
     ("trajstore.inspection.*", "trajstore.inspection.*"),
+    ("trajstore.view.*", "trajstore.view.*"),
+    ("trajstore.view.*", "trajstore.inspection.*"),
     ("trajstore.writer", "trajstore.snapshot"),
     ("trajstore.reader", "trajstore.prefetch"),
     ("trajstore.reader", "trajstore.tables"),
@@ -158,7 +161,7 @@ def test_the_checker_sees_edges():
 
 # imported inside functions on purpose: optional extras (an ImportError names the extra to install)
 OPTIONAL = {"tensordict", "pandas", "duckdb", "polars", "tokenizers", "rich", "trackio", "safetensors", "ray",
-            "fsspec"}
+            "fsspec", "uvicorn"}
 # the CLI loads a command's modules when the command runs, so `trajstore --help` starts at once
 LAZY = {"trajstore.cli"}
 

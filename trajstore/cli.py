@@ -8,6 +8,7 @@
     trajstore export PATH --format jsonl [--tokenizer T] [--max-per-step K] [-o FILE]
     trajstore verify PATH [--split S] [--deep] [--json]   checksums of every step (docs/RELIABILITY.md)
     trajstore import SRC DST [--kind pt|verl|roll] [--trust-pickle] [--strict]   other tools' dumps (docs/IMPORT.md)
+    trajstore view PATH [PATH2] [--port N] [--tokenizer T] [--export FILE.html]   in the browser (trajstore[view])
 
 Exit status: 0 success; 1 ``diff`` found a difference beyond tolerance, or ``verify`` a damaged
 step; 2 an error (bad arguments, no such dump/step/field, a damaged file, a missing optional
@@ -28,7 +29,7 @@ from typing import Any, Callable
 
 from . import _console as out
 from ._text import format_ranges, human_bytes, parse_steps
-from .errors import ConfigError, TrajstoreError
+from .errors import ConfigError, MissingDependencyError, TrajstoreError
 
 __all__ = ["main", "command", "arg"]
 
@@ -317,6 +318,36 @@ def cmd_export(args: argparse.Namespace) -> int:
             f.close()
     print(f"exported {n} trajectories from {len(steps)} step(s); {rejected} rejected "
           f"{'included' if args.include_rejected else 'skipped'}", file=sys.stderr)
+    return 0
+
+
+# ----------------------------------------------------------------------------- view
+@command("view", "look at a run in the browser: curves, step tables, coloured tokens, a diff of two dumps",
+         PATH, arg("path2", nargs="?", metavar="PATH2", help="a second dump: the diff page compares the two"),
+         SPLIT, TOKENIZER, arg("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)"),
+         arg("--port", type=int, default=8000, help="port (default: 8000)"),
+         arg("--export", metavar="FILE.html", help="write one self-contained HTML file instead of serving"),
+         arg("--steps", help="--export: the steps whose trajectories go in the file, e.g. 0-9,12 (default: the last)"),
+         arg("--max-per-step", type=int, default=4, metavar="K", help="--export: trajectories per step (default: 4)"))
+def cmd_view(args: argparse.Namespace) -> int:
+    from .view.pages import View
+
+    try:
+        from .view import app, export
+    except ImportError as e:
+        raise MissingDependencyError(f"trajstore view needs the 'view' extra ({e.name}): "
+                                     "pip install 'trajstore[view]'") from None
+    v = View(args.path, args.split, args.tokenizer, other=args.path2)
+    if args.export:
+        want = parse_steps(args.steps, "--steps")
+        steps = None if want is None else [s for s in want if s in v.reader(None).steps]
+        if want is not None and not steps:
+            raise ConfigError(f"--steps {args.steps}: none of these steps is in {args.path} split {v.split!r}")
+        f = export.export(v, args.export, steps, args.max_per_step)
+        print(f"wrote {f} (opens with no network)")
+        return 0
+    print(f"trajstore view: http://{args.host}:{args.port}/  (split {v.split}; Ctrl-C stops)", flush=True)
+    app.serve(v, args.host, args.port)
     return 0
 
 

@@ -1,0 +1,361 @@
+"""``trajstore view`` in real headless Chromium (Debian's chromium + chromium-driver through Selenium,
+tests/_browser.py): the run page plots the reader's statistics and a click opens the step; the step
+table sorts, filters and opens a trajectory; token colours and tooltips follow the documented formulas;
+the diff page shows a planted divergence; dump text stays text; no path leaves the dump; the exported
+HTML works with no network; a 16k-token trajectory renders whole. The dumps and the expected values
+come from tests/_viewdumps.py (trajstore.Reader only). ``pytest --screenshots DIR`` also writes the
+PNG of each page (docs/img/ in the repository)."""
+
+from __future__ import annotations
+
+import math
+import time
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from _browser import OFFLINE, ViewServer, get_raw, make_driver, need_chromium, save_shot
+from _dumps import run as run_cli
+from _viewdumps import (B, INCOMPLETE, LONG, PAIR, PAYLOAD, SKIPPED, XSS_INDEX, colour, curves, diff_dumps,
+                        make_tokenizer, rows, view_dump)
+
+pytestmark = pytest.mark.browser
+
+METRICS = ["reward_mean", "reward_std", "reward_min", "reward_max", "length_mean", "length_p95", "tokens",
+           "version_lag", "logprob_mismatch"]
+
+
+@pytest.fixture(scope="session")
+def env(tmp_path_factory):
+    need_chromium()
+    for m in ("starlette", "uvicorn", "plotly"):
+        pytest.importorskip(m)
+    d = tmp_path_factory.mktemp("view")
+    tok = make_tokenizer(d)
+    view_dump(d / "dump", tok)
+    plant = diff_dumps(d / "a", d / "b", tok)
+    servers = []
+    try:
+        servers.append(ViewServer(d / "dump", "--tokenizer", tok, log=d / "run.log"))
+        servers.append(ViewServer(d / "a", d / "b", "--tokenizer", tok, log=d / "diff.log"))
+        yield SimpleNamespace(dir=d, tok=tok, plant=plant, dump=d / "dump", url=servers[0].url, diff_url=servers[1].url)
+    finally:
+        for s in servers:
+            s.stop()
+
+
+@pytest.fixture(scope="session")
+def browser(env):
+    driver = make_driver()
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture(scope="session")
+def shots(request, tmp_path_factory) -> list[Path]:
+    out = [tmp_path_factory.mktemp("screenshots")]
+    if request.config.getoption("--screenshots", None):
+        out.append(Path(request.config.getoption("--screenshots")))
+    return out
+
+
+def wait_js(driver, expr: str, *args, timeout: float = 60):
+    """Wait until the JavaScript expression ``expr`` is truthy; return its value."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(
+        lambda d: d.execute_script(f"return ({expr});", *args), message=f"waiting for {expr}")
+
+
+def eventually(get, want, timeout: float = 30):
+    """``get()`` once it equals ``want``, or its last value after ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while (got := get()) != want and time.monotonic() < end:
+        time.sleep(0.2)
+    return got
+
+
+def open_page(driver, url: str, page: str, ready: str) -> None:
+    driver.get(url)
+    wait_js(driver, f"document.body && document.body.dataset.page === '{page}' && ({ready})")
+    assert driver.find_element("tag name", "h1").text.strip()
+
+
+def plot(driver, div: str) -> list | None:
+    return driver.execute_script(
+        "const d = document.getElementById(arguments[0]);"
+        "return d && d.data && d.data.length ? [Array.from(d.data[0].x || []), Array.from(d.data[0].y || []),"
+        " d.data[0].type || 'scatter'] : null;", div)
+
+
+def no_alert(driver) -> None:
+    """No alert opens (waits two seconds for one, e.g. from an <img onerror>)."""
+    from selenium.common.exceptions import NoAlertPresentException, TimeoutException
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    with pytest.raises(TimeoutException):
+        WebDriverWait(driver, 2).until(EC.alert_is_present())
+    with pytest.raises(NoAlertPresentException):
+        driver.switch_to.alert.text
+
+
+def only_local_resources(driver, base: str) -> None:
+    names = driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+    assert names and all(n.startswith(base) for n in names), names
+
+
+def test_run_page_plots_the_readers_statistics_and_a_point_opens_its_step(env, browser, shots):
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    open_page(browser, env.url + "/", "run", "document.querySelector('#curve-reward_mean .main-svg')")
+    for split, prefix in (("train", "curve-"), ("ranks", "curve-ranks-"), ("packed", "curve-packed-"),
+                          ("long", "curve-long-")):
+        for metric, (xs, ys) in curves(env.dump, split).items():
+            got = plot(browser, prefix + metric)
+            assert got is not None, f"no plot {prefix + metric}"
+            assert got[0] == xs, (prefix + metric, got[0])
+            assert got[1] == pytest.approx(ys, rel=1e-6, abs=1e-12), (prefix + metric, got[1], ys)
+    assert browser.execute_script("return document.getElementById('curve-packed-logprob_mismatch')") is None
+    missing = browser.execute_script("return Array.from(document.querySelectorAll('#missing li'))"
+                                     ".map(li => [li.dataset.step, li.dataset.why, li.dataset.split])")
+    assert sorted(missing) == [[str(INCOMPLETE), "incomplete", "ranks"], [str(SKIPPED), "skipped", "train"]]
+    only_local_resources(browser, env.url)
+    save_shot(browser, "run", shots)
+
+    # click the plotted point of step 2: Plotly's own hover and click handling, then navigation
+    x, y = curves(env.dump, "train")["reward_mean"][0][2], curves(env.dump, "train")["reward_mean"][1][2]
+    px, py = browser.execute_script(
+        "const gd = document.getElementById('curve-reward_mean'); gd.scrollIntoView({block: 'center'});"
+        "const r = gd.getBoundingClientRect(), xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;"
+        "return [r.left + xa._offset + xa.l2p(arguments[0]), r.top + ya._offset + ya.l2p(arguments[1])];", x, y)
+    ac = ActionChains(browser)
+    ac.w3c_actions.pointer_action.move_to_location(int(px), int(py))
+    ac.w3c_actions.pointer_action.pause(0.5)
+    ac.w3c_actions.pointer_action.move_to_location(int(px) + 1, int(py))
+    ac.w3c_actions.pointer_action.click()
+    ac.perform()
+    wait_js(browser, "location.pathname === '/step/train/2' && document.body.dataset.page === 'step'")
+
+
+def table(driver, key: str) -> list[tuple[str, str]]:
+    """(data-index, data-value of column ``key``) of the visible rows, in page order."""
+    return [tuple(x) for x in driver.execute_script(
+        "return Array.from(document.querySelectorAll('#traj-table tbody tr')).filter(tr => tr.getClientRects().length)"
+        ".map(tr => [tr.dataset.index, tr.querySelector(`td[data-key='${arguments[0]}']`).dataset.value]);", key)]
+
+
+def test_step_page_sorts_filters_and_opens_a_trajectory(env, browser, shots):
+    import trajstore
+
+    step = 2
+    rs = rows(trajstore.Reader(env.dump)[step])
+    open_page(browser, f"{env.url}/step/train/{step}", "step",
+              f"document.querySelectorAll('#traj-table tbody tr').length === {B}")
+    keys = browser.execute_script("return Array.from(document.querySelectorAll('#traj-table th')).map(th => th.dataset.key)")
+    assert keys[:4] == ["index", "reward", "length", "version"] and "kl" in keys, keys
+    got = {i: float(v) for i, v in table(browser, "reward")}
+    assert got == {str(i): pytest.approx(r["reward"], rel=1e-7) for i, r in enumerate(rs)}
+    assert dict(table(browser, "length")) == {str(i): str(r["length"]) for i, r in enumerate(rs)}
+    assert {i: int(v) for i, v in table(browser, "version")} == {str(i): int(r["versions"].max()) for i, r in enumerate(rs)}
+    for div, want in (("hist-reward", [r["reward"] for r in rs]), ("hist-length", [r["length"] for r in rs])):
+        h = plot(browser, div)
+        assert h is not None, f"no histogram {div}"
+        if h[2] == "histogram":
+            assert sorted(h[0]) == pytest.approx(sorted(want), rel=1e-7)
+        else:  # pre-binned bars: the counts add up to the trajectories
+            assert sum(h[1]) == len(want)
+    save_shot(browser, "step", shots)
+
+    by_reward = [str(i) for i in sorted(range(B), key=lambda i: rs[i]["reward"])]
+    header = browser.find_element("css selector", "#traj-table th[data-key='reward']")
+    header.click()
+    first = [i for i, _ in table(browser, "reward")]
+    assert first in (by_reward, by_reward[::-1]), first
+    header.click()
+    assert [i for i, _ in table(browser, "reward")] == first[::-1]
+
+    box = browser.find_element("id", "filter")
+    box.send_keys(f"s{step}-t4")
+    wait_js(browser, "document.querySelectorAll('#traj-table tbody tr').length > 0")
+    assert [i for i, _ in table(browser, "index")] == ["4"]
+    box.clear()  # an empty filter shows every row again
+    browser.execute_script("arguments[0].dispatchEvent(new Event('input'))", box)
+    assert sorted(i for i, _ in table(browser, "index")) == sorted(map(str, range(B)))
+
+    browser.find_element("css selector", "#traj-table tbody tr[data-index='3']").click()
+    wait_js(browser, f"location.pathname === '/traj/train/{step}/3' && document.body.dataset.page === 'traj'")
+
+
+def spans(driver) -> list[dict]:
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll('#tokens span.tok')).map(s => ({pos: s.dataset.pos,"
+        " id: s.dataset.id, logprob: s.dataset.logprob, mask: s.dataset.mask, version: s.dataset.version,"
+        " other: s.dataset.other, title: s.title, text: s.textContent, bg: getComputedStyle(s).backgroundColor,"
+        " seg: s.closest('div.segment') ? Array.from(document.querySelectorAll('div.segment')).indexOf("
+        "s.closest('div.segment')) : -1}))")
+
+
+def _num(s: str | None) -> float | None:
+    return None if s in (None, "") else float(s)
+
+
+def test_trajectory_page_colours_and_tooltips_follow_the_data(env, browser, shots):
+    import trajstore
+    from selenium.webdriver.support.ui import Select
+    from tokenizers import Tokenizer
+
+    step, index = 4, 3  # a multi-turn trajectory: prompt, response, tool turn, response
+    tok = Tokenizer.from_file(str(env.tok))
+    r = rows(trajstore.Reader(env.dump)[step])[index]
+    n = len(r["input_ids"])
+    open_page(browser, f"{env.url}/traj/train/{step}/{index}", "traj",
+              f"document.querySelectorAll('#tokens span.tok').length === {n}")
+    got = spans(browser)
+    assert [int(s["pos"]) for s in got] == list(range(n))
+    assert [int(s["id"]) for s in got] == r["input_ids"].tolist()
+    assert [s["text"] for s in got] == [tok.decode([t]) for t in r["input_ids"].tolist()]
+    assert [int(s["mask"]) for s in got] == r["loss_mask"].tolist()
+    assert [int(s["version"]) for s in got] == r["versions"].tolist()
+    assert [float(s["logprob"]) for s in got] == r[PAIR[0]].tolist()
+    assert [float(s["other"]) for s in got] == r[PAIR[1]].tolist()
+    for s in got:
+        assert s["title"] == (f"id={s['id']} text={s['text']!r} logprob={s['logprob']} mask={s['mask']} "
+                              f"version={s['version']} other={s['other']}"), s
+
+    # segments: one per run of the loss mask, in order: prompt, response, turn, response
+    mask = r["loss_mask"].tolist()
+    runs = [k for k in range(n) if k == 0 or mask[k] != mask[k - 1]]
+    kinds = browser.execute_script("return Array.from(document.querySelectorAll('div.segment')).map(d => d.dataset.kind)")
+    assert kinds == ["prompt", "response", "turn", "response"] and len(runs) == 4
+    assert [s["seg"] for s in got] == [sum(k <= j for k in runs) - 1 for j in range(n)]
+
+    maxv = int(r["versions"].max())
+    for mode in ("logprob", "diff", "version"):
+        Select(browser.find_element("id", "colour")).select_by_value(mode)
+        want = [colour(mode, m, lp, o, v, maxv) for m, lp, o, v in
+                zip(mask, r[PAIR[0]].tolist(), r[PAIR[1]].tolist(), r["versions"].tolist())]
+        got = eventually(lambda: [s["bg"] for s in spans(browser)], want)  # colouring may run in chunks
+        assert got == want, mode
+        assert len(set(want)) > 2  # the mode shows something
+        if mode == "logprob":
+            save_shot(browser, "trajectory", shots)
+
+
+def test_diff_page_highlights_the_planted_divergence(env, browser, shots):
+    import trajstore
+
+    plant = env.plant
+
+    first = trajstore.diff(env.dir / "a", env.dir / "b").first_divergence
+    assert (first["step"], first["field"], first["trajectory"], first["token"]) == \
+        (plant["step"], plant["field"], plant["index"], plant["token"])
+    open_page(browser, env.diff_url + "/diff", "diff", "document.querySelector('#divergence')"
+              " && document.querySelectorAll('#divergence span.tok, span.tok').length > 0")
+    div = browser.execute_script("return Object.assign({}, document.getElementById('divergence').dataset)")
+    assert div == {"step": str(plant["step"]), "field": plant["field"], "index": str(plant["index"]),
+                   "token": str(plant["token"])}
+    # both sides' tokens of that trajectory, the divergent token marked once on each side, with its value
+    for side in ("a", "b"):
+        hot = browser.find_elements("css selector", f"#tokens-{side} span.tok.diverge")
+        assert len(hot) == 1 and hot[0].get_attribute("data-pos") == str(plant["token"]), side
+        assert float(hot[0].get_attribute("data-logprob")) == first[side]
+    assert len(browser.find_elements("css selector", "span.tok.diverge")) == 2
+    values = [float(dd.text) for dd in browser.find_elements("css selector", "#divergence dd.side")[:2]]
+    assert values == [first["a"], first["b"]]
+    only_local_resources(browser, env.diff_url)
+    save_shot(browser, "diff", shots)
+
+
+def test_diff_page_of_equal_dumps_says_so(env, browser):
+    srv = ViewServer(env.dir / "a", env.dir / "a", log=env.dir / "same.log")
+    try:
+        open_page(browser, srv.url + "/diff", "diff", "document.querySelector('#divergence')")
+        assert browser.find_element("id", "divergence").get_attribute("data-step") == ""
+        assert not browser.find_elements("css selector", "span.tok.diverge")
+    finally:
+        srv.stop()
+
+
+def test_dump_text_is_shown_as_text_never_run(env, browser):
+    open_page(browser, f"{env.url}/traj/train/0/{XSS_INDEX}", "traj", "document.querySelectorAll('#tokens span.tok').length")
+    no_alert(browser)
+    assert PAYLOAD in browser.execute_script("return document.getElementById('tokens').textContent")
+    assert browser.execute_script("return document.querySelectorAll('#tokens img, #tokens script, body img').length") == 0
+    open_page(browser, f"{env.url}/step/train/0", "step", f"document.querySelectorAll('#traj-table tbody tr').length === {B}")
+    no_alert(browser)
+    cell = browser.find_element("css selector", f"#traj-table tr[data-index='{XSS_INDEX}'] td[data-key='completion']")
+    assert cell.text == PAYLOAD and cell.get_attribute("data-value") == PAYLOAD
+    assert browser.execute_script("return document.querySelectorAll('#traj-table img, #traj-table script').length") == 0
+
+
+TRAVERSALS = ["/static/../../etc/passwd", "/static/..%2f..%2f..%2f..%2fetc%2fpasswd", "/static/%2e%2e/%2e%2e/etc/passwd",
+              "/static/%2e%2e%2f%2e%2e%2f%2e%2e%2fetc%2fpasswd", "/static/..%252f..%252fetc%252fpasswd",
+              "/static//etc/passwd", "/static/%2fetc%2fpasswd", "/static/..\\..\\..\\etc\\passwd",
+              "/static/..%5c..%5c..%5cetc%5cpasswd", "/../../etc/passwd", "/%2e%2e/%2e%2e/etc/passwd",
+              "/api/step?split=..%2f..%2f..%2fetc&step=0", "/api/step?split=../../../etc/passwd&step=0",
+              "/api/run?split=..%2F..%2F..%2Fetc", "/api/traj?split=/etc&step=0&index=0"]
+
+
+@pytest.mark.parametrize("raw", TRAVERSALS)
+def test_no_path_leaves_the_dump(env, raw):
+    status, body = get_raw(env.url, raw)
+    assert b"root:" not in body and status in (400, 403, 404), (status, body[:200])
+
+
+def test_no_path_leaves_the_dump_in_the_browser_either(env, browser):
+    import trajstore.view
+
+    static = Path(trajstore.view.__file__).parent / "static"
+    names = [f.name for f in static.iterdir() if f.is_file()]
+    assert names
+    for name in names:  # what may be served is served
+        with urllib.request.urlopen(f"{env.url}/static/{name}") as r:
+            assert r.status == 200 and r.read() == (static / name).read_bytes()
+    for raw in ("/static/../../etc/passwd", "/static/..%2f..%2f..%2fetc%2fpasswd", "/step/..%2f..%2fetc/passwd"):
+        browser.get(env.url + raw)
+        assert "root:x:" not in browser.page_source
+
+
+def test_exported_html_works_with_no_network(env, tmp_path):
+    need_chromium()
+    out = tmp_path / "run.html"
+    run_cli("view", env.dump, "--tokenizer", env.tok, "--export", out, timeout=600)
+    driver = make_driver(OFFLINE)
+    try:
+        from selenium.common.exceptions import WebDriverException
+
+        try:  # the browser really has no network: not even the live view server on 127.0.0.1 answers
+            driver.get(env.url + "/")
+        except WebDriverException:
+            pass
+        assert driver.execute_script("return document.body ? (document.body.dataset.page || null) : null") is None
+        driver.get(out.as_uri())
+        wait_js(driver, "window.Plotly && document.querySelector('#curve-reward_mean .main-svg')")
+        sizes = driver.execute_script("return Array.from(document.querySelectorAll('.js-plotly-plot'))"
+                                      ".map(d => d.data ? d.data.length : 0)")
+        assert sizes and all(sizes), sizes
+        xs, ys = curves(env.dump, "train")["reward_mean"]
+        got = plot(driver, "curve-reward_mean")
+        assert got[0] == xs and got[1] == pytest.approx(ys, rel=1e-6)
+        res = driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+        assert all(n.startswith(("file:", "data:", "blob:")) for n in res), res
+        no_alert(driver)
+    finally:
+        driver.quit()
+
+
+def test_a_16k_token_trajectory_renders_whole(env, browser):
+    import trajstore
+
+    r = rows(trajstore.Reader(env.dump, "long")[0])[0]
+    assert len(r["input_ids"]) == LONG
+    open_page(browser, f"{env.url}/traj/long/0/0", "traj", "document.querySelectorAll('#tokens span.tok').length > 0")
+    wait_js(browser, f"document.querySelectorAll('#tokens span.tok').length === {LONG}", timeout=300)
+    last = browser.execute_script("const s = document.querySelectorAll('#tokens span.tok');"
+                                  "return [s.length, s[s.length - 1].dataset.pos, s[s.length - 1].dataset.id]")
+    assert last == [LONG, str(LONG - 1), str(int(r["input_ids"][-1]))]
+    assert not math.isnan(float(browser.execute_script(
+        "return document.querySelector('#tokens span.tok[data-mask=\"1\"]').dataset.logprob")))

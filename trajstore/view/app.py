@@ -1,0 +1,151 @@
+"""The Starlette app of ``trajstore view``: read-only pages over one dump (two for the diff page).
+
+Routes: ``/`` (run), ``/step/{split}/{step}``, ``/traj/{split}/{step}/{index}``, ``/diff``; their data as
+JSON under ``/api/run``, ``/api/step``, ``/api/traj``, ``/api/diff``; ``/static/{name}`` serves only the
+files of this package's ``static`` folder and plotly's own bundle (``plotly/package_data/plotly.min.js``),
+never a path taken from the request. Every page is a small HTML shell (its title escaped) whose script
+fetches the JSON and builds the page with ``textContent`` (dump data never reaches ``innerHTML``).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import plotly
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from ..errors import TrajstoreError
+from .pages import View
+
+STATIC = Path(__file__).resolve().parent / "static"
+PLOTLY_JS = Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
+HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY"}
+
+
+def static_files() -> dict[str, Path]:
+    """The names ``/static/`` serves and their files (nothing else is ever served)."""
+    out = {p.name: p for p in STATIC.iterdir() if p.is_file() and _NAME.match(p.name)}
+    out["plotly.min.js"] = PLOTLY_JS
+    return out
+
+
+def shell(page: str, title: str, attrs: dict[str, Any] | None = None) -> str:
+    """The HTML of a page: ``<body data-page=...>``, an escaped ``<h1>``, the page's script."""
+    a = "".join(f' data-{k}="{html.escape(str(v), quote=True)}"' for k, v in (attrs or {}).items())
+    t = html.escape(title)
+    return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>{t}</title>'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1"><link rel="icon" href="data:,">'
+            f'<link rel="stylesheet" href="/static/view.css"></head>\n'
+            f'<body data-page="{page}"{a}><nav><a href="/">run</a></nav><h1>{t}</h1><div id="app"></div>\n'
+            f'<script src="/static/plotly.min.js"></script><script src="/static/view.js"></script>\n</body></html>\n')
+
+
+def _int(req: Request, name: str) -> int:
+    v = req.query_params.get(name, req.path_params.get(name))
+    if v is None or not re.fullmatch(r"\d{1,12}", str(v)):
+        raise _Bad(f"{name} must be a non-negative integer, got {v!r}")
+    return int(v)
+
+
+class _Bad(ValueError):
+    pass
+
+
+def _pair(req: Request) -> tuple[str, str] | None:
+    p = req.query_params.get("pair")
+    if not p:
+        return None
+    parts = p.split(",")
+    if len(parts) != 2 or not all(parts):
+        raise _Bad(f"pair must be two field names a,b; got {p!r}")
+    return parts[0], parts[1]
+
+
+def _json(obj: Any) -> Response:
+    return Response(json.dumps(obj, allow_nan=False, separators=(",", ":")), media_type="application/json",
+                    headers=HEADERS)
+
+
+def make_app(view: View) -> Starlette:
+    """The app serving ``view`` (a :class:`trajstore.view.pages.View`)."""
+    files = static_files()
+    name = os.path.basename(str(view.path).rstrip("/")) or str(view.path)
+
+    async def run_page(req: Request) -> Response:
+        return HTMLResponse(shell("run", f"run {name}", {"split": view.split, "splits": ",".join(view.splits),
+                                                         "diff": int(view.other is not None)}), headers=HEADERS)
+
+    async def step_page(req: Request) -> Response:
+        s = _int(req, "step")
+        sp = req.path_params["split"]
+        return HTMLResponse(shell("step", f"{name} {sp} step {s}", {"split": sp, "step": s}), headers=HEADERS)
+
+    async def traj_page(req: Request) -> Response:
+        s, i = _int(req, "step"), _int(req, "index")
+        sp = req.path_params["split"]
+        return HTMLResponse(shell("traj", f"{name} {sp} step {s} trajectory {i}", {"split": sp, "step": s, "index": i}),
+                            headers=HEADERS)
+
+    async def diff_page(req: Request) -> Response:
+        if view.other is None:
+            return HTMLResponse(shell("diff", "diff: give two dumps (trajstore view A B)"), 404, headers=HEADERS)
+        return HTMLResponse(shell("diff", f"diff {name} vs {os.path.basename(str(view.other).rstrip('/'))}"),
+                            headers=HEADERS)
+
+    def api_run(req: Request) -> Response:
+        w = req.query_params.get("wait")
+        if w is not None and not re.fullmatch(r"\d{1,4}(\.\d{1,3})?", w):
+            raise _Bad(f"wait must be a number of seconds, got {w!r}")
+        return _json(view.run(req.query_params.get("split"), _pair(req), None if w is None else float(w)))
+
+    def api_step(req: Request) -> Response:
+        return _json(view.step(req.query_params.get("split"), _int(req, "step")))
+
+    def api_traj(req: Request) -> Response:
+        return _json(view.traj(req.query_params.get("split"), _int(req, "step"), _int(req, "index")))
+
+    def api_diff(req: Request) -> Response:
+        return _json(view.diff())
+
+    async def static(req: Request) -> Response:
+        f = files.get(req.path_params["name"])
+        if f is None:
+            return Response("not found", 404, media_type="text/plain", headers=HEADERS)
+        return FileResponse(f, media_type=TYPES.get(f.suffix, "application/octet-stream"), headers=HEADERS)
+
+    def guarded(fn: Any) -> Any:
+        async def call(req: Request) -> Response:
+            try:
+                return await run_in_threadpool(fn, req)
+            except _Bad as e:
+                return JSONResponse({"error": str(e)}, 400, headers=HEADERS)
+            except TrajstoreError as e:
+                return JSONResponse({"error": str(e)}, 404, headers=HEADERS)
+        return call
+
+    routes = [
+        Route("/", run_page), Route("/step/{split}/{step:int}", step_page),
+        Route("/traj/{split}/{step:int}/{index:int}", traj_page), Route("/diff", diff_page),
+        Route("/api/run", guarded(api_run)), Route("/api/step", guarded(api_step)),
+        Route("/api/traj", guarded(api_traj)), Route("/api/diff", guarded(api_diff)),
+        Route("/static/{name}", static),
+    ]
+    return Starlette(routes=routes)
+
+
+def serve(view: View, host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Serve ``view`` until interrupted (uvicorn)."""
+    import uvicorn
+
+    uvicorn.run(make_app(view), host=host, port=port, log_level="warning")

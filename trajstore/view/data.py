@@ -1,0 +1,374 @@
+"""What the pages of ``trajstore view`` show, as plain JSON-able dicts, reading only what a page needs.
+
+Definitions (also in README.md and docs/CLI.md):
+
+* **reward**: the per-trajectory field ``rewards`` (else ``reward``, ``scores``, else the first float
+  per-trajectory field); ``reward_std`` is the population standard deviation (``numpy.std``).
+* **length**: a trajectory's response tokens: the count of its non-zero loss-mask tokens (the first of
+  ``loss_mask``, ``response_mask``, ``completion_mask``, ``action_mask``), else its tokens (those of the
+  attention mask). ``length_p95``: ``numpy.percentile(lengths, 95)`` (linear).
+* **tokens**: the total tokens of the step (every trajectory's tokens).
+* **version_lag**: over the step, the largest (max policy version of the step's response tokens - min
+  version of a trajectory's response tokens), from the per-token ``versions`` (else ``version``).
+* **logprob_mismatch**: the mean over the step's loss-mask tokens of ``|a - b|`` for the first logprob
+  pair present (``PAIRS``), or the pair asked for.
+
+A step appended as a padded or packed dict is read column by column straight from its file(s) (only
+the columns a page needs; one row group for a trajectory); any other form (lists of trajectories,
+several masks, nested fields) is decoded and cut by ``format.rows`` (``tables.step_rows``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import ConfigError
+from ..format.spec import is_dict_batch, is_plain_sample, is_token
+from ..tables import step_rows
+
+REWARDS = ("rewards", "reward", "scores")
+MASKS = ("loss_mask", "response_mask", "completion_mask", "action_mask")
+VERSIONS = ("versions", "version")
+TOKENS = ("input_ids", "tokens", "token_ids", "sequences")
+PAIRS = (("old_logprobs", "rollout_logprobs"), ("logprobs", "rollout_logprobs"),
+         ("old_logprobs", "logprobs"), ("logprobs", "ref_logprobs"))
+METRICS = ("reward_mean", "reward_std", "reward_min", "reward_max", "length_mean", "length_p95", "tokens",
+           "version_lag", "logprob_mismatch")
+
+
+@dataclass
+class Cols:
+    """Some columns of one step (or one trajectory of it): ragged token fields as offsets + values."""
+
+    n: int  # trajectories
+    counts: np.ndarray  # tokens of each trajectory
+    tok: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # name -> (offsets, values)
+    scal: dict[str, list] = field(default_factory=dict)  # name -> one value per trajectory (None: absent)
+
+    def row(self, name: str, i: int) -> np.ndarray | None:
+        got = self.tok.get(name)
+        return None if got is None else got[1][got[0][i]:got[0][i + 1]]
+
+
+@dataclass
+class Fields:
+    """The fields of a split the pages use (None where the dump has none)."""
+
+    tokens: list[str]  # per-token 1-D fields
+    scalars: list[str]  # per-trajectory scalar fields (numbers or text), in spec order
+    reward: str | None = None
+    mask: str | None = None
+    versions: str | None = None
+    ids: str | None = None
+    pair: tuple[str, str] | None = None
+
+
+def _spec_fields(spec: Any) -> tuple[list[str], list[str], set[str]]:
+    """(1-D token fields, scalar per-trajectory fields, float scalar fields) of a step spec."""
+    toks, scal, floats = [], [], set()
+    if is_dict_batch(spec):
+        for k, n in spec["keys"]:
+            if is_token(n) and n.get("trail") == []:
+                toks.append(k)
+            elif is_plain_sample(n):
+                scal.append(k)
+                if str(n.get("dtype")).startswith(("float", "bfloat")):
+                    floats.add(k)
+            elif isinstance(n, dict) and n.get("t") == "seq" and isinstance(n.get("elem"), dict) \
+                    and n["elem"].get("t") == "value" and n["elem"].get("ptype") in ("str", "int", "float"):
+                scal.append(k)
+                if n["elem"]["ptype"] == "float":
+                    floats.add(k)
+    return toks, scal, floats
+
+
+def _row_fields(rows: list) -> tuple[list[str], list[str], set[str]]:
+    toks: dict = {}
+    scal: dict = {}
+    floats = set()
+    for r in rows:
+        if r is None:
+            continue
+        for k, v in r.items():
+            a = v if isinstance(v, np.ndarray) else None
+            if a is not None and a.ndim == 1 and a.dtype.kind in "biuf":
+                toks.setdefault(k, None)
+            elif a is not None and a.ndim == 0 or isinstance(v, int | float | str | np.generic):
+                scal.setdefault(k, None)
+                if np.asarray(v).dtype.kind == "f":
+                    floats.add(k)
+    return list(toks), list(scal), floats
+
+
+def pick(toks: list[str], scal: list[str], floats: set[str], pair: tuple[str, str] | None = None) -> Fields:
+    first = lambda names, have: next((n for n in names if n in have), None)  # noqa: E731
+    f = Fields(toks, scal)
+    f.reward = first(REWARDS, scal) or next((s for s in scal if s in floats), None)
+    f.mask, f.versions, f.ids = first(MASKS, toks), first(VERSIONS, toks), first(TOKENS, toks)
+    if pair is not None:
+        missing = [p for p in pair if p not in toks]
+        if missing:
+            raise ConfigError(f"logprob pair {list(pair)}: no per-token field {missing[0]!r}; per-token fields: {toks}")
+        f.pair = (pair[0], pair[1])
+    else:
+        f.pair = next((p for p in PAIRS if p[0] in toks and p[1] in toks), None)
+    return f
+
+
+def fields_of(reader: Any, step: int, pair: tuple[str, str] | None = None) -> Fields:
+    """The fields of ``step`` (its spec, or its decoded rows for forms read through ``rows``)."""
+    doc = reader._open(step, False, reader.files(step)[0]).doc
+    if _fast(doc):
+        return pick(*_spec_fields(doc["batch"]), pair)
+    return pick(*_row_fields(step_rows(reader, step)), pair)
+
+
+def _fast(doc: dict) -> bool:
+    spec = doc["batch"]
+    if not (is_dict_batch(spec) and spec.get("form") in ("padded", "packed", "plain")):
+        return False
+    old = doc.get("format_version", 1) < 3  # bf16/fp16 were stored as their bits before version 3
+    return not (old and any(isinstance(n, dict) and n.get("dtype") in ("bfloat16", "float16") for _, n in spec["keys"]))
+
+
+def _lists(a: Any) -> tuple[np.ndarray, np.ndarray]:
+    a = a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a
+    offs = a.offsets.to_numpy().astype(np.int64)
+    return offs, a.values.to_numpy(zero_copy_only=False)
+
+
+def read(reader: Any, step: int, toks: list[str], scal: list[str], row: int | None = None) -> Cols:
+    """Columns ``toks`` (per-token) and ``scal`` (per-trajectory) of ``step``; ``row``: only that trajectory."""
+    files = reader.files(step)
+    parts = []
+    first = 0
+    for f in files:
+        sf = reader._open(step, False, f)
+        if not _fast(sf.doc):
+            return _from_rows(reader, step, toks, scal, row)
+        keys = dict(sf.doc["batch"]["keys"])
+        nrows = sf.pf.metadata.num_rows
+        if row is not None and not first <= row < first + nrows:
+            first += nrows
+            continue
+        want = [n for n in toks if is_token(keys.get(n))] + [n for n in scal if n in keys]
+        cnt = next((n for n in toks if is_token(keys.get(n))), None)
+        if cnt is None:  # the token counts come from any token column (the length column of padded form)
+            cnt = next((k for k, n in keys.items() if is_token(n)), None)
+            if cnt is not None:
+                want.append(cnt)
+        cols = [keys[n]["col"] if "col" in keys[n] else keys[n]["elem"]["col"] for n in want]
+        len_col = sf.doc["batch"].get("len_col") if cnt is None else None
+        cols += [len_col] if len_col else []
+        if row is None:
+            t = sf.pf.read(columns=cols)
+        else:
+            k, lo = 0, first
+            while lo + sf.pf.metadata.row_group(k).num_rows <= row:
+                lo += sf.pf.metadata.row_group(k).num_rows
+                k += 1
+            t = sf.pf.read_row_group(k, columns=cols).slice(row - lo, 1)
+        parts.append((want, t, cnt, len_col))
+        first += nrows
+    return _join(parts, toks, scal)
+
+
+def _join(parts: list, toks: list[str], scal: list[str]) -> Cols:
+    n = sum(t.num_rows for _, t, _, _ in parts)
+    counts = []
+    tok: dict[str, list] = {k: [] for k in toks}
+    sc: dict[str, list] = {k: [] for k in scal}
+    for want, t, cnt, len_col in parts:
+        got = dict(zip(want, t.columns))
+        if cnt is not None:
+            counts.append(np.diff(_lists(got[cnt])[0]))
+        elif len_col:
+            counts.append(t.column(len_col).to_numpy().astype(np.int64))
+        else:
+            counts.append(np.zeros(t.num_rows, np.int64))
+        for k in toks:
+            tok[k].append(_lists(got[k]) if k in got else None)
+        for k in scal:
+            sc[k] += got[k].to_pylist() if k in got else [None] * t.num_rows
+    out = Cols(n, np.concatenate(counts) if counts else np.zeros(0, np.int64), scal=sc)
+    for k, ps in tok.items():
+        if ps and all(p is not None for p in ps):
+            vals = [p[1][p[0][0]:p[0][-1]] for p in ps]
+            lens = np.concatenate([np.diff(p[0]) for p in ps])
+            out.tok[k] = (np.concatenate([[0], np.cumsum(lens)]), np.concatenate(vals))
+    return out
+
+
+def _from_rows(reader: Any, step: int, toks: list[str], scal: list[str], row: int | None) -> Cols:
+    rows = step_rows(reader, step)
+    if row is not None:
+        if not 0 <= row < len(rows):
+            raise ConfigError(f"step {step} has {len(rows)} trajectories; there is no trajectory {row}")
+        rows = [rows[row]]
+    counts = []
+    for r in rows:
+        if r is None:
+            counts.append(0)
+            continue
+        base = next((r[k] for k in ("attention_mask", *MASKS, *TOKENS, *toks) if isinstance(r.get(k), np.ndarray)
+                     and r[k].ndim >= 1), None)
+        counts.append(0 if base is None else len(base))
+    out = Cols(len(rows), np.asarray(counts, np.int64))
+    for k in toks:
+        vals = [np.asarray(r[k]).reshape(-1) if r is not None and k in r else np.zeros(0) for r in rows]
+        lens = np.asarray([len(v) for v in vals], np.int64)
+        if any(r is not None and k in r for r in rows):
+            out.tok[k] = (np.concatenate([[0], np.cumsum(lens)]), np.concatenate(vals) if vals else np.zeros(0))
+    for k in scal:
+        out.scal[k] = [_plain(r.get(k)) if r is not None else None for r in rows]
+    return out
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, np.ndarray | np.generic):
+        return v.item() if np.ndim(v) == 0 else None
+    return v
+
+
+def _seg(offs: np.ndarray, vals: np.ndarray, fn: Any, fill: float) -> np.ndarray:
+    """``fn`` (np.minimum / np.maximum / np.add) over each row's values, as float64; ``fill`` for empty
+    rows. Min and max run in the values' own dtype (no float copy of a step's tokens)."""
+    out = np.full(len(offs) - 1, fill, dtype=np.float64)
+    lens = np.diff(offs)
+    ne = lens > 0
+    if ne.any():
+        v = vals[offs[0]:offs[-1]]
+        if fn is np.add and v.dtype.kind != "f":
+            v = v.astype(np.int64)
+        out[ne] = fn.reduceat(v, (offs[:-1] - offs[0])[ne])
+    return out
+
+
+def _count(offs: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """The true values of each row of the bool tokens ``m``."""
+    nz = np.flatnonzero(m[offs[0]:offs[-1]])
+    return np.diff(np.searchsorted(nz, offs - offs[0])).astype(np.float64)
+
+
+def _extremes(offs: np.ndarray, v: np.ndarray, keep: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Max and min of each row's values where ``keep`` (NaN for a row with none)."""
+    if keep is None:
+        n = np.diff(offs).astype(np.float64)
+        hi, lo = _seg(offs, v, np.maximum, np.nan), _seg(offs, v, np.minimum, np.nan)
+    else:
+        n = _count(offs, keep)
+        big = np.iinfo(v.dtype) if v.dtype.kind in "iu" else None
+        top, bot = (big.min, big.max) if big else (-np.inf, np.inf)
+        hi = _seg(offs, np.where(keep, v, np.asarray(top, v.dtype)), np.maximum, np.nan)
+        lo = _seg(offs, np.where(keep, v, np.asarray(bot, v.dtype)), np.minimum, np.nan)
+    hi[n == 0] = np.nan
+    lo[n == 0] = np.nan
+    return hi, lo
+
+
+def per_traj(c: Cols, f: Fields) -> dict[str, np.ndarray]:
+    """reward, length, version (max), version min (response tokens) of each trajectory (NaN: none)."""
+    out = {"reward": np.asarray([np.nan if v is None else float(v) for v in c.scal.get(f.reward, [None] * c.n)]
+                                if f.reward else [np.nan] * c.n, dtype=np.float64)}
+    keep = None
+    if f.mask in c.tok:
+        offs, m = c.tok[f.mask]
+        keep = m if m.dtype == bool else m != 0
+        out["length"] = _count(offs, keep)
+    else:
+        out["length"] = c.counts.astype(np.float64)
+    if f.versions in c.tok:
+        offs, v = c.tok[f.versions]
+        ok = keep is not None and len(keep) == len(v) and np.array_equal(offs, c.tok[f.mask][0])
+        out["version"], out["version_min"] = _extremes(offs, v, keep if ok else None)
+    return out
+
+
+def concat(parts: list[Cols]) -> tuple[Cols, np.ndarray]:
+    """Several steps' columns as one (rows in order) and the row bounds of each step (``[G + 1]``)."""
+    bounds = np.concatenate([[0], np.cumsum([p.n for p in parts])]).astype(np.int64)
+    out = Cols(int(bounds[-1]), np.concatenate([p.counts for p in parts]) if parts else np.zeros(0, np.int64))
+    for k in set().union(*(p.tok for p in parts)) if parts else ():
+        if all(k in p.tok for p in parts):
+            lens = np.concatenate([np.diff(p.tok[k][0]) for p in parts])
+            vals = np.concatenate([p.tok[k][1][p.tok[k][0][0]:p.tok[k][0][-1]] for p in parts])
+            out.tok[k] = (np.concatenate([[0], np.cumsum(lens)]), vals)
+    for k in set().union(*(p.scal for p in parts)) if parts else ():
+        out.scal[k] = [v for p in parts for v in p.scal.get(k, [None] * p.n)]
+    return out, bounds
+
+
+def _pct(x: np.ndarray, bounds: np.ndarray, q: float) -> np.ndarray:
+    """``numpy.percentile(x[lo:hi], q)`` (linear) of each group, vectorized (numpy's own interpolation)."""
+    G = len(bounds) - 1
+    n = np.diff(bounds)
+    gid = np.repeat(np.arange(G), n)
+    xs = x[np.lexsort((x, gid))]
+    out = np.full(G, np.nan)
+    ok = n > 0
+    pos = (q / 100) * (n[ok] - 1)
+    lo = np.floor(pos).astype(np.int64)
+    hi = np.minimum(lo + 1, n[ok] - 1)
+    t = pos - lo
+    a, b = xs[bounds[:-1][ok] + lo], xs[bounds[:-1][ok] + hi]
+    d = b - a
+    out[ok] = np.where(t >= 0.5, b - d * (1 - t), a + d * t)
+    return out
+
+
+def metrics(c: Cols, f: Fields, bounds: np.ndarray) -> dict[str, list]:
+    """The run-page metrics (``METRICS``) of each step of ``c`` (rows ``bounds[g]:bounds[g + 1]``):
+    a list per metric, None where the step has no such value."""
+    G = len(bounds) - 1
+    n = np.diff(bounds)
+    gid = np.repeat(np.arange(G), n)
+    t = per_traj(c, f)
+    out: dict[str, np.ndarray] = {}
+    rew = t["reward"]
+    ok = ~np.isnan(rew)
+    rn = _seg(bounds, ok, np.add, 0.0)
+    with np.errstate(all="ignore"):
+        mean = _seg(bounds, np.where(ok, rew, 0.0), np.add, 0.0) / rn
+        dev = np.where(ok, rew - mean[gid], 0.0) if len(rew) else rew
+        out["reward_mean"] = mean
+        out["reward_std"] = np.sqrt(_seg(bounds, dev * dev, np.add, 0.0) / rn)
+        out["reward_min"] = np.where(rn > 0, _seg(bounds, np.where(ok, rew, np.inf), np.minimum, np.nan), np.nan)
+        out["reward_max"] = np.where(rn > 0, _seg(bounds, np.where(ok, rew, -np.inf), np.maximum, np.nan), np.nan)
+        ln = t["length"]
+        out["length_mean"] = _seg(bounds, ln, np.add, 0.0) / np.where(n > 0, n, np.nan)
+        out["length_p95"] = _pct(ln, bounds, 95)
+        out["tokens"] = _seg(bounds, c.counts, np.add, 0.0)
+        out["version_lag"] = np.full(G, np.nan)
+        if "version" in t:
+            top = _seg(bounds, np.nan_to_num(t["version"], nan=-np.inf), np.maximum, -np.inf)
+            lag = np.where(np.isnan(t["version_min"]), -np.inf, top[gid] - t["version_min"]) if len(gid) else gid
+            out["version_lag"] = _seg(bounds, lag, np.maximum, -np.inf)
+        out["logprob_mismatch"] = np.full(G, np.nan)
+        if f.pair and f.pair[0] in c.tok and f.pair[1] in c.tok:
+            (oa, a), (ob, b) = c.tok[f.pair[0]], c.tok[f.pair[1]]
+            if len(a) == len(b) and np.array_equal(np.diff(oa), np.diff(ob)):
+                d = np.abs(a.astype(np.float64)[oa[0]:oa[-1]] - b.astype(np.float64)[ob[0]:ob[-1]])
+                rel = oa - oa[0]
+                keep = np.ones(len(d), bool)
+                if f.mask in c.tok and np.array_equal(np.diff(c.tok[f.mask][0]), np.diff(oa)):
+                    mo, mv = c.tok[f.mask]
+                    keep = mv[mo[0]:mo[-1]] != 0
+                rs = _seg(rel, np.where(keep, d, 0.0), np.add, 0.0)
+                rc = _count(rel, keep)
+                out["logprob_mismatch"] = _seg(bounds, rs, np.add, 0.0) / _seg(bounds, rc, np.add, 0.0)
+    return {k: [None if not np.isfinite(x) else float(x) for x in v] for k, v in out.items()}
+
+
+def step_stats(c: Cols, f: Fields) -> dict[str, float | None]:
+    """The run-page metrics of one step."""
+    return {k: v[0] for k, v in metrics(c, f, np.asarray([0, c.n])).items()}
+
+
+def needs(f: Fields, run: bool) -> list[str]:
+    """The token columns a page reads: the mask and versions (+ the logprob pair for the run page)."""
+    want = [f.mask, f.versions] + (list(f.pair) if run and f.pair else [])
+    return [w for w in dict.fromkeys(want) if w]
