@@ -73,8 +73,8 @@ CONVERSATIONS = [
 REWARDS = [1.0, 0.5, -0.25]
 
 
-def make_tokenizer(tmp: Path) -> Path:
-    """Train a byte-level BPE on CORPUS, save it as tmp/tokenizer.json."""
+def make_tokenizer(tmp: Path, extra: tuple[str, ...] = ()) -> Path:
+    """Train a byte-level BPE on CORPUS (and ``extra`` texts), save it as tmp/tokenizer.json."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -82,7 +82,7 @@ def make_tokenizer(tmp: Path) -> Path:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   special_tokens=["<pad>"])
-    tok.train_from_iterator(CORPUS, trainer)
+    tok.train_from_iterator(list(CORPUS) + list(extra), trainer)
     path = tmp / "tokenizer.json"
     tok.save(str(path))
     return path

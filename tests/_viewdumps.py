@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 import trajstore
+import _dumps
 from _dumps import CORPUS
 from trajstore.store import commit
 
@@ -34,17 +35,7 @@ MASKED = "rgb(235, 235, 235)"
 
 def make_tokenizer(tmp: Path) -> Path:
     """A byte-level BPE trained here on the test corpus and the payload (nothing downloaded)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  special_tokens=["<pad>"])
-    tok.train_from_iterator(CORPUS + [PROMPT + PAYLOAD], trainer)
-    path = tmp / "tokenizer.json"
-    tok.save(str(path))
-    return path
+    return _dumps.make_tokenizer(tmp, (PROMPT + PAYLOAD,))
 
 
 def _turns(tok, g: torch.Generator, i: int) -> list[tuple[int, list[int]]]:
