@@ -33,6 +33,7 @@ import torch
 
 from .errors import BatchError, ConfigError, WriterError
 from .format import typed
+from .format.shards import RANK_COLUMN
 from .format.spec import where
 from .integrations import areal
 from .torch_bridge import CudaSnapshot, PinnedPool, map_tree, snapshot_cuda
@@ -56,7 +57,6 @@ def check_meta(meta: Any, step: int) -> dict:
     return json.loads(doc)
 
 
-RANK_COLUMN = "rank"  # a shard file's column of the writing rank (docs/FORMAT.md section 1)
 _RANK_FIELD = ("step {step}: the batch has a field named 'rank', the column a shard file keeps the writing rank in "
                "(docs/FORMAT.md section 1); rename the field (e.g. 'rank_id') to dump it from several ranks")
 

@@ -43,6 +43,7 @@ from .store import paths
 from .store import remote
 from .store.fs import is_remote, resolve
 from .errors import BatchError, BatchWriteError, ConfigError, StepExistsError, TrajstoreError, WriterError
+from .format.shards import RANK_COLUMN
 from .snapshot import Snapshot, check_meta, check_rank_field, with_rank
 
 __all__ = ["Writer", "Committed"]
@@ -150,7 +151,7 @@ class Writer:
         self.dir.mkdir(exist_ok=True)
         with _live_lock:  # another open Writer of this process on this split may be mid-write
             busy = any(w.dir == self.dir and not w._closed for w in _live)
-        mine = "" if self.shard is None else paths.shard_name(0, *self.shard)[len("step_00000000"):-len("parquet")]
+        mine = "" if self.shard is None else paths.shard_tag(*self.shard)
         commit.clean_temp(self.dir, keep_own=busy, shard=mine)  # a rank cleans its own files only
         if self.shard is None:  # other ranks' index temporaries may be live on other hosts
             index.clean_temp(self.dir, keep_own=busy)
@@ -363,7 +364,7 @@ class Writer:
         if self.shard is not None:
             table = with_rank(table, self.shard[0], step)
         table = self._columns.fit(step, table)  # its new columns recorded before the commit
-        if self.shard is not None and "rank" not in table.column_names:  # moved: the split holds another 'rank'
+        if self.shard is not None and RANK_COLUMN not in table.column_names:  # moved: the split holds another type
             raise BatchError(f"step {step}: {self.dir} holds a column 'rank' of another type (a field of whole "
                              "steps); shards of several ranks need that name for their int32 rank column")
         final = self.final(step)

@@ -5,16 +5,14 @@ folder itself in a dump of layout 1); the split folder receives only the committ
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import time
 from pathlib import Path
 
 from . import checksums, remote
 from .files import fsync, fsync_dir, stale_temps, write_durable
 from .fs import is_remote
-from .paths import TMP_PREFIX, places, side_dir, skipped_name, skipped_of
+from .paths import TMP_PREFIX, places, side_dir, skipped_name, skipped_of, skipped_record
 
 __all__ = ["commit", "clean_temp", "record_skipped"]
 
@@ -113,13 +111,11 @@ def record_skipped(split_dir: Path, step: int, reason: str, name: str | None = N
     d = side_dir(split_dir)
     path = d / (skipped_of(name) if name else skipped_name(step))
     tmp = d / f".{path.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
-    doc = {"step": step, "reason": str(reason)[:2000],
-           "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     try:
         if d != split_dir and not split_dir.is_dir():
             return False  # no such split
         d.mkdir(exist_ok=True)
-        write_durable(tmp, json.dumps(doc))
+        write_durable(tmp, skipped_record(step, reason))
         os.replace(tmp, path)
         fsync_dir(d)
         return True

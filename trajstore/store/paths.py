@@ -86,9 +86,15 @@ def step_name(step: int) -> str:
     return f"step_{step:08d}.parquet"
 
 
+def shard_tag(rank: int, world_size: int) -> str:
+    """What the names of rank ``rank``'s shard files (and their sidecars) hold after the step number:
+    ``.rank00002-of-00004.``."""
+    return f".rank{rank:05d}-of-{world_size:05d}."
+
+
 def shard_name(step: int, rank: int, world_size: int) -> str:
     """The file of rank ``rank``'s shard of ``step`` written by ``world_size`` ranks."""
-    return f"step_{step:08d}.rank{rank:05d}-of-{world_size:05d}.parquet"
+    return f"step_{step:08d}{shard_tag(rank, world_size)}parquet"
 
 
 class Listing(NamedTuple):
@@ -235,6 +241,27 @@ def read_manifest(root: Path) -> dict:
     return doc
 
 
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def new_manifest() -> str:
+    """The text of a new dump's manifest (local disk and object storage alike)."""
+    return json.dumps({
+        "format": "trajstore",
+        "format_version": MANIFEST_VERSION,
+        "layout": LAYOUT,
+        "library_version": __version__,
+        "created": _now(),
+        "environment": fingerprint.collect(),
+    }, indent=2)
+
+
+def skipped_record(step: int, reason: str) -> str:
+    """The text of the record that ``step`` was not written, and why (``commit.record_skipped``)."""
+    return json.dumps({"step": step, "reason": str(reason)[:2000], "time": _now()})
+
+
 def create_manifest(root: Path) -> dict:
     """Read the manifest, creating the dump (atomically) if there is none."""
     root.mkdir(parents=True, exist_ok=True)
@@ -246,16 +273,8 @@ def create_manifest(root: Path) -> dict:
             (root / SIDE).mkdir(exist_ok=True)  # a copy that lost the empty folder
         return doc
     (root / SIDE).mkdir(exist_ok=True)  # before the manifest: a layout-2 dump always has it
-    doc = {
-        "format": "trajstore",
-        "format_version": MANIFEST_VERSION,
-        "layout": LAYOUT,
-        "library_version": __version__,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "environment": fingerprint.collect(),
-    }
     tmp = root / f".{MANIFEST}.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(doc, indent=2))
+    tmp.write_text(new_manifest())
     fsync(tmp)
     try:
         os.link(tmp, root / MANIFEST)  # never replaces a manifest another writer made first

@@ -27,7 +27,6 @@ checksum matches it (``clean_temp`` promotes it); the loser of a race deletes it
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import socket
@@ -39,10 +38,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from .. import fingerprint
-from .._version import __version__
 from ..errors import ConfigError, DumpNotFoundError
-from ..format.spec import MANIFEST_VERSION
 from . import checksums, paths
 from . import files
 from .fs import RemotePath
@@ -78,19 +74,11 @@ def create_manifest(root: RemotePath) -> dict:
     try:
         if not f.exists():
             store.put((root / paths.SIDE / MARKER).key, b"2\n", create=False)
-            doc = {
-                "format": "trajstore",
-                "format_version": MANIFEST_VERSION,
-                "layout": paths.LAYOUT,
-                "library_version": __version__,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "environment": fingerprint.collect(),
-            }
             try:
-                store.put(f.key, json.dumps(doc, indent=2).encode(), create=True)
+                store.put(f.key, paths.new_manifest().encode(), create=True)
             except FileExistsError:
                 pass
-        elif (doc := paths.read_manifest(root))["format_version"] >= 2 and not (root / paths.SIDE).is_dir():
+        elif paths.read_manifest(root)["format_version"] >= 2 and not (root / paths.SIDE).is_dir():
             store.put((root / paths.SIDE / MARKER).key, b"2\n", create=False)  # a copy that lost it
     except (OSError, pa.ArrowException) as e:
         raise ConfigError(f"cannot create the dump at {root}: {e}; check that the bucket exists, the "
@@ -206,11 +194,10 @@ def clean_temp(split_dir: RemotePath) -> list[str]:
 
 def record_skipped(split_dir: RemotePath, step: int, reason: str, name: str | None = None) -> bool:
     """``commit.record_skipped`` on object storage: one PUT of the record (best effort)."""
-    doc = {"step": step, "reason": str(reason)[:2000], "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     try:
         d = paths.side_dir(split_dir)
         rec = d / (paths.skipped_of(name) if name else paths.skipped_name(step))
-        split_dir.store.put(rec.key, json.dumps(doc).encode(), create=False)
+        split_dir.store.put(rec.key, paths.skipped_record(step, reason).encode(), create=False)
         return True
     except (OSError, pa.ArrowException):
         return False
