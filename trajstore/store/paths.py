@@ -21,7 +21,7 @@ from .._version import __version__
 from ..errors import ConfigError, DumpNotFoundError, FormatError
 from ..format.spec import MANIFEST_VERSION, check_version
 from .files import fsync, fsync_dir, listdir, stale_temps
-from .fs import is_remote
+from .fs import URL_RE, is_remote
 
 MANIFEST = "trajstore.json"
 SIDE = "_trajstore"  # <dump>/_trajstore/<split>/: a split's files that are not step files (layout 2)
@@ -167,16 +167,13 @@ def ambiguous_error(split_dir: Path, step: int, names: list[str]) -> FormatError
         "others out of the split folder")
 
 
-_URL_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-
-
 def local_root(path: str | os.PathLike, who: str) -> Path:
     """The local directory of a dump named by ``path``, for the local-only commands ``who`` (``import``,
     ``upgrade``). ``file://`` URLs name local paths; any other URL is a ConfigError here, before anything
     is created (a URL taken as a path would make a local folder named ``s3:``). Every other entry point
     takes URLs: ``store.fs.resolve``."""
     s = os.fspath(path)
-    m = _URL_RE.match(s) if isinstance(s, str) else None
+    m = URL_RE.match(s) if isinstance(s, str) else None
     if m is None:
         return Path(s)
     if m.group(1).lower() == "file":
