@@ -12,6 +12,7 @@ rank (``train-rank3``); replaying it, each rank still reads its own split (:func
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import time
@@ -23,12 +24,12 @@ from typing import Any
 import torch
 
 from ._text import parse_steps
-from .errors import ConfigError
+from .errors import ConfigError, ConfigWarning, warn
 from .format.parquet import check_encodings
-from .store import paths
+from .store import fs, paths
 from .store.fs import resolve
 
-__all__ = ["DumpReplayConfig", "default_run_id", "location"]
+__all__ = ["DumpReplayConfig", "default_run_id", "location", "ENV_VARIABLES", "check_env"]
 
 _process_run_id: str | None = None
 
@@ -204,11 +205,43 @@ class DumpReplayConfig:
     @classmethod
     def from_env(cls, prefix: str = "TRAJSTORE_", environ: Mapping | None = None) -> DumpReplayConfig:
         """From ``<prefix><OPTION>`` variables (``TRAJSTORE_DUMP``, ``TRAJSTORE_MAX_KEEP``...);
-        unset or empty variables keep the defaults."""
+        unset or empty variables keep the defaults; any other ``<prefix>*`` variable is a
+        ``ConfigWarning`` naming the closest known one (``check_env``)."""
         env = os.environ if environ is None else environ
+        names = [prefix + f.name.upper() for f in fields(cls)]
+        check_env(env, prefix, ENV_VARIABLES if prefix == "TRAJSTORE_" else names)
         d = {f.name: env[prefix + f.name.upper()] for f in fields(cls)
              if env.get(prefix + f.name.upper(), "") != ""}
         return cls.from_dict(d)
+
+
+# Every TRAJSTORE_* environment variable trajstore reads, in one place: DumpReplayConfig.from_env warns
+# (ConfigWarning) about any other, naming the closest of these (tests/test_docs.py checks the package
+# reads no variable missing here)
+ENV_VARIABLES: dict[str, str] = {
+    **{f"TRAJSTORE_{f.name.upper()}": f"DumpReplayConfig.{f.name} (from_env)" for f in fields(DumpReplayConfig)},
+    fs.ENV: "which library serves a URL (store/fs.py)",
+    "TRAJSTORE_MAX_DECODED_BYTES": "the decoded-size bound of a step (format/validate.py)",
+    # read by the project's own test suite (tests/conftest.py, tests/test_corrupt.py), not by the package
+    "TRAJSTORE_EXAMPLES": "Hypothesis examples per test (tests/conftest.py)",
+    "TRAJSTORE_FUZZ_SCALE": "length of the fuzz runs (tests/test_corrupt.py)",
+    "TRAJSTORE_FUZZ_FIGURES": "where the fuzz counts go (tests/test_corrupt.py)",
+}
+
+
+def check_env(environ: Mapping | None = None, prefix: str = "TRAJSTORE_", known: Any = None) -> list[str]:
+    """Warn (``ConfigWarning``) about each ``<prefix>*`` variable that is not ``known`` (default:
+    ``ENV_VARIABLES``), naming the closest known one, as ``TRAJSTORE_DUMPP=1`` would otherwise leave
+    dumping off without a word; returns the unknown names."""
+    env = os.environ if environ is None else environ
+    known = sorted(ENV_VARIABLES if known is None else known)
+    bad = sorted(k for k in env if isinstance(k, str) and k.startswith(prefix) and k not in known)
+    for k in bad:
+        close = difflib.get_close_matches(k, known, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}? " if close else ""
+        warn(f"environment variable {k} is not one trajstore reads, so it is ignored; {hint}known: "
+             f"{', '.join(known)}", ConfigWarning)
+    return bad
 
 
 def location(cfg: DumpReplayConfig, world_size: int, rank: int) -> tuple[Path, str]:

@@ -18,6 +18,10 @@ catch, so ``except KeyError`` around ``reader[step]`` keeps working::
     ├── EnvironmentMismatchError(RuntimeError)  replay environment differs from the dump's (strict mode)
     └── MissingDependencyError(ImportError)  an optional package (an extra) is not installed
 
+    TrajstoreWarning(UserWarning)         a likely mistake that does not stop the run
+    ├── BatchWarning                      a batch that is stored, but probably not as meant
+    └── ConfigWarning                     a setting that is probably a typo (TRAJSTORE_DUMPP)
+
 Messages name the step, field or file, say why, and say what to do.
 
 Foreign errors are mapped in one place: :func:`foreign_errors` turns what pyarrow (or the
@@ -26,6 +30,10 @@ Nothing else is translated, so a bug of trajstore's own surfaces as itself.
 """
 
 from __future__ import annotations
+
+import os
+import sys
+import warnings
 
 import pyarrow as pa
 
@@ -44,6 +52,9 @@ __all__ = [
     "ConfigError",
     "EnvironmentMismatchError",
     "MissingDependencyError",
+    "TrajstoreWarning",
+    "BatchWarning",
+    "ConfigWarning",
     "foreign_errors",
 ]
 
@@ -126,6 +137,32 @@ class EnvironmentMismatchError(TrajstoreError, RuntimeError):
 
 class MissingDependencyError(TrajstoreError, ImportError):
     """An optional package is needed; the message names the extra to install."""
+
+
+class TrajstoreWarning(UserWarning):
+    """Base class of every warning of trajstore: a likely mistake that does not stop the run
+    (``warnings.simplefilter("error", trajstore.TrajstoreWarning)`` makes them errors)."""
+
+
+class BatchWarning(TrajstoreWarning):
+    """A batch is stored exactly, but probably not as meant (a mask of another width than the
+    tensors next to it makes them per-sample fields); the message names the fields and shapes."""
+
+
+class ConfigWarning(TrajstoreWarning):
+    """A setting is probably a typo: an unknown ``TRAJSTORE_*`` environment variable."""
+
+
+def warn(message: str, category: type[TrajstoreWarning]) -> None:
+    """``warnings.warn`` attributed to the first caller outside the trajstore package (the user's
+    ``append`` or ``from_env`` line, however deep the call came through trajstore)."""
+    f, level = sys._getframe(1), 2
+    while f is not None and f.f_code.co_filename.startswith(_PACKAGE):
+        f, level = f.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 class foreign_errors:

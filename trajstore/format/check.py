@@ -15,6 +15,7 @@ encoder afterwards, in the background (raised as ``BatchWriteError``, a ``Writer
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import BatchError, UnsupportedTypeError
+from ..errors import BatchError, BatchWarning, UnsupportedTypeError, warn
 from ..integrations import areal
 from ..integrations import trl
 from . import layout
@@ -135,6 +136,7 @@ class Plan:
     keys: list[tuple[str, Any]] = field(default_factory=list)
     container: str | None = None
     elem: Any = None
+    suspects: list[str] = field(default_factory=list)  # per-token-looking fields stored per sample
 
 
 # ----------------------------------------------------------------------------- errors
@@ -169,6 +171,7 @@ class _Walk:
         self.deferred: list[Tensor] = []  # packed-batch tensors, classified once N is known
         self.splits = splits or {}  # top-level fields stored per trajectory by counts (integrations)
         self.segmented: list[tuple[Tensor, trl.Split]] = []
+        self.suspects: list[str] = []  # names of per-token-looking fields of another width than the mask
 
     def field(self, v: Any, path: tuple) -> Any:
         if is_tensorlike(v):
@@ -222,6 +225,8 @@ class _Walk:
             raise length_error(path, shape, lay)
         else:
             t.role = SAMPLE
+            if lay.form == "padded" and len(shape) >= 2 and shape[1] != lay.T and _TOKENISH.search(path[-1]):
+                self.suspects.append(where(path))
         self.names.claim(t.col, path)
         return t
 
@@ -335,7 +340,7 @@ def plan(batch: Any, read: bool = True, masks: Mapping | None = None) -> Plan:
         if lay.form == "packed" and (read or not isinstance(cu, torch.Tensor) or cu.device.type == "cpu"):
             layout.read_cu_seqlens(lay)  # after every other field: the same first error either way
             w.classify_packed()
-        return Plan(lay.B, w.names, layout=lay, keys=keys)
+        return Plan(lay.B, w.names, layout=lay, keys=keys, suspects=w.suspects)
     if isinstance(batch, list | tuple):
         if not all(e is None or isinstance(e, Mapping) for e in batch):
             raise _list_batch_error(batch)
@@ -350,15 +355,43 @@ def plan(batch: Any, read: bool = True, masks: Mapping | None = None) -> Plan:
     )
 
 
+# names of fields that are per-token in every framework trajstore knows (input_ids, loss_mask,
+# old_logprobs, old_per_token_logps, position_ids, labels, versions, advantages...): stored per sample
+# because their width is not the attention mask's, they are probably a mistake (BatchWarning)
+_TOKENISH = re.compile(r"(^|_)(ids|mask|masks|logprobs|log_probs|logps|labels|versions?|advantages|returns|tokens)$")
+
+
 def check(batch: Any, masks: Mapping | None = None) -> None:
     """Raise BatchError / UnsupportedTypeError for what can be seen without reading tensor values
     (``Writer.append``; the encoder runs the same walk). A batch refused for holding AReaL
     RTensors is checked again with each one's shape and dtype in its place, nothing fetched
-    (``integrations.areal.check_view``; the snapshot localizes them), so other batches pay nothing."""
+    (``integrations.areal.check_view``; the snapshot localizes them), so other batches pay nothing.
+    A field named like a per-token one (``input_ids``, ``*_mask``, ``*logprobs``...) ``[B, W]`` next to an
+    ``attention_mask`` ``[B, T]`` of another width is stored per sample: a ``BatchWarning`` says so
+    (shapes only, on the caller's thread)."""
     try:
-        plan(batch, read=False, masks=masks)
+        p = plan(batch, read=False, masks=masks)
     except BatchError:
         view = areal.check_view(batch)
         if view is batch:
             raise
-        plan(view, read=False, masks=masks)
+        p = plan(view, read=False, masks=masks)
+    if p.suspects:
+        _warn_widths(batch, p)
+
+
+def _warn_widths(batch: Mapping, p: Plan) -> None:
+    def shape(col: str) -> list[int]:
+        v: Any = batch
+        for k in col.split("."):
+            v = v[k]
+        return list(v.shape)
+
+    T, m = p.layout.T, list(batch["attention_mask"].shape)
+    fields = ", ".join(f"{c!r} {shape(c)}" for c in p.suspects)
+    warn(
+        f"{fields} {'is' if len(p.suspects) == 1 else 'are'} not as wide as 'attention_mask' {m}, so "
+        f"{'it is' if len(p.suspects) == 1 else 'they are'} stored as one per-sample value per trajectory (whole "
+        f"rows, padding included), not per token; if per-token, pad to width {T} like 'attention_mask' (or pass "
+        "Writer(masks={'<its mask>': [fields]}) for a mask of its own width); if per-sample, rename it or "
+        "silence trajstore.errors.BatchWarning", BatchWarning)
