@@ -1,23 +1,27 @@
 """Dump a short RL run, replay it with the sampler never constructed, and check that the two runs
 print the same per-step loss, grad-norm and final weights digest, bit for bit.
 
-    python examples/demo.py                  # 20 steps on CPU, about half a minute on 2 cores
+    python examples/demo.py                  # 20 steps on CPU, about ten seconds on 2 cores
     python examples/demo.py --steps 5        # other arguments go to examples/rl_loop.py
     python examples/demo.py --device cuda    # on a GPU (trajstore.deterministic() is on)
-    python examples/demo.py --keep DIR       # keep the dump in DIR
+    python examples/demo.py --out DIR        # the dump in DIR instead of dumps/demo
 
+The dump stays in ``dumps/demo`` of the checkout (ignored by git), the dump every example of
+README.md runs on (``trajstore info dumps/demo``); a dump left there by an earlier demo is replaced.
 Each run is its own process, as a real replay would be.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
+import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+DEFAULT_OUT = HERE.parent / "dumps" / "demo"
 
 
 def run(mode: str, dump: str, args: list[str]) -> str:
@@ -33,25 +37,40 @@ def run(mode: str, dump: str, args: list[str]) -> str:
     return "".join(out)
 
 
+def fresh(out: Path) -> None:
+    """Make room for the dump at ``out``: an earlier demo's dump there is removed; anything else stops the demo."""
+    if not out.exists():
+        return
+    if out.is_dir() and (out / "trajstore.json").is_file():
+        shutil.rmtree(out)
+    elif out.is_dir() and not any(out.iterdir()):
+        out.rmdir()
+    else:
+        sys.exit(f"{out} exists and is not a trajstore dump; remove it or pass --out DIR")
+
+
 def main() -> None:
     args = sys.argv[1:]
-    keep = None
-    if "--keep" in args:
-        i = args.index("--keep")
-        keep, args = args[i + 1], args[:i] + args[i + 2:]
-    with tempfile.TemporaryDirectory() as tmp:
-        dump = keep or os.path.join(tmp, "dump")
-        print(f"== dump: sample, train, record every step's rollout batch in {dump}", flush=True)
-        a = run("dump", dump, args)
-        print(f"\n== replay: train from {dump}; the sampler is never constructed", flush=True)
-        b = run("replay", dump, args)
+    out = DEFAULT_OUT
+    for flag in ("--out", "--keep"):  # --keep: the old name
+        if flag in args:
+            i = args.index(flag)
+            if i + 1 >= len(args):
+                sys.exit(f"{flag} needs a directory")
+            out, args = Path(args[i + 1]).absolute(), args[:i] + args[i + 2:]
+    fresh(out)
+    dump = str(out)
+    print(f"== dump: sample, train, record every step's rollout batch in {dump}", flush=True)
+    a = run("dump", dump, args)
+    print(f"\n== replay: train from {dump}; the sampler is never constructed", flush=True)
+    b = run("replay", dump, args)
     if a != b:
-        import difflib
-
         sys.stdout.writelines(difflib.unified_diff(a.splitlines(True), b.splitlines(True), "dump", "replay"))
         sys.exit("\nthe runs differ")
     steps = sum(line.startswith("step") for line in a.splitlines())
+    shown = os.path.relpath(dump) if not os.path.relpath(dump).startswith("..") else dump
     print(f"\nbit-identical: per-step loss and grad-norm of {steps} steps, and the final weights digest")
+    print(f"the dump is in {shown}: try `trajstore info {shown}` (README.md, 'Look inside a dump')")
 
 
 if __name__ == "__main__":

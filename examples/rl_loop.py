@@ -11,8 +11,12 @@ A tiny causal transformer learns to reverse strings ("abc=" -> "cba<eos>").  Eac
     python examples/rl_loop.py --dump /tmp/run      # records every step's rollout batch
     python examples/rl_loop.py --replay /tmp/run    # the sampler is never constructed
 
+Each step's batch: input_ids, attention_mask, response_mask [B, T] (right-padded), old_logprobs
+(float32, the sampler's), logprobs (bf16, the trainer's recomputation), rewards, group, prompt and
+response (str); examples/tokenizer.json decodes input_ids.
+
 Both print the same lines (per-step loss and grad-norm as exact float reprs, then a digest
-of the final weights): the replay is bit-identical.  examples/demo.sh runs both and diffs.
+of the final weights): the replay is bit-identical.  examples/demo.py runs both and compares.
 """
 
 from __future__ import annotations
@@ -137,9 +141,15 @@ class Sampler:
             attention_mask[i, :P + R] = 1
             response_mask[i, P:P + R] = 1
             old_logprobs[i, P:P + R] = lp
+        # the trainer's log-probs of the same tokens, one forward over the whole batch, kept in bf16 as a
+        # bf16 trainer has them: `trajstore diff --pair logprobs old_logprobs` shows the engine/trainer gap
+        ids = input_ids.to(self.device)
+        lp = F.log_softmax(self.model(ids[:, :-1]).float(), -1).gather(-1, ids[:, 1:, None])[..., 0].cpu()
+        logprobs = torch.zeros(B, T, dtype=torch.bfloat16)
+        logprobs[:, 1:] = torch.where(response_mask[:, 1:].bool(), lp, 0.0).to(torch.bfloat16)
         return {
             "input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask,
-            "old_logprobs": old_logprobs,
+            "old_logprobs": old_logprobs, "logprobs": logprobs,
             "rewards": torch.tensor([reward(r[3], r[4], r[5]) for r in rows], dtype=torch.float32),
             "group": torch.tensor([r[6] for r in rows], dtype=torch.int64),
             "prompt": [r[3] for r in rows], "response": [r[4] for r in rows],
