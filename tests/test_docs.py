@@ -61,8 +61,12 @@ class Block:
     bad_marker: str | None = None  # a doc-test comment that does not parse
 
     @property
+    def name(self) -> str:
+        return str(self.path.relative_to(ROOT)) if self.path.is_relative_to(ROOT) else self.path.name
+
+    @property
     def where(self) -> str:
-        return f"{self.path.relative_to(ROOT)}:{self.line}"
+        return f"{self.name}:{self.line}"
 
 
 def parse(path: Path) -> list[Block]:
@@ -111,15 +115,7 @@ def _demo_command(b: Block) -> list[str]:
 @pytest.fixture(scope="session")
 def work(tmp_path_factory) -> Path:
     """The working folder every block runs in, with ``dumps/demo`` made by README.md's demo command."""
-    w = tmp_path_factory.mktemp("docs")
-    (w / "examples").symlink_to(ROOT / "examples")
-    bin_ = w / ".bin"
-    bin_.mkdir()
-    py = shlex.quote(sys.executable)  # a script, not a link: a link to a venv's python loses the venv
-    for name, body in (("python", f'{py} "$@"'), ("python3", f'{py} "$@"'),
-                       ("trajstore", f"{py} -c 'import sys; from trajstore.cli import main; sys.exit(main())' \"$@\"")):
-        (bin_ / name).write_text(f"#!/bin/sh\nexec {body}\n")
-        (bin_ / name).chmod(0o755)
+    w = _workdir(tmp_path_factory.mktemp("docs"))
     demo = [b for b in BLOCKS if b.path.name == "README.md" and b.path.parent == ROOT and b.lang]
     assert demo and demo[0].mark == "demo", "README.md's first command block must be the demo (<!-- doc-test: demo -->)"
     argv = _demo_command(demo[0])
@@ -128,6 +124,19 @@ def work(tmp_path_factory) -> Path:
     if p.returncode or "bit-identical" not in p.stdout:
         pytest.fail(f"README.md:{demo[0].line}: the demo command {shlex.join(argv[1:])} failed (exit {p.returncode})\n"
                     f"{_tail(p.stdout + p.stderr)}", pytrace=False)
+    return w
+
+
+def _workdir(w: Path) -> Path:
+    """``w`` with ``examples`` and ``.bin/`` (python, python3, trajstore of this checkout)."""
+    (w / "examples").symlink_to(ROOT / "examples")
+    bin_ = w / ".bin"
+    bin_.mkdir()
+    py = shlex.quote(sys.executable)  # a script, not a link: a link to a venv's python loses the venv
+    for name, body in (("python", f'{py} "$@"'), ("python3", f'{py} "$@"'),
+                       ("trajstore", f"{py} -c 'import sys; from trajstore.cli import main; sys.exit(main())' \"$@\"")):
+        (bin_ / name).write_text(f"#!/bin/sh\nexec {body}\n")
+        (bin_ / name).chmod(0o755)
     return w
 
 
@@ -170,25 +179,64 @@ def test_readme_demo_leaves_the_dump_the_examples_run_on(work):
             assert _demo_command(blk) == first, f"{blk.where}: not README.md's demo command"
 
 
-@pytest.mark.parametrize("block", RUN, ids=[b.where for b in RUN])
-def test_block_runs(block: Block, work, monkeypatch):
+def run_block(block: Block, work: Path, namespaces: dict) -> str | None:
+    """Run one block in ``work``; None, or why it failed (naming ``file:line``)."""
+    hint = "fix the document, or mark the block <!-- doc-test: skip (why) --> if it cannot run here"
     if block.lang == "python":
-        ns = NAMESPACES.setdefault(block.path, {"__name__": "__doc_test__"})
-        monkeypatch.chdir(work)
-        code = compile("\n" * block.line + block.code, str(block.path.relative_to(ROOT)), "exec")
+        ns = namespaces.setdefault(block.path, {"__name__": "__doc_test__"})
+        code = compile("\n" * block.line + block.code, block.name, "exec")  # tracebacks: the markdown's lines
+        old = os.getcwd()
+        os.chdir(work)
         try:
             exec(code, ns)  # noqa: S102 - the project's own documentation
         except Exception as e:
-            raise AssertionError(f"{block.where}: the python block failed ({type(e).__name__}: {e}); fix the "
-                                 "snippet, or mark it <!-- doc-test: skip (why) --> if it cannot run here") from e
-        return
+            tb = e.__traceback__
+            while tb.tb_next is not None and tb.tb_frame.f_code.co_filename != block.name:
+                tb = tb.tb_next
+            line = tb.tb_lineno if tb.tb_frame.f_code.co_filename == block.name else block.line
+            return (f"{block.name}:{line}: the python block of line {block.line} failed: {type(e).__name__}: {e}\n"
+                    f"(python blocks of one file share one namespace, in order)\n{hint}")
+        finally:
+            os.chdir(old)
+        return None
     if block.lang == "sql":
         argv = [str(work / ".bin" / "trajstore"), "sql", "dumps/demo", block.code]
     else:
         argv = ["bash", "-e", "-o", "pipefail", "-c", block.code]
-    p = subprocess.run(argv, cwd=work, env=_env(work), capture_output=True, text=True, timeout=TIMEOUT)
+    try:
+        p = subprocess.run(argv, cwd=work, env=_env(work), capture_output=True, text=True, timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return f"{block.where}: the {block.lang} block ran past {TIMEOUT} s\n--- the block\n{block.code}\n{hint}"
     if p.returncode != block.exit:
-        pytest.fail(f"{block.where}: the {block.lang} block exited {p.returncode}, not {block.exit}\n"
-                    f"--- the block\n{block.code}\n--- its output (last lines)\n{_tail(p.stdout + p.stderr)}\n"
-                    "fix the document, or mark the block <!-- doc-test: skip (why) --> if it cannot run here",
-                    pytrace=False)
+        return (f"{block.where}: the {block.lang} block exited {p.returncode}, not {block.exit}\n"
+                f"--- the block\n{block.code}\n--- its output (last lines)\n{_tail(p.stdout + p.stderr)}\n{hint}")
+    return None
+
+
+@pytest.mark.parametrize("block", RUN, ids=[b.where for b in RUN])
+def test_block_runs(block: Block, work):
+    err = run_block(block, work, NAMESPACES)
+    if err:
+        pytest.fail(err, pytrace=False)
+
+
+def test_the_harness_reports_file_and_line_of_a_failing_block(tmp_path):
+    """The doc test can fail: a wrong command, a wrong snippet and a malformed marker are each reported
+    at their markdown line; a marked exit status and a skip are honoured."""
+    md = tmp_path / "x.md"
+    md.write_text("# x\n\n```bash\ntrue\nfalse\n```\n\n<!-- doc-test: exit 3 -->\n```sh\nexit 3\n```\n"
+                  "```python\nx = 1\n```\ntext\n```python\ny = x + 1\nz = undefined_name\n```\n"
+                  "<!-- doc-test: skip (never run) -->\n```bash\nfalse\n```\n<!-- doc-test: skp -->\n```bash\ntrue\n```\n"
+                  "```\nnot a command\n```\n")
+    bs = parse(md)
+    assert [(b.line, b.lang, b.mark) for b in bs] == [(3, "bash", None), (9, "bash", "exit"), (12, "python", None),
+                                                       (16, "python", None), (21, "bash", "skip"), (25, "bash", None),
+                                                       (28, "", None)]
+    assert bs[5].bad_marker == "<!-- doc-test: skp -->" and bs[1].exit == 3 and bs[4].why == "never run"
+    (tmp_path / "w").mkdir()
+    w, ns = _workdir(tmp_path / "w"), {}
+    err = run_block(bs[0], w, ns)
+    assert err.startswith("x.md:3: the bash block exited 1, not 0") and "false" in err
+    assert run_block(bs[1], w, ns) is None and run_block(bs[2], w, ns) is None
+    err = run_block(bs[3], w, ns)  # x from the block before; the error at the snippet's own line
+    assert err.startswith("x.md:18: the python block of line 16 failed: NameError") and ns[md]["y"] == 2
