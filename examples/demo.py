@@ -1,7 +1,7 @@
 """Dump a short RL run, replay it with the sampler never constructed, and check that the two runs
 print the same per-step loss, grad-norm and final weights digest, bit for bit.
 
-    python examples/demo.py                  # 20 steps on CPU, about ten seconds on 2 cores
+    python examples/demo.py                  # 20 steps on CPU
     python examples/demo.py --steps 5        # other arguments go to examples/rl_loop.py
     python examples/demo.py --device cuda    # on a GPU (trajstore.deterministic() is on)
     python examples/demo.py --out DIR        # the dump in DIR instead of dumps/demo

@@ -122,3 +122,31 @@ def test_cuda_batches_come_back_on_cpu_or_on_the_mapped_device(tmp_path):
     assert isinstance(back, tensordict.TensorDict) and back.device.type == "cuda"
     assert back.batch_size == td.batch_size and torch.equal(back["logp"], td["logp"])
     assert cpu.load(1)["logp"].device.type == "cpu"
+
+
+def test_demo_keeps_its_dump_and_replaces_only_an_earlier_dump(tmp_path, monkeypatch, capsys):
+    """examples/demo.py leaves its dump (README.md's examples run on it, tests/test_docs.py); a second demo
+    replaces the first one's dump, and a folder that is not a dump is never deleted."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("demo_example", ROOT / "examples" / "demo.py")
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    assert demo.DEFAULT_OUT == ROOT / "dumps" / "demo"
+    assert "/dumps/" in (ROOT / ".gitignore").read_text().split()
+    out = tmp_path / "dumps" / "demo"
+    calls = []
+    monkeypatch.setattr(demo, "run", lambda mode, dump, args: calls.append((mode, dump, args)) or "step 0 x\n")
+    monkeypatch.setattr(sys, "argv", ["demo.py", "--steps", "2", "--out", str(out)])
+    trajstore.Writer(out).close()  # an earlier demo's dump: replaced
+    (out / "train" / "old").write_text("x")
+    demo.main()
+    assert calls == [("dump", str(out), ["--steps", "2"]), ("replay", str(out), ["--steps", "2"])] and not out.exists()
+    assert f"the dump is in {out}" in capsys.readouterr().out
+    other = tmp_path / "mine"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep")
+    monkeypatch.setattr(sys, "argv", ["demo.py", "--keep", str(other)])
+    with pytest.raises(SystemExit, match="is not a trajstore dump"):
+        demo.main()
+    assert (other / "notes.txt").read_text() == "keep"
