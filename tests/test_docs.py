@@ -18,7 +18,7 @@ A block that cannot run here is marked by an HTML comment on the line right befo
 * ``<!-- doc-test: skip (why) -->``: not run (a GPU, a bucket and its credentials, torchrun ranks,
   a server that runs until Ctrl-C, the skeleton of a user's own loop, another framework's dump...);
   the reason is required and should name the test that covers the same thing where there is one;
-* ``<!-- doc-test: setup (why) -->``: set-up (``pip install``, a virtual environment): not run;
+* ``<!-- doc-test: setup -->`` (a reason optional): set-up (``pip install``, a virtual environment): not run;
 * ``<!-- doc-test: demo (why) -->``: the demo command (``examples/demo.py``); the session fixture runs
   README.md's once and every such block must name the same command;
 * ``<!-- doc-test: exit N -->``: run, and the block must exit with status N (a ``diff`` that finds a
@@ -154,8 +154,8 @@ def _tail(text: str, n: int = 40) -> str:
 
 def test_markers_are_known_and_skips_say_why():
     bad = [f"{b.where}: {b.bad_marker!r}" for b in BLOCKS if b.bad_marker]
-    bad += [f"{b.where}: a {b.mark} marker needs its reason in parentheses" for b in BLOCKS
-            if b.mark in ("skip", "setup") and not b.why]
+    bad += [f"{b.where}: a skip marker needs its reason in parentheses" for b in BLOCKS
+            if b.mark == "skip" and not b.why]
     bad += [f"{b.where}: a marker on a block that is never run (no bash/python/sql language)" for b in BLOCKS
             if b.mark and not b.lang]
     assert not bad, "doc-test markers (see tests/test_docs.py's docstring):\n" + "\n".join(bad)
