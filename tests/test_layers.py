@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("recorder / inspection", ["trajstore.config", "trajstore.recorder", "trajstore.inspection",
                                "trajstore.inspection.*", "trajstore.testing", "trajstore.ray",
                                "trajstore.view", "trajstore.view.*"]),
-    ("cli", ["trajstore._console", "trajstore.cli"]),
+    ("cli", ["trajstore._console", "trajstore._cli_support", "trajstore.cli"]),
     ("package root", ["trajstore"]),
 ]
 # allowed imports inside one layer: (importer pattern, imported pattern)
@@ -45,6 +45,7 @@ SAME_LAYER = [
     ("trajstore.tables", "trajstore.shard_read"),
     ("trajstore.recorder", "trajstore.config"),
     ("trajstore.cli", "trajstore._console"),
+    ("trajstore.cli", "trajstore._cli_support"),
     ("trajstore._text", "trajstore.errors"),
     ("trajstore.fingerprint", "trajstore._version"),
 ]
@@ -161,9 +162,9 @@ def test_the_checker_sees_edges():
 
 # imported inside functions on purpose: optional extras (an ImportError names the extra to install)
 OPTIONAL = {"tensordict", "pandas", "duckdb", "polars", "tokenizers", "rich", "trackio", "safetensors", "ray",
-            "fsspec", "uvicorn"}
+            "fsspec", "uvicorn", "huggingface_hub"}
 # the CLI loads a command's modules when the command runs, so `trajstore --help` starts at once
-LAZY = {"trajstore.cli"}
+LAZY = {"trajstore.cli", "trajstore._cli_support"}
 
 
 def _function_imports(f: Path) -> list[tuple[int, str]]:

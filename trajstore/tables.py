@@ -26,6 +26,7 @@ dimension, other fields repeated, and ``group`` (the element's index) where ``g 
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from typing import TYPE_CHECKING, Any
@@ -44,7 +45,7 @@ if TYPE_CHECKING:  # optional extras, imported when used
     import duckdb
     import pandas as pd
 
-__all__ = ["step_rows", "to_pandas", "duckdb_connect"]
+__all__ = ["explain_sql_error", "step_rows", "to_pandas", "duckdb_connect"]
 
 
 def step_rows(reader: Any, step: int) -> list[dict | None]:
@@ -119,6 +120,27 @@ def duckdb_connect(path: Any, con: Any = None) -> duckdb.DuckDBPyConnection:
             raise FormatError(f"dump {root} split {split!r}: DuckDB cannot open its step files ({e})") from None
     _aliases(con, list(groups))
     return con
+
+
+_MISSING_TABLE = re.compile(r"Table with name (\S+) does not exist", re.I)
+
+
+def explain_sql_error(con: Any, error: Exception, path: Any) -> str:
+    """A DuckDB error on a query over the dump's views, on one line: DuckDB's first line, its column
+    candidates (they are the dump's columns), and instead of its table guesses (DuckDB's own catalog:
+    ``pg_tablespace``...) the views of the dump, the closest first."""
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+    head = lines[0] if lines else type(error).__name__
+    extra = [ln for ln in lines[1:] if ln.lower().startswith("candidate bindings")]
+    views = [r[0] for r in con.execute(
+        "SELECT view_name FROM duckdb_views() WHERE NOT internal ORDER BY view_name").fetchall()]
+    m = _MISSING_TABLE.search(head)
+    if m:
+        close = difflib.get_close_matches(m.group(1).strip('"').lower(), [v.lower() for v in views], n=1)
+        if close:
+            extra.append(f"did you mean {next(v for v in views if v.lower() == close[0])}?")
+    listed = ", ".join(views) if views else "none (no split has a readable step)"
+    return f"SQL error: {head}{''.join(' ' + e for e in extra)} (views of dump {path}: {listed})"
 
 
 def _files(d: Any) -> list[str]:
