@@ -34,10 +34,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow.parquet as pq
 
 from .errors import FormatError, MissingDependencyError
-from .format import containers
-from .format.grouped import RUNS_COL
-from .format.rows import rows
-from .shard_read import ranks
+from .format.spec import RUNS_COL
 from .store import paths, remote
 from .store.fs import is_remote, resolve
 
@@ -52,6 +49,9 @@ def step_rows(reader: Any, step: int) -> list[dict | None]:
     """The trajectories of ``step`` of ``reader`` (a Reader): one dict each, None for a rejected one.
     A TensorDict or DataProto-like step is read through its plain form (``format.containers``),
     the dict its spec describes."""
+    from .format import containers  # the decoding side waits: `trajstore sql` runs without torch
+    from .format.rows import rows
+
     return rows(containers.unwrap(reader.read(step))[0], reader.info(step)["batch"])
 
 
@@ -61,6 +61,8 @@ def to_pandas(reader: Any, step: int | None = None) -> pd.DataFrame:
         import pandas as pd
     except ImportError:
         raise MissingDependencyError("to_pandas needs pandas: pip install pandas") from None
+    from .shard_read import ranks
+
     steps = reader.steps if step is None else [step]
     recs: list[dict] = []
     for s in steps:
