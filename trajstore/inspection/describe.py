@@ -15,13 +15,12 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 import pyarrow.parquet as pq
-import torch
 
-from ..errors import foreign_errors
+from ..errors import DumpNotFoundError, foreign_errors
 from ..format import typed
 from ..format.spec import counted_masks, is_dict_batch, is_token, is_token_cell, is_tokenlike
-from ..reader import Reader
-from ..store import columns, paths
+from ..format.values import is_tensor
+from ..store import columns, paths, stepfile
 from ..store.fs import resolve
 
 __all__ = ["describe", "fields_of", "gaps", "jsonable", "short"]
@@ -43,7 +42,7 @@ def jsonable(v: Any) -> Any:
         return {k if type(k) is str else repr(k): jsonable(x) for k, x in v.items()}
     if type(v) is list or type(v) is tuple:
         return [jsonable(x) for x in v]
-    if isinstance(v, np.ndarray | np.generic | torch.Tensor):
+    if isinstance(v, np.ndarray | np.generic) or is_tensor(v):
         return jsonable(v.tolist())
     return v if v is None or type(v) in (bool, int, float, str) else repr(v)
 
@@ -152,7 +151,10 @@ def describe(path: str | Path, split: str | None = None,
     """A JSON-able description of the dump at ``path`` (every split, or only ``split``)."""
     root = resolve(path, "describe")
     manifest = paths.read_manifest(root)
-    splits = [split] if split else paths.list_splits(root)
+    splits = [paths.check_split(split)] if split else paths.list_splits(root)
+    if split and not (root / split).is_dir():
+        raise DumpNotFoundError(f"dump {root} has no split {split!r}; splits present: "
+                                f"{paths.list_splits(root) or 'none'}")
     out: dict[str, Any] = {
         "path": str(root),
         "format_version": manifest.get("format_version"),
@@ -162,16 +164,15 @@ def describe(path: str | Path, split: str | None = None,
         "splits": {},
     }
     for sp in splits:
-        r = Reader(root, sp, verify=False)  # footers only; `trajstore verify` checks the bytes
-        listing = paths.scan(root / sp)
-        steps = [s for s in r.steps if s not in listing.ambiguous]  # listed apart: reading one is an error
+        listing = paths.scan(root / sp)  # what a Reader lists
+        steps = [s for s in listing.steps if s not in listing.ambiguous]  # listed apart: reading one is an error
         per_step, fields = [], {}
         it = progress(steps, f"{sp}") if progress else steps
         for s in it:
             fs = paths.step_files(root / sp, listing, s)  # one file, or the shards of N ranks
             p = {"step": s, "format": 0, "rows": 0, "tokens": None, "bytes": 0}
             for f in fs:
-                sf = r._open(s, f=f)  # what r.info(s) reads, with the opened file: its footer is parsed once
+                sf = stepfile.open_step(f, s)  # footer only (`trajstore verify` checks the bytes), parsed once
                 doc, spec = sf.doc, sf.doc["batch"]
                 with foreign_errors(f, "counting the trajectories of step {}", s, then="the step is damaged"):
                     rows, tokens = _counts(sf.pf, spec, doc.get("num_rows"))

@@ -3,17 +3,13 @@ written by several ranks: every shard, and steps whose shards are not all commit
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
-from ..errors import DumpNotFoundError, FormatError, TrajstoreError, foreign_errors
-from ..format import validate
-from ..format.spec import MANIFEST_VERSION, check_version
-from ..store import checksums, paths
-from ..store.fs import resolve, source
+from ..errors import DumpNotFoundError, TrajstoreError
+from ..format.spec import MANIFEST_VERSION
+from ..store import checksums, paths, stepfile
+from ..store.fs import resolve
 
 __all__ = ["verify", "VerifyReport"]
 
@@ -87,30 +83,10 @@ def verify(path: str | Path, split: str | None = None, *, deep: bool = False) ->
                 else:
                     for f in fs:
                         checksums.check_digest(f, step, checksums.file_sha256(f))
-                v = max(_format_version(f, step) for f in fs)  # the footers only
+                v = max(stepfile.open_step(f, step).doc["format_version"] for f in fs)  # the footers only
                 rep.formats[v] = rep.formats.get(v, 0) + 1
             except TrajstoreError as e:
                 rep.damaged[(s, step)] = str(e)
             except OSError as e:
                 rep.damaged[(s, step)] = f"{f}: cannot be read ({e})"
     return rep
-
-
-def _format_version(f: Path, step: int) -> int:
-    """The format version of a step file whose bytes match their checksum, its footer checked as a
-    reader checks it (version known, spec consistent with the file) without decoding a column."""
-    with foreign_errors(f, "reading its Parquet footer", then="the step is damaged"):
-        pf = pq.ParquetFile(source(f), memory_map=False)
-        kv = pf.metadata.metadata or {}
-        schema, num_rows = pf.schema_arrow, pf.metadata.num_rows
-    try:
-        doc = json.loads(kv[b"trajstore"])
-    except (KeyError, TypeError, ValueError, RecursionError):
-        raise FormatError(f"{f}: no valid trajstore metadata; it is damaged or was not written by trajstore") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("batch"), dict):
-        raise FormatError(f"{f}: trajstore metadata has no batch spec")
-    check_version(doc.get("format_version"), str(f), "the step")
-    if doc.get("step") != step:
-        raise FormatError(f"{f}: the file says it holds step {doc.get('step')!r}, its name says {step}")
-    validate.check(doc, schema, num_rows, str(f))
-    return doc["format_version"]
