@@ -187,6 +187,7 @@ DEFERRED = {
     "trajstore.fingerprint": {"torch"},
     "trajstore.format.dtypes": {"torch"},
     "trajstore.format.values": {"torch"},
+    "trajstore.store.remote": {"pyarrow.dataset"},  # loads pandas; only `sql` over object storage needs it
     "trajstore.tables": {".format", ".format.rows", ".shard_read"},
     "trajstore.inspection.verify": {"..reader"},
 }

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import DumpNotFoundError, foreign_errors
@@ -96,8 +98,11 @@ def _column(pf: pq.ParquetFile, name: str) -> Any:
 
 
 def _nonzero(col: Any) -> int:
-    """The non-zero values of a list column (a mask stored whole: its valid entries)."""
-    return int((col.values.to_numpy(zero_copy_only=False) != 0).sum())
+    """The non-zero values of a list column (a mask stored whole: its valid entries). Counted by
+    Arrow: pyarrow's ``to_numpy`` loads pandas, which `trajstore info` does without."""
+    v = col.values
+    zero = pa.scalar(False if pa.types.is_boolean(v.type) else 0, v.type)
+    return int(pc.sum(pc.not_equal(v, zero)).as_py() or 0)
 
 
 def _tokens(f: pq.ParquetFile, spec: dict) -> int | None:
@@ -117,8 +122,8 @@ def _tokens(f: pq.ParquetFile, spec: dict) -> int | None:
         return total
     for _, node in spec["keys"]:
         if is_token(node):
-            off = _column(f, node["col"]).offsets.to_numpy()
-            return int(off[-1] - off[0]) // max(1, math.prod(node["trail"]))
+            off = _column(f, node["col"]).offsets
+            return int(off[-1].as_py() - off[0].as_py()) // max(1, math.prod(node["trail"]))
     am = dict(spec["keys"]).get("attention_mask", {})
     if spec.get("form") == "padded" and am.get("t") == "tensor" and len(am.get("trail", [])) == 1:
         return _nonzero(_column(f, am["col"]))  # a mask with holes is stored whole
