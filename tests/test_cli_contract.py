@@ -98,6 +98,11 @@ def test_unexpected_errors_are_one_line_and_debug_shows_the_traceback(data, monk
     err = capsys.readouterr().err
     assert "Traceback" in err and err.rstrip().endswith("trajstore info: error: RuntimeError: first line; second line")
     assert cli.run(["--debug", "info", str(d / "a")]) == 2 and "Traceback" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # a usage error: argparse's two lines made one
+        cli.run(["show", str(d / "a"), "--sample", "x"])
+    assert e.value.code == 2
+    assert one_line(capsys.readouterr().err) == ("trajstore show: error: argument --sample: invalid int value: 'x'; "
+                                                 "see trajstore show --help")
 
 
 # ----------------------------------------------------------------------------- CTRL-C

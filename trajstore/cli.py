@@ -423,13 +423,21 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------- entry point
+class _Parser(argparse.ArgumentParser):
+    """argparse, its usage errors on one line (``trajstore info: error: ...; see trajstore info --help``)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"{self.prog}: error: {support.one_line(message)}; see {self.prog} --help", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def parser() -> argparse.ArgumentParser:
     from ._version import __version__
 
     debug = argparse.ArgumentParser(add_help=False)
     debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="on an error, print the traceback as well as the one-line message")
-    p = argparse.ArgumentParser(prog="trajstore", description="Look inside trajstore dumps.", parents=[debug])
+    p = _Parser(prog="trajstore", description="Look inside trajstore dumps.", parents=[debug])
     p.add_argument("--version", action="version", version=f"trajstore {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, help, arguments, fn in _COMMANDS:
