@@ -161,6 +161,9 @@ def test_ctrl_c_during_export_leaves_no_partial_file(data, tmp_path, capsys):
     assert list(tmp_path.iterdir()) == [out] and out.read_text() == "older\n"  # no partial file, no temporary
     assert cli.run(["export", str(d / "a"), "-o", str(out)]) == 0  # complete: renamed into place
     assert len(out.read_text().splitlines()) == 9 and list(tmp_path.iterdir()) == [out]
+    capsys.readouterr()
+    assert cli.run(["export", str(d / "a"), "-o", str(tmp_path / "no" / "t.jsonl")]) == 2
+    assert "check the folder exists" in one_line(capsys.readouterr().err)
 
 
 # ----------------------------------------------------------------------------- PATH: a split folder or a step file

@@ -113,9 +113,17 @@ def output_file(name: str | None) -> Iterator[IO[str]]:
     if name is None:
         yield sys.stdout
         return
+    from .errors import ConfigError
+
     final = Path(name)
     tmp = final.with_name(f".{final.name}.partial-{os.getpid()}")
-    f = open(tmp, "w", encoding="utf-8")
+    if final.is_dir():
+        raise ConfigError(f"-o {name}: is a folder; give a file name")
+    try:
+        f = open(tmp, "w", encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"-o {name}: cannot be written in {final.parent} ({e.strerror or e}); check the "
+                          "folder exists and is writable") from None
     try:
         yield f
         f.close()
