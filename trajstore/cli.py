@@ -35,7 +35,7 @@ from . import _cli_support as support
 try:  # a CTRL-C while the command starts up: one line and exit 130, never a traceback (docs/CLI.md)
     from . import _console as out
     from ._text import format_ranges, human_bytes, parse_steps
-    from .errors import ConfigError, MissingDependencyError, TrajstoreError
+    from .errors import ConfigError, MissingDependencyError
 except KeyboardInterrupt:
     raise SystemExit(support.interrupted(None)) from None
 
