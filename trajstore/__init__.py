@@ -1,28 +1,56 @@
-"""trajstore: record every step of an RL run as Parquet and replay it bit for bit."""
+"""trajstore: record every step of an RL run as Parquet and replay it bit for bit.
+
+The public names below are loaded on first use (PEP 562), so that ``import trajstore`` and the
+``trajstore`` command's start-up do not import torch until a name that needs it is touched;
+``from trajstore import Writer`` works as usual.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
-from .errors import (
-    BatchError,
-    ChecksumError,
-    ConfigError,
-    DumpNotFoundError,
-    EnvironmentMismatchError,
-    FormatError,
-    FormatVersionError,
-    MissingDependencyError,
-    StepExistsError,
-    StepNotFoundError,
-    TrajstoreError,
-    UnsupportedTypeError,
-    WriterError,
-)
-from .fingerprint import deterministic
-from .inspection.diff import diff
-from .inspection.traces import traces
-from .inspection.verify import verify
-from .reader import Reader
-from .recorder import DumpReplayConfig, Recorder
-from .writer import Writer
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time they load on first use (__getattr__)
+    from .errors import (
+        BatchError,
+        ChecksumError,
+        ConfigError,
+        DumpNotFoundError,
+        EnvironmentMismatchError,
+        FormatError,
+        FormatVersionError,
+        MissingDependencyError,
+        StepExistsError,
+        StepNotFoundError,
+        TrajstoreError,
+        UnsupportedTypeError,
+        WriterError,
+    )
+    from .fingerprint import deterministic
+    from .inspection.diff import diff
+    from .inspection.traces import traces
+    from .inspection.verify import verify
+    from .reader import Reader
+    from .recorder import DumpReplayConfig, Recorder
+    from .writer import Writer
+
+# public name -> the module that defines it
+_LAZY = {
+    "Writer": ".writer",
+    "Reader": ".reader",
+    "Recorder": ".recorder",
+    "DumpReplayConfig": ".recorder",
+    "deterministic": ".fingerprint",
+    "traces": ".inspection.traces",
+    "diff": ".inspection.diff",
+    "verify": ".inspection.verify",
+    **{name: ".errors" for name in (
+        "TrajstoreError", "StepNotFoundError", "StepExistsError", "DumpNotFoundError", "BatchError",
+        "UnsupportedTypeError", "FormatError", "FormatVersionError", "ChecksumError", "WriterError",
+        "ConfigError", "EnvironmentMismatchError", "MissingDependencyError")},
+}
 
 __all__ = [
     "__version__",
@@ -48,3 +76,16 @@ __all__ = [
     "EnvironmentMismatchError",
     "MissingDependencyError",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'trajstore' has no attribute {name!r}")
+    value = getattr(importlib.import_module(mod, __name__), name)
+    globals()[name] = value  # later lookups are plain module attributes
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -12,7 +12,10 @@
 
 Exit status: 0 success; 1 ``diff`` found a difference beyond tolerance, or ``verify`` a damaged
 step; 2 an error (bad arguments, no such dump/step/field, a damaged file, a missing optional
-package, an ``import`` that converted nothing or met a file that needs ``--trust-pickle``).
+package, an ``import`` that converted nothing or met a file that needs ``--trust-pickle``), with
+one line on stderr (``--debug``: the traceback too); 130 interrupted (CTRL-C). ``PATH`` may name a
+split folder or a step file of a dump (``_cli_support.locate``). ``--help``, ``info``, ``sql`` and
+``verify`` (without ``--deep``) never import torch.
 
 Adding a subcommand: write one function ``def cmd_x(args) -> int`` and register it with one
 ``@command("x", "help", arg(...), ...)`` line.
@@ -27,9 +30,14 @@ import os
 import sys
 from typing import Any, Callable
 
-from . import _console as out
-from ._text import format_ranges, human_bytes, parse_steps
-from .errors import ConfigError, MissingDependencyError, TrajstoreError
+from . import _cli_support as support
+
+try:  # a CTRL-C while the command starts up: one line and exit 130, never a traceback (docs/CLI.md)
+    from . import _console as out
+    from ._text import format_ranges, human_bytes, parse_steps
+    from .errors import ConfigError, MissingDependencyError
+except KeyboardInterrupt:
+    raise SystemExit(support.interrupted(None)) from None
 
 __all__ = ["main", "command", "arg"]
 
@@ -50,7 +58,7 @@ def command(name: str, help: str, *arguments: tuple) -> Callable[[Command], Comm
     return deco
 
 
-PATH = arg("path", help="dump directory (holds trajstore.json)")
+PATH = arg("path", help="dump directory (holds trajstore.json), or one of its split folders or step files")
 SPLIT = arg("--split", default=None, help="split to read (default: train, else the dump's only split; "
                                            "see docs/CLI.md for rank dumps)")
 JSON = arg("--json", action="store_true", help="machine-readable JSON on stdout")
@@ -114,7 +122,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 # ----------------------------------------------------------------------------- show
 @command("show", "one trajectory as text: prompt, completion, segments, reward, versions", PATH,
-         arg("--step", type=int, required=True, help="step number"),
+         arg("--step", type=int, help="step number (required unless PATH is a step file)"),
          arg("--sample", type=int, default=0, help="trajectory index in the step (default 0)"),
          TOKENIZER, arg("--logprobs", action="store_true", help="print per-token log-probabilities"),
          SPLIT, JSON, *OVERRIDES)
@@ -124,6 +132,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     from .reader import Reader
     from .tables import step_rows
 
+    if args.step is None:
+        raise ConfigError("show: give --step N (or a step file of the dump as PATH)")
     r = Reader(args.path, args.split)
     tok = load_tokenizer(args.tokenizer)
     all_rows = step_rows(r, args.step)
@@ -246,17 +256,21 @@ def cmd_diff(args: argparse.Namespace) -> int:
          arg("--format", choices=("table", "json", "csv"), default="table", dest="fmt",
              help="output format (default table; plain columns when piped)"))
 def cmd_sql(args: argparse.Namespace) -> int:
-    from .tables import duckdb_connect
+    from .tables import duckdb_connect, explain_sql_error
 
+    if not args.query.strip():
+        raise ConfigError(f"the query is empty; give a statement such as \"SELECT count(*) FROM train\" "
+                          f"(the views of a dump are its splits: trajstore info {args.path})")
     con = duckdb_connect(args.path)
     import duckdb
 
     try:
         cur = con.execute(args.query)
     except duckdb.Error as e:
-        views = [r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()]
-        raise ConfigError(f"SQL error: {e} (views of dump {args.path}: {', '.join(views) or 'none'})") from None
-    cols = [d[0] for d in cur.description] if cur.description else []
+        raise ConfigError(explain_sql_error(con, e, args.path)) from None
+    if cur is None or cur.description is None:  # a statement that returns no rows (a comment, SET ...)
+        return 0
+    cols = [d[0] for d in cur.description]
     data = cur.fetchall()
     if args.fmt == "json":
         for r in data:
@@ -278,7 +292,8 @@ def cmd_sql(args: argparse.Namespace) -> int:
          arg("--run", dest="run_name", help="Trackio run name (default: Trackio's)"),
          TOKENIZER, arg("--max-per-step", type=int, metavar="K", help="at most K trajectories per step"),
          arg("--steps", help="steps to export, e.g. 0-9,12 (default: all)"),
-         arg("-o", "--output", help="output file (default: stdout)"),
+         arg("-o", "--output", help="output file (default: stdout); written under a temporary name and renamed "
+                                    "when complete"),
          arg("--include-rejected", action="store_true", help='also write {"rejected": true} records'),
          arg("--logprobs", action="store_true", help="add per-token log-probabilities"),
          SPLIT, *OVERRIDES)
@@ -301,9 +316,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"logged {n} trajectories from {len(steps)} step(s) to Trackio; {rejected} rejected counted",
               file=sys.stderr)
         return 0
-    f = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout
     n = rejected = 0
-    try:
+    with support.output_file(args.output) as f:  # -o: under its name only once complete
         for s in out.progress(steps, "exporting"):
             for t in traces(r, s, tok, args.max_per_step, fields=_fields(args), logprobs=args.logprobs):
                 if t["rejected"]:
@@ -313,9 +327,6 @@ def cmd_export(args: argparse.Namespace) -> int:
                 else:
                     n += 1
                 f.write(dumps(t) + "\n")
-    finally:
-        if f is not sys.stdout:
-            f.close()
     print(f"exported {n} trajectories from {len(steps)} step(s); {rejected} rejected "
           f"{'included' if args.include_rejected else 'skipped'}", file=sys.stderr)
     return 0
@@ -412,14 +423,25 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------- entry point
+class _Parser(argparse.ArgumentParser):
+    """argparse, its usage errors on one line (``trajstore info: error: ...; see trajstore info --help``)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"{self.prog}: error: {support.one_line(message)}; see {self.prog} --help", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def parser() -> argparse.ArgumentParser:
     from ._version import __version__
 
-    p = argparse.ArgumentParser(prog="trajstore", description="Look inside trajstore dumps.")
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="on an error, print the traceback as well as the one-line message")
+    p = _Parser(prog="trajstore", description="Look inside trajstore dumps.", parents=[debug])
     p.add_argument("--version", action="version", version=f"trajstore {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, help, arguments, fn in _COMMANDS:
-        sp = sub.add_parser(name, help=help, description=help)
+        sp = sub.add_parser(name, help=help, description=help, parents=[debug])
         for names, kw in arguments:
             sp.add_argument(*names, **kw)
         sp.set_defaults(_fn=fn)
@@ -427,18 +449,22 @@ def parser() -> argparse.ArgumentParser:
 
 
 def run(argv: list[str] | None = None) -> int:
-    """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status."""
-    args = parser().parse_args(argv)
+    """Run the command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status: the
+    command's, 2 for an error (one line on stderr), 130 when interrupted."""
+    command = None
+    debug = "--debug" in (sys.argv[1:] if argv is None else argv)
     try:
+        args = parser().parse_args(argv)
+        command, debug = args.command, getattr(args, "debug", False)
+        support.locate(args)
         return args._fn(args)
-    except TrajstoreError as e:
-        print(f"trajstore {args.command}: error: {e}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        return support.interrupted(command)
     except BrokenPipeError:  # e.g. piped into head
         sys.stderr.close()
         return 0
-    except KeyboardInterrupt:
-        return 130
+    except Exception as e:  # a TrajstoreError says what to do; anything else is named with its type
+        return support.report_error(command, e, debug)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -454,6 +480,8 @@ def main(argv: list[str] | None = None) -> int:
         rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
         if not isinstance(e.code, int | None):
             print(e.code, file=sys.stderr)
+    except KeyboardInterrupt:  # between the command's end and here
+        rc = support.interrupted(None)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -24,8 +24,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow
-import torch
-import torch.distributed as dist
+
+# torch is imported by the functions that ask it (collect, deterministic), not here: the manifest's
+# readers (`trajstore info`, `sql`, `verify`) import this module without loading torch (docs/CLI.md).
 
 from ._version import __version__
 
@@ -58,7 +59,8 @@ def _int_env(name: str, default: int) -> int:
 
 def world() -> tuple[int, int, int]:
     """(world_size, rank, local_rank): torch.distributed when initialized, else RANK/WORLD_SIZE env."""
-    if dist.is_available() and dist.is_initialized():
+    dist = sys.modules.get("torch.distributed")  # not imported: not initialized either
+    if dist is not None and dist.is_available() and dist.is_initialized():
         return dist.get_world_size(), dist.get_rank(), _int_env("LOCAL_RANK", 0)
     return _int_env("WORLD_SIZE", 1), _int_env("RANK", 0), _int_env("LOCAL_RANK", 0)
 
@@ -74,6 +76,8 @@ def _versions() -> dict:
 
 
 def _backends() -> dict:
+    import torch
+
     b = torch.backends
     with warnings.catch_warnings():  # some torch versions deprecate the tf32 flags
         warnings.simplefilter("ignore")
@@ -93,6 +97,8 @@ def _backends() -> dict:
 
 def collect() -> dict:
     """The fingerprint of this process (JSON-able)."""
+    import torch
+
     world_size, rank, local_rank = world()
     cuda = torch.cuda.is_available()
     # the GPU's name only once CUDA is initialized: collecting must not create a CUDA context
@@ -163,6 +169,8 @@ def deterministic(seed: int | None = None, *, warn_only: bool = False) -> dict:
     ``random``, numpy and torch (every device).  TF32 and NCCL settings are left as they
     are but recorded, so a replay with different ones is reported.  Returns what was set.
     """
+    import torch
+
     global _applied
     if "CUBLAS_WORKSPACE_CONFIG" not in os.environ:
         if torch.cuda.is_available() and torch.cuda.is_initialized():

@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -19,9 +19,9 @@ from .format import typed
 from .format import validate
 from .format.arrow import flat_nbytes
 from .format.parquet import read_sample
-from .format.spec import check_version, is_dict_batch, is_plain_sample, is_token
+from .format.spec import is_dict_batch, is_plain_sample, is_token
 from .prefetch import iterate
-from .store import checksums, paths, remote
+from .store import paths, remote, stepfile
 from .store.fs import is_remote, resolve, source
 from .store.index import Index
 from .errors import (ConfigError, DumpNotFoundError, FormatError, StepNotFoundError,
@@ -30,14 +30,7 @@ from .errors import (ConfigError, DumpNotFoundError, FormatError, StepNotFoundEr
 __all__ = ["Reader"]
 
 
-class _StepFile(NamedTuple):
-    """An opened step file: its Parquet reader, the source it reads from (the path, or the checked
-    bytes with ``verify``), its trajstore description and its path."""
-
-    pf: pq.ParquetFile
-    src: Any
-    doc: dict
-    path: Path
+_StepFile = stepfile.StepFile  # an opened step file (store/stepfile.py)
 
 
 def _describe(steps: list[int], step: int) -> str:
@@ -195,26 +188,7 @@ class Reader:
     def _open(self, step: int, check: bool = True, f: Path | None = None) -> _StepFile:
         """The step's Parquet file (``f``: one of its shards) and its trajstore description; ``check=False``
         skips the walk of the whole spec (``_validate``), for callers that check the one node they decode."""
-        f = self.file(step) if f is None else f
-        with foreign_errors(f, "reading it as a Parquet file", then="the step is damaged"):
-            src = pa.BufferReader(checksums.read_verified(f, step)) if self.verify else source(f)
-            pf = pq.ParquetFile(src, memory_map=False, page_checksum_verification=True)
-            kv = pf.metadata.metadata or {}  # the footer's key-value pairs (no Arrow schema build)
-        raw = kv.get(b"trajstore")
-        if raw is None:
-            raise FormatError(f"{f}: Parquet file without trajstore metadata; it was not written by trajstore")
-        try:
-            doc = json.loads(raw)
-        except (ValueError, RecursionError) as e:
-            raise FormatError(f"{f}: trajstore metadata is not valid JSON ({e})") from None
-        if not isinstance(doc, dict) or not isinstance(doc.get("batch"), dict):
-            raise FormatError(f"{f}: trajstore metadata has no batch spec")
-        check_version(doc.get("format_version"), str(f), "the step")
-        if doc.get("step") != step:
-            raise FormatError(f"{f}: the file says it holds step {doc.get('step')!r}, its name says {step}")
-        if check:
-            validate.check(doc, pf.schema_arrow, pf.metadata.num_rows, str(f))
-        return _StepFile(pf, src, doc, f)
+        return stepfile.open_step(self.file(step) if f is None else f, step, self.verify, check)
 
     def meta(self, step: int) -> dict:
         """The ``meta`` dict given to ``append`` for ``step``, its values of the types given (a step of

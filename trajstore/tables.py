@@ -26,6 +26,7 @@ dimension, other fields repeated, and ``group`` (the element's index) where ``g 
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from typing import TYPE_CHECKING, Any
@@ -33,10 +34,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow.parquet as pq
 
 from .errors import FormatError, MissingDependencyError
-from .format import containers
-from .format.grouped import RUNS_COL
-from .format.rows import rows
-from .shard_read import ranks
+from .format.spec import RUNS_COL
 from .store import paths, remote
 from .store.fs import is_remote, resolve
 
@@ -44,13 +42,16 @@ if TYPE_CHECKING:  # optional extras, imported when used
     import duckdb
     import pandas as pd
 
-__all__ = ["step_rows", "to_pandas", "duckdb_connect"]
+__all__ = ["explain_sql_error", "step_rows", "to_pandas", "duckdb_connect"]
 
 
 def step_rows(reader: Any, step: int) -> list[dict | None]:
     """The trajectories of ``step`` of ``reader`` (a Reader): one dict each, None for a rejected one.
     A TensorDict or DataProto-like step is read through its plain form (``format.containers``),
     the dict its spec describes."""
+    from .format import containers  # the decoding side waits: `trajstore sql` runs without torch
+    from .format.rows import rows
+
     return rows(containers.unwrap(reader.read(step))[0], reader.info(step)["batch"])
 
 
@@ -60,6 +61,8 @@ def to_pandas(reader: Any, step: int | None = None) -> pd.DataFrame:
         import pandas as pd
     except ImportError:
         raise MissingDependencyError("to_pandas needs pandas: pip install pandas") from None
+    from .shard_read import ranks
+
     steps = reader.steps if step is None else [step]
     recs: list[dict] = []
     for s in steps:
@@ -119,6 +122,27 @@ def duckdb_connect(path: Any, con: Any = None) -> duckdb.DuckDBPyConnection:
             raise FormatError(f"dump {root} split {split!r}: DuckDB cannot open its step files ({e})") from None
     _aliases(con, list(groups))
     return con
+
+
+_MISSING_TABLE = re.compile(r"Table with name (\S+) does not exist", re.I)
+
+
+def explain_sql_error(con: Any, error: Exception, path: Any) -> str:
+    """A DuckDB error on a query over the dump's views, on one line: DuckDB's first line, its column
+    candidates (they are the dump's columns), and instead of its table guesses (DuckDB's own catalog:
+    ``pg_tablespace``...) the views of the dump, the closest first."""
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+    head = lines[0] if lines else type(error).__name__
+    extra = [ln for ln in lines[1:] if ln.lower().startswith("candidate bindings")]
+    views = [r[0] for r in con.execute(
+        "SELECT view_name FROM duckdb_views() WHERE NOT internal ORDER BY view_name").fetchall()]
+    m = _MISSING_TABLE.search(head)
+    if m:
+        close = difflib.get_close_matches(m.group(1).strip('"').lower(), [v.lower() for v in views], n=1)
+        if close:
+            extra.append(f"did you mean {next(v for v in views if v.lower() == close[0])}?")
+    listed = ", ".join(views) if views else "none (no split has a readable step)"
+    return f"SQL error: {head}{''.join(' ' + e for e in extra)} (views of dump {path}: {listed})"
 
 
 def _files(d: Any) -> list[str]:

@@ -11,32 +11,49 @@ float16 as Arrow halffloat (docs/FORMAT.md 3.2).
 from __future__ import annotations
 
 import warnings
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import torch
 
-# name -> (torch dtype or None, numpy storage dtype, arrow storage type)
-_TABLE: dict[str, tuple[torch.dtype | None, np.dtype, pa.DataType]] = {
-    "bool": (torch.bool, np.dtype(np.bool_), pa.bool_()),
-    "uint8": (torch.uint8, np.dtype(np.uint8), pa.uint8()),
-    "int8": (torch.int8, np.dtype(np.int8), pa.int8()),
-    "int16": (torch.int16, np.dtype(np.int16), pa.int16()),
-    "int32": (torch.int32, np.dtype(np.int32), pa.int32()),
-    "int64": (torch.int64, np.dtype(np.int64), pa.int64()),
-    "float16": (torch.float16, np.dtype(np.float16), pa.float16()),
-    "bfloat16": (torch.bfloat16, np.dtype(np.uint16), pa.uint16()),
-    "float32": (torch.float32, np.dtype(np.float32), pa.float32()),
-    "float64": (torch.float64, np.dtype(np.float64), pa.float64()),
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported by the functions that make or read tensors, not here: `trajstore info`, `sql` and
+# `verify` read dumps through this module without loading torch (docs/CLI.md).
+# name -> (torch dtype's attribute name or None, numpy storage dtype, arrow storage type)
+_TABLE: dict[str, tuple[str | None, np.dtype, pa.DataType]] = {
+    "bool": ("bool", np.dtype(np.bool_), pa.bool_()),
+    "uint8": ("uint8", np.dtype(np.uint8), pa.uint8()),
+    "int8": ("int8", np.dtype(np.int8), pa.int8()),
+    "int16": ("int16", np.dtype(np.int16), pa.int16()),
+    "int32": ("int32", np.dtype(np.int32), pa.int32()),
+    "int64": ("int64", np.dtype(np.int64), pa.int64()),
+    "float16": ("float16", np.dtype(np.float16), pa.float16()),
+    "bfloat16": ("bfloat16", np.dtype(np.uint16), pa.uint16()),
+    "float32": ("float32", np.dtype(np.float32), pa.float32()),
+    "float64": ("float64", np.dtype(np.float64), pa.float64()),
     # numpy-only unsigned types
     "uint16": (None, np.dtype(np.uint16), pa.uint16()),
     "uint32": (None, np.dtype(np.uint32), pa.uint32()),
     "uint64": (None, np.dtype(np.uint64), pa.uint64()),
 }
-TORCH_NAMES = {v[0]: k for k, v in _TABLE.items() if v[0] is not None}
 NUMPY_NAMES = {v[1]: k for k, v in _TABLE.items() if k != "bfloat16"}
-# same-width integer dtype used to compare and fill raw bits
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_TORCH: dict[str, Any] = {}  # TORCH_NAMES (torch dtype -> name) and _BITS, made on first use (__getattr__)
+
+
+def __getattr__(name: str) -> Any:
+    """``TORCH_NAMES`` (torch dtype -> name) and ``_BITS`` (element size -> same-width integer dtype,
+    to compare and fill raw bits), built when first asked for: they need torch."""
+    if name not in ("TORCH_NAMES", "_BITS"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if not _TORCH:
+        import torch
+
+        _TORCH["TORCH_NAMES"] = {getattr(torch, v[0]): k for k, v in _TABLE.items() if v[0] is not None}
+        _TORCH["_BITS"] = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+        globals().update(_TORCH)  # later lookups are plain module attributes
+    return _TORCH[name]
 
 
 def names() -> list[str]:
@@ -44,10 +61,12 @@ def names() -> list[str]:
 
 
 def torch_dtype(name: str) -> torch.dtype:
-    dt = _TABLE[name][0]
-    if dt is None:
+    import torch
+
+    attr = _TABLE[name][0]
+    if attr is None:
         raise KeyError(name)
-    return dt
+    return getattr(torch, attr)
 
 
 def numpy_dtype(name: str) -> np.dtype:
@@ -118,13 +137,17 @@ def known(name: str) -> bool:
 
 def bits_view(t: torch.Tensor) -> torch.Tensor:
     """The tensor's raw bits as a same-width integer tensor (no copy)."""
+    import torch
+
     if t.dtype == torch.bool:
         return t.view(torch.uint8)
-    return t.view(_BITS[t.element_size()])
+    return t.view(__getattr__("_BITS")[t.element_size()])
 
 
 def to_storage(t: torch.Tensor) -> np.ndarray:
     """A CPU tensor as a numpy array of its storage dtype (no copy)."""
+    import torch
+
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(np.uint16)
     return t.numpy()
@@ -132,6 +155,8 @@ def to_storage(t: torch.Tensor) -> np.ndarray:
 
 def from_storage(a: np.ndarray, name: str) -> torch.Tensor:
     """A numpy array of storage dtype as a tensor of logical dtype ``name`` (no copy)."""
+    import torch
+
     if name == "bfloat16":
         a = a.view(np.int16)
     with warnings.catch_warnings():  # Arrow buffers are read-only but owned by this result

@@ -36,11 +36,10 @@ import struct
 from typing import Any
 
 import numpy as np
-import torch
 
 from ..errors import BatchError, FormatError, UnsupportedTypeError
 from . import dtypes as dt
-from .values import check_tensor
+from .values import check_tensor, is_tensor
 
 __all__ = ["needs_typed", "check_np_dtype", "encode", "decode", "version", "step_meta", "STORABLE", "MAX_DEPTH"]
 
@@ -109,7 +108,7 @@ def _walk(v: Any, what: str, at: list, depth: int) -> bool:
                 _walk(x, what, at, depth + 1)
                 at.pop()
         return True
-    if isinstance(v, torch.Tensor):
+    if is_tensor(v):
         check_tensor(v, (_at(what, at),))
         return True
     raise UnsupportedTypeError(f"{_at(what, at)}: a value of type {t.__module__}.{t.__qualname__} cannot be "
@@ -160,7 +159,7 @@ def encode(v: Any) -> Any:
         else:
             out["v"] = _b64(np.ascontiguousarray(v).tobytes())
         return out
-    assert isinstance(v, torch.Tensor)
+    assert is_tensor(v)
     name = dt.TORCH_NAMES[v.dtype]
     x = v.detach().cpu().resolve_conj().resolve_neg().contiguous()
     return {TAG: "tensor", "dtype": name, "shape": list(x.shape), "v": _b64(dt.to_storage(x).tobytes())}

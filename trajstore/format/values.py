@@ -9,25 +9,35 @@ their values (``describe``: dtype, layout, device) and converted to contiguous C
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 from ..errors import BatchError, UnsupportedTypeError
 from . import dtypes as dt
 from .spec import where
 
-__all__ = ["is_tensorlike", "describe", "check_tensor", "as_cpu", "storage", "bits", "has_tensor",
+__all__ = ["is_tensor", "is_tensorlike", "describe", "check_tensor", "as_cpu", "storage", "bits", "has_tensor",
            "check_str", "check_json", "dumps", "MAX_JSON_DEPTH"]
 
 MAX_JSON_DEPTH = 200
 
 
+def is_tensor(x: Any) -> bool:
+    """Whether ``x`` is a torch tensor. torch is not imported for the question: while it is not
+    loaded, no tensor exists (`trajstore info`, `sql`, `verify` run without it, docs/CLI.md)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
 def is_tensorlike(x: Any) -> bool:
     """A torch tensor, or a numpy array or scalar of a bool, integer or float dtype."""
-    if isinstance(x, torch.Tensor):
+    if is_tensor(x):
         return True
     if isinstance(x, np.ndarray) and x.dtype.kind in "biuf":
         return True
@@ -36,6 +46,8 @@ def is_tensorlike(x: Any) -> bool:
 
 def check_tensor(x: torch.Tensor, path: tuple) -> str:
     """The dtype name of a storable torch tensor; raise for dtype, layout or device it cannot be."""
+    import torch
+
     name = dt.TORCH_NAMES.get(x.dtype)
     if name is None:
         raise UnsupportedTypeError(
@@ -54,7 +66,7 @@ def check_tensor(x: torch.Tensor, path: tuple) -> str:
 def describe(x: Any, path: tuple) -> tuple[str, str]:
     """(lib, dtype name) of a tensor-like value, from its type alone (no value is read, no GPU sync);
     raise for what cannot be stored. ``lib`` is torch, numpy or np_scalar."""
-    if isinstance(x, torch.Tensor):
+    if is_tensor(x):
         return "torch", check_tensor(x, path)
     if isinstance(x, np.ma.MaskedArray):
         raise UnsupportedTypeError(f"field {where(path)!r}: numpy masked arrays are not supported (the mask "
@@ -72,7 +84,7 @@ def describe(x: Any, path: tuple) -> tuple[str, str]:
 def as_cpu(x: Any, path: tuple) -> tuple[str, str, torch.Tensor | np.ndarray]:
     """(lib, dtype name, contiguous CPU tensor or ndarray) for a tensor-like value."""
     lib, name = describe(x, path)
-    if isinstance(x, torch.Tensor):
+    if is_tensor(x):
         t = x.detach()
         if t.device.type != "cpu":
             t = t.cpu()
@@ -83,11 +95,13 @@ def as_cpu(x: Any, path: tuple) -> tuple[str, str, torch.Tensor | np.ndarray]:
 
 def storage(x: torch.Tensor | np.ndarray) -> np.ndarray:
     """A CPU tensor or array as a numpy array of its storage dtype (no copy)."""
-    return dt.to_storage(x) if isinstance(x, torch.Tensor) else x
+    return dt.to_storage(x) if is_tensor(x) else x
 
 
 def bits(x: torch.Tensor | np.ndarray) -> torch.Tensor:
     """The raw bits of a CPU tensor or array as a same-width integer tensor (no copy)."""
+    import torch
+
     if isinstance(x, np.ndarray):
         x = torch.from_numpy(x.view(np.uint8) if x.dtype == np.bool_ else x)
     return dt.bits_view(x)

@@ -14,14 +14,15 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import torch
 
-from ..errors import foreign_errors
+from ..errors import DumpNotFoundError, foreign_errors
 from ..format import typed
 from ..format.spec import counted_masks, is_dict_batch, is_token, is_token_cell, is_tokenlike
-from ..reader import Reader
-from ..store import columns, paths
+from ..format.values import is_tensor
+from ..store import columns, paths, stepfile
 from ..store.fs import resolve
 
 __all__ = ["describe", "fields_of", "gaps", "jsonable", "short"]
@@ -43,7 +44,7 @@ def jsonable(v: Any) -> Any:
         return {k if type(k) is str else repr(k): jsonable(x) for k, x in v.items()}
     if type(v) is list or type(v) is tuple:
         return [jsonable(x) for x in v]
-    if isinstance(v, np.ndarray | np.generic | torch.Tensor):
+    if isinstance(v, np.ndarray | np.generic) or is_tensor(v):
         return jsonable(v.tolist())
     return v if v is None or type(v) in (bool, int, float, str) else repr(v)
 
@@ -97,8 +98,11 @@ def _column(pf: pq.ParquetFile, name: str) -> Any:
 
 
 def _nonzero(col: Any) -> int:
-    """The non-zero values of a list column (a mask stored whole: its valid entries)."""
-    return int((col.values.to_numpy(zero_copy_only=False) != 0).sum())
+    """The non-zero values of a list column (a mask stored whole: its valid entries). Counted by
+    Arrow: pyarrow's ``to_numpy`` loads pandas, which `trajstore info` does without."""
+    v = col.values
+    zero = pa.scalar(False if pa.types.is_boolean(v.type) else 0, v.type)
+    return int(pc.sum(pc.not_equal(v, zero)).as_py() or 0)
 
 
 def _tokens(f: pq.ParquetFile, spec: dict) -> int | None:
@@ -118,8 +122,8 @@ def _tokens(f: pq.ParquetFile, spec: dict) -> int | None:
         return total
     for _, node in spec["keys"]:
         if is_token(node):
-            off = _column(f, node["col"]).offsets.to_numpy()
-            return int(off[-1] - off[0]) // max(1, math.prod(node["trail"]))
+            off = _column(f, node["col"]).offsets
+            return int(off[-1].as_py() - off[0].as_py()) // max(1, math.prod(node["trail"]))
     am = dict(spec["keys"]).get("attention_mask", {})
     if spec.get("form") == "padded" and am.get("t") == "tensor" and len(am.get("trail", [])) == 1:
         return _nonzero(_column(f, am["col"]))  # a mask with holes is stored whole
@@ -152,7 +156,10 @@ def describe(path: str | Path, split: str | None = None,
     """A JSON-able description of the dump at ``path`` (every split, or only ``split``)."""
     root = resolve(path, "describe")
     manifest = paths.read_manifest(root)
-    splits = [split] if split else paths.list_splits(root)
+    splits = [paths.check_split(split)] if split else paths.list_splits(root)
+    if split and not (root / split).is_dir():
+        raise DumpNotFoundError(f"dump {root} has no split {split!r}; splits present: "
+                                f"{paths.list_splits(root) or 'none'}")
     out: dict[str, Any] = {
         "path": str(root),
         "format_version": manifest.get("format_version"),
@@ -162,16 +169,15 @@ def describe(path: str | Path, split: str | None = None,
         "splits": {},
     }
     for sp in splits:
-        r = Reader(root, sp, verify=False)  # footers only; `trajstore verify` checks the bytes
-        listing = paths.scan(root / sp)
-        steps = [s for s in r.steps if s not in listing.ambiguous]  # listed apart: reading one is an error
+        listing = paths.scan(root / sp)  # what a Reader lists
+        steps = [s for s in listing.steps if s not in listing.ambiguous]  # listed apart: reading one is an error
         per_step, fields = [], {}
         it = progress(steps, f"{sp}") if progress else steps
         for s in it:
             fs = paths.step_files(root / sp, listing, s)  # one file, or the shards of N ranks
             p = {"step": s, "format": 0, "rows": 0, "tokens": None, "bytes": 0}
             for f in fs:
-                sf = r._open(s, f=f)  # what r.info(s) reads, with the opened file: its footer is parsed once
+                sf = stepfile.open_step(f, s)  # footer only (`trajstore verify` checks the bytes), parsed once
                 doc, spec = sf.doc, sf.doc["batch"]
                 with foreign_errors(f, "counting the trajectories of step {}", s, then="the step is damaged"):
                     rows, tokens = _counts(sf.pf, spec, doc.get("num_rows"))

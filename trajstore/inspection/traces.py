@@ -68,10 +68,13 @@ def load_tokenizer(tokenizer: Any) -> Any:
         return tokenizer
     p = Path(tokenizer)
     f = p / "tokenizer.json" if p.is_dir() else p
+    if not f.is_file() and (cached := hf_cached_tokenizer(str(tokenizer))) is not None:
+        f = cached
     if not f.is_file():
         raise ConfigError(
-            f"tokenizer {str(tokenizer)!r}: no such file (or directory with tokenizer.json); pass a local "
-            "tokenizer.json or the directory of a Hugging Face model (nothing is downloaded)"
+            f"tokenizer {str(tokenizer)!r}: no such file (or directory with tokenizer.json), nor a model of "
+            "the local Hugging Face cache with a tokenizer.json; pass a local tokenizer.json, the directory "
+            "of a Hugging Face model, or a model name already in the cache (nothing is downloaded)"
         )
     try:
         from tokenizers import Tokenizer
@@ -83,6 +86,22 @@ def load_tokenizer(tokenizer: Any) -> Any:
         return Tokenizer.from_file(str(f))
     except Exception as e:  # tokenizers raises a bare Exception on bad files
         raise ConfigError(f"tokenizer {f}: cannot be loaded ({e}); is it a Hugging Face tokenizer.json?") from None
+
+
+def hf_cached_tokenizer(name: str) -> Path | None:
+    """The ``tokenizer.json`` of model ``name`` (``Qwen/Qwen2.5-0.5B``, revision ``main``) in the local
+    Hugging Face cache (``HF_HUB_CACHE``, else ``HF_HOME/hub``, else ``~/.cache/huggingface/hub``), found
+    by ``huggingface_hub`` without the network; None when it is not there (or huggingface_hub is not
+    installed: tokenizers depends on it)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    try:
+        f = try_to_load_from_cache(name, "tokenizer.json")
+    except ValueError:  # not a repository id (huggingface_hub's HFValidationError)
+        return None
+    return Path(f) if isinstance(f, str) else None
 
 
 def decode_ids(tok: Any, ids: Any) -> str:

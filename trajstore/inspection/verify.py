@@ -7,9 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import DumpNotFoundError, TrajstoreError
-from ..reader import Reader
 from ..format.spec import MANIFEST_VERSION
-from ..store import checksums, paths
+from ..store import checksums, paths, stepfile
 from ..store.fs import resolve
 
 __all__ = ["verify", "VerifyReport"]
@@ -71,7 +70,10 @@ def verify(path: str | Path, split: str | None = None, *, deep: bool = False) ->
         rep.incomplete.update({(s, k): f"written by {n} ranks; the shard(s) of rank(s) {', '.join(map(str, miss))} "
                                "are not committed (a rank still writing, or stopped): the step is not readable"
                                for k, (n, miss) in listing.incomplete.items()})
-        reader = Reader(root, s, verify=deep)
+        if deep:  # decoding needs the reader (and torch); the checksums alone do not (`trajstore verify`)
+            from ..reader import Reader
+
+            reader = Reader(root, s, verify=True)
         for step in steps:
             f = d / paths.step_name(step)
             try:
@@ -81,7 +83,7 @@ def verify(path: str | Path, split: str | None = None, *, deep: bool = False) ->
                 else:
                     for f in fs:
                         checksums.check_digest(f, step, checksums.file_sha256(f))
-                v = max(reader._open(step, f=f).doc["format_version"] for f in fs)  # the footers only
+                v = max(stepfile.open_step(f, step).doc["format_version"] for f in fs)  # the footers only
                 rep.formats[v] = rep.formats.get(v, 0) + 1
             except TrajstoreError as e:
                 rep.damaged[(s, step)] = str(e)

@@ -35,7 +35,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from ..errors import ConfigError, DumpNotFoundError
@@ -223,6 +222,8 @@ class NoIndex:
 def dataset(files: list[RemotePath]) -> Any:
     """The step files of one split as one ``pyarrow.dataset`` (what DuckDB scans for ``trajstore sql``):
     the union of their columns by name (a column a step lacks is NULL there)."""
+    import pyarrow.dataset as ds  # here: it loads pandas, which nothing else of the store needs
+
     store = files[0].store
     schemas = [pq.read_schema(f.open_input()) for f in files]
     schema = pa.unify_schemas([s.remove_metadata() for s in schemas], promote_options="permissive")

@@ -1,0 +1,58 @@
+"""Opening one committed step file: its Parquet reader and its trajstore description (the footer's
+``trajstore`` document), checked as every reader checks it: the format version known, the step the
+file says it holds, and (``check``) the spec consistent with the file's columns (``format.validate``).
+
+The reader decodes what this opens; ``trajstore info`` and ``verify`` read the footer through it alone,
+without the decoding modules (and without torch, docs/CLI.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import FormatError, foreign_errors
+from ..format import validate
+from ..format.spec import check_version
+from . import checksums
+from .fs import source
+
+__all__ = ["StepFile", "open_step"]
+
+
+class StepFile(NamedTuple):
+    """An opened step file: its Parquet reader, the source it reads from (the path, or the checked
+    bytes with ``verify``), its trajstore description and its path."""
+
+    pf: pq.ParquetFile
+    src: Any
+    doc: dict
+    path: Path
+
+
+def open_step(f: Path, step: int, verify: bool = False, check: bool = True) -> StepFile:
+    """Step file (or shard) ``f`` of ``step`` opened; ``verify`` reads its bytes checked against the
+    recorded checksum first; ``check=False`` skips the walk of the whole spec (``validate.check``), for
+    callers that check the one node they decode."""
+    with foreign_errors(f, "reading it as a Parquet file", then="the step is damaged"):
+        src = pa.BufferReader(checksums.read_verified(f, step)) if verify else source(f)
+        pf = pq.ParquetFile(src, memory_map=False, page_checksum_verification=True)
+        kv = pf.metadata.metadata or {}  # the footer's key-value pairs (no Arrow schema build)
+    raw = kv.get(b"trajstore")
+    if raw is None:
+        raise FormatError(f"{f}: Parquet file without trajstore metadata; it was not written by trajstore")
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        raise FormatError(f"{f}: trajstore metadata is not valid JSON ({e})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("batch"), dict):
+        raise FormatError(f"{f}: trajstore metadata has no batch spec")
+    check_version(doc.get("format_version"), str(f), "the step")
+    if doc.get("step") != step:
+        raise FormatError(f"{f}: the file says it holds step {doc.get('step')!r}, its name says {step}")
+    if check:
+        validate.check(doc, pf.schema_arrow, pf.metadata.num_rows, str(f))
+    return StepFile(pf, src, doc, f)
