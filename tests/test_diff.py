@@ -257,19 +257,28 @@ def _plant(t, where, kind):
        st.sampled_from(["logprobs", "lp16", "h16", "rewards", "vec", "input_ids"]), st.sampled_from(SPECIAL),
        st.integers(0, 1), st.data())
 def test_planted_change_found_by_the_column_path(lengths, side, name, kind, step, data):
+    i = data.draw(st.integers(0, len(lengths) - 1))
+    _planted(lengths, side, name, kind, step, i, data.draw(st.integers(0, lengths[i] - 1)))
+
+
+@pytest.mark.parametrize("name,kind", [("logprobs", "neg_zero"), ("lp16", "neg_zero"), ("h16", "neg_zero"),
+                                       ("logprobs", "nan_payload"), ("lp16", "nan_payload"), ("vec", "nan_payload")])
+def test_signed_zero_and_nan_payload_are_not_the_same_bits(name, kind):
+    _planted([3, 1, 4], "left", name, kind, 1, 2, 3)
+
+
+def _planted(lengths, side, name, kind, step, i, t):
+    """Dump a, and b: a copy with one value changed (``kind``) at trajectory ``i``, token ``t``;
+    the column path finds exactly that change, and agrees with the decode path."""
     B = len(lengths)
     steps_a = {s: _batch(B, lengths, side, seed=s) for s in (0, 1)}
     steps_b = {s: dict(b) for s, b in steps_a.items()}
-    i = data.draw(st.integers(0, B - 1))
-    t = data.draw(st.integers(0, lengths[i] - 1))
     T = steps_a[step]["attention_mask"].shape[1]
     pos = t if side == "right" else T - lengths[i] + t
     x = steps_a[step][name]
     if name == "input_ids":
         kind = "plus1"
-    where = {1: (i,), 2: (i, 3 - 1 if name == "vec" else pos)}[x.ndim] if x.ndim < 3 else (i, pos, 1)
-    if name == "vec":
-        where = (i, t % 3)
+    where = {"vec": (i, t % 3), "rewards": (i,), "h16": (i, pos, 1)}.get(name, (i, pos))
     new_a, new_b, beyond = _plant(x, where, kind)
     if new_a is not None:
         steps_a[step] = {**steps_a[step], name: new_a}
