@@ -408,3 +408,23 @@ def test_same_bytes_read_once(tmp_path, base, monkeypatch):
     f.write_bytes(f.read_bytes())
     checksums.sum_path(f).write_text(checksums.sum_line("0" * 64, f.name))  # another record: read both
     assert trajstore.diff(base, b).identical and sorted(set(read)) == sorted({str(base), str(b)})
+
+
+@pytest.mark.parametrize("pos", [0, 4, 8])
+def test_packed_batches_on_the_column_path(tmp_path, monkeypatch, pos):
+    cu = torch.tensor([0, 3, 4, 9], dtype=torch.int32)
+    g = torch.Generator().manual_seed(0)
+    a = {"input_ids": torch.arange(9), "cu_seqlens": cu, "logprobs": torch.randn(9, generator=g),
+         "hidden": torch.randn(9, 2, generator=g).to(torch.bfloat16), "rewards": torch.randn(3, generator=g)}
+    b = {**a, "hidden": a["hidden"].clone()}
+    b["hidden"][pos, 1] += 1
+    write(tmp_path / "a", {0: a})
+    write(tmp_path / "b", {0: b})
+    _no_decode(monkeypatch)
+    rep = trajstore.diff(tmp_path / "a", tmp_path / "b")
+    traj = int(torch.searchsorted(cu, pos, right=True)) - 1
+    fd = rep.first_divergence
+    assert (fd["field"], fd["trajectory"], fd["token"], fd["element"]) == ("hidden", traj, pos - int(cu[traj]), 1)
+    assert [e.field for e in rep.entries] == ["input_ids", "logprobs", "hidden", "rewards"]
+    monkeypatch.undo()
+    _both(monkeypatch, tmp_path / "a", tmp_path / "b")
