@@ -97,11 +97,11 @@ def test_rejected_on_one_side(tmp_path):
     assert trajstore.diff(a, a).identical
 
 
-def test_strings_differ(tmp_path):
+def test_strings_differ(tmp_path, monkeypatch):
     a, b = tmp_path / "a", tmp_path / "b"
     for p, u in ((a, ["x", "y"]), (b, ["x", "z"])):
         write(p, {0: {"r": torch.zeros(2), "uid": u}})
-    rep = trajstore.diff(a, b)
+    rep = _both(monkeypatch, a, b)
     f = rep.fields()["uid"]
     assert f["status"] == "differs" and f["first"]["trajectory"] == 1 and f["first"]["b"] == "z"
 
@@ -219,7 +219,7 @@ def _batch(B, lengths, side, seed):
             "lp16": (torch.randn(B, T, generator=g) * am).to(torch.bfloat16),
             "h16": torch.randn(B, T, 2, generator=g).to(torch.float16),
             "rewards": torch.randn(B, generator=g),
-            "vec": torch.randn(B, 3, generator=g, dtype=torch.float64)}
+            "vec": torch.randn(B, 3, generator=g, dtype=torch.float64), "uid": [f"u{i}-é" for i in range(B)]}
 
 
 SPECIAL = ["plus1", "nan", "nan_payload", "neg_zero", "inf", "one_ulp"]

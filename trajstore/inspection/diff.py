@@ -275,8 +275,13 @@ def _step(ra: Reader, rb: Reader, s: int, fields: list[str] | None, atol: float,
 def _fast(ra: Reader, rb: Reader, s: int, spec_a: dict, spec_b: dict, na: dict, nb: dict, todo: list,
           mask: str | None, atol: float, rtol: float, keep_abs: bool) -> dict[str, _Field]:
     """The fields of ``todo`` compared on their stored columns (``diff_arrow``), read in one go."""
-    cols_a = [na[f]["col"] for f, _, _ in todo if f in na and diff_arrow.eligible(spec_a, na[f])]
-    cols_b = [nb[f]["col"] for _, f, _ in todo if f in nb and diff_arrow.eligible(spec_b, nb[f])]
+    def col(spec: dict, node: dict | None) -> str | None:
+        if node is None:
+            return None
+        return node["col"] if diff_arrow.eligible(spec, node) else diff_arrow.strings(node)
+
+    cols_a = [c for f, _, _ in todo if (c := col(spec_a, na.get(f)))]
+    cols_b = [c for _, f, _ in todo if (c := col(spec_b, nb.get(f)))]
     if mask is not None and mask in na and diff_arrow.eligible(spec_a, na[mask]):
         cols_a.append(na[mask]["col"])
     if not cols_a or not cols_b:

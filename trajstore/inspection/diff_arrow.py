@@ -7,7 +7,8 @@ trajectory boundaries are its list offsets. ``diff`` compares those buffers in o
 (``_Field.add_flat``) instead of trajectory by trajectory, and decodes nothing.
 
 It takes only fields it compares exactly as the trajectory-by-trajectory path does (``plan``): tensor
-fields of kind ``token`` or ``sample`` of a padded or packed dict batch, read from one step file
+fields of kind ``token`` or ``sample`` of a padded or packed dict batch (and a list of strings, one per
+trajectory, when the two columns are equal), read from one step file
 (not shards, not a rank's slice), with the same column type on both sides and the same per-row
 lengths (else the other path reports the mismatch). Values are compared in the dtype ``rows`` gives:
 bfloat16 as float32 (widened in files of format version 3, as its bits before), other dtypes as
@@ -28,7 +29,7 @@ from ..format.spec import is_dict_batch
 from ..reader import Reader, _read_columns
 from ..store import checksums
 
-__all__ = ["field_names", "fast_step", "plan", "read_columns", "same_file", "values"]
+__all__ = ["field_names", "fast_step", "plan", "read_columns", "same_file", "strings", "values"]
 
 _GLOBAL = ("json", "gtensor", "tvalue")
 _LAYOUT = ("cu_seqlens", "max_seqlen")
@@ -72,6 +73,14 @@ def eligible(spec: dict, node: dict) -> bool:
     trail = node.get("trail", [])
     # a [B, T, ...] sample field of a padded batch is cut by the mask too
     return not (node["kind"] == "sample" and spec.get("form") == "padded" and trail and trail[0] == spec.get("T"))
+
+
+def strings(node: dict) -> str | None:
+    """The column of a dict batch's list of strings, one per trajectory, none missing (``uid``)."""
+    elem = node.get("elem") if node.get("t") == "seq" else None
+    if not isinstance(elem, dict) or elem.get("t") != "value" or elem.get("ptype") != "str":
+        return None
+    return None if any(k in elem for k in ("missing", "none", "ints")) else elem.get("col")
 
 
 def same_file(ra: Reader, rb: Reader, step: int) -> bool:
@@ -136,7 +145,17 @@ def fast_step(acc_for: Any, xa: pa.Table, xb: pa.Table, spec_a: dict, spec_b: di
         m = (mv[0] != 0, mv[1])
     for fa, fb, label in todo:
         na, nb = names_a.get(fa), names_b.get(fb)
-        if na is None or nb is None or not (eligible(spec_a, na) and eligible(spec_b, nb)):
+        if na is None or nb is None:
+            continue
+        sa, sb = strings(na), strings(nb)
+        if sa and sb and mask is None:  # equal strings: identical, one value each (else decoded)
+            ca, cb = xa.column(sa).combine_chunks(), xb.column(sb).combine_chunks()
+            if ca.type == cb.type and not ca.null_count and not cb.null_count and ca.equals(cb):
+                acc = acc_for(label)
+                acc.e.n = len(ca)
+                done[label] = acc
+            continue
+        if not (eligible(spec_a, na) and eligible(spec_b, nb)):
             continue
         if na["kind"] != nb["kind"] or list(na.get("trail", [])) != list(nb.get("trail", [])):
             continue
