@@ -428,3 +428,16 @@ def test_packed_batches_on_the_column_path(tmp_path, monkeypatch, pos):
     assert [e.field for e in rep.entries] == ["input_ids", "logprobs", "hidden", "rewards"]
     monkeypatch.undo()
     _both(monkeypatch, tmp_path / "a", tmp_path / "b")
+
+
+def test_strings_of_a_padded_batch(tmp_path, monkeypatch):
+    a = _batch(3, [2, 3, 1], "right", 0)
+    write(tmp_path / "a", {0: a})
+    write(tmp_path / "b", {0: {**a, "uid": ["u0-é", "other", "u2-é"]}})
+    write(tmp_path / "c", {0: dict(a)})
+    rep = _both(monkeypatch, tmp_path / "a", tmp_path / "b")
+    fd = rep.first_divergence
+    assert (fd["field"], fd["trajectory"], fd["b"]) == ("uid", 1, "other") and rep.fields()["uid"]["n"] == 3
+    _no_decode(monkeypatch)
+    rep = trajstore.diff(tmp_path / "a", tmp_path / "c")
+    assert rep.identical and rep.fields()["uid"]["n"] == 3
