@@ -400,7 +400,7 @@ def test_same_bytes_read_once(tmp_path, base, monkeypatch):
     shutil.copytree(base, b)
     read = []
     orig = diff_arrow.read_columns
-    monkeypatch.setattr(diff_arrow, "read_columns", lambda r, s, cols: read.append(str(r.path)) or orig(r, s, cols))
+    monkeypatch.setattr(diff_arrow, "read_columns", lambda r, s, *a: read.append(str(r.path)) or orig(r, s, *a))
     rep = trajstore.diff(base, b)
     assert rep.identical and set(read) == {str(base)} and len(read) == 3
     read.clear()
@@ -441,3 +441,27 @@ def test_strings_of_a_padded_batch(tmp_path, monkeypatch):
     _no_decode(monkeypatch)
     rep = trajstore.diff(tmp_path / "a", tmp_path / "c")
     assert rep.identical and rep.fields()["uid"]["n"] == 3
+
+
+def test_steps_written_by_several_ranks(tmp_path, monkeypatch):
+    """The shards of a step (their padded widths differ) joined, then compared on their columns."""
+    def shards(path, change):
+        for r, lengths in enumerate(([2, 4], [1, 5, 3])):
+            with trajstore.Writer(path, rank=r, world_size=2) as w:
+                for s in (0, 1):
+                    b = _batch(len(lengths), lengths, "right", seed=10 * s + r)
+                    if change and (s, r) == (1, 1):
+                        b["logprobs"] = b["logprobs"].clone()
+                        b["logprobs"][1, 3] += 1
+                    w.append(s, b)
+    shards(tmp_path / "a", False)
+    shards(tmp_path / "b", True)
+    assert trajstore.Reader(tmp_path / "a")._sharded(1)
+    with monkeypatch.context() as mp:
+        _no_decode(mp)
+        rep = trajstore.diff(tmp_path / "a", tmp_path / "b")
+    fd = rep.first_divergence
+    assert (fd["step"], fd["field"], fd["trajectory"], fd["token"]) == (1, "logprobs", 3, 3)
+    assert [(e.step, e.field) for e in rep.entries if e.status != "identical"] == [(1, "logprobs")]
+    _both(monkeypatch, tmp_path / "a", tmp_path / "b")
+    _both(monkeypatch, tmp_path / "a", tmp_path / "b", pair=("logprobs", "lp16"), mask="loss_mask")

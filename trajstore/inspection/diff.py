@@ -235,7 +235,7 @@ def _step(ra: Reader, rb: Reader, s: int, fields: list[str] | None, atol: float,
     spec_a, spec_b = ra.info(s)["batch"], rb.info(s)["batch"]
     na, nb = diff_arrow.field_names(spec_a), diff_arrow.field_names(spec_b)
     fast = (FAST and na is not None and nb is not None and diff_arrow.plan(spec_a) and diff_arrow.plan(spec_b)
-            and spec_a["B"] == spec_b["B"] and not ra._sharded(s) and not rb._sharded(s))
+            and spec_a["B"] == spec_b["B"] and ra._slice is None and rb._slice is None)
     xa = xb = None
     if na is None or nb is None:  # a list batch: its names come from its rows
         want = None if fields is None and not pair else set(fields or ()) | set(pair or ()) | {mask} - {None}
@@ -275,21 +275,25 @@ def _step(ra: Reader, rb: Reader, s: int, fields: list[str] | None, atol: float,
 def _fast(ra: Reader, rb: Reader, s: int, spec_a: dict, spec_b: dict, na: dict, nb: dict, todo: list,
           mask: str | None, atol: float, rtol: float, keep_abs: bool) -> dict[str, _Field]:
     """The fields of ``todo`` compared on their stored columns (``diff_arrow``), read in one go."""
-    def col(spec: dict, node: dict | None) -> str | None:
-        if node is None:
-            return None
-        return node["col"] if diff_arrow.eligible(spec, node) else diff_arrow.strings(node)
+    def cols(spec: dict, names: dict, fs: list[str]) -> tuple[list[str], list[str]]:
+        """The columns of the fields ``fs`` taken on this path, and their top-level fields."""
+        out, tops = [], []
+        for f in fs:
+            node = names.get(f)
+            c = None if node is None else node["col"] if diff_arrow.eligible(spec, node) else diff_arrow.strings(node)
+            if c:
+                out.append(c)
+                tops += [k for k, _ in spec["keys"] if f == k or f.startswith(f"{k}.")][:1]
+        return out, tops
 
-    cols_a = [c for f, _, _ in todo if (c := col(spec_a, na.get(f)))]
-    cols_b = [c for _, f, _ in todo if (c := col(spec_b, nb.get(f)))]
-    if mask is not None and mask in na and diff_arrow.eligible(spec_a, na[mask]):
-        cols_a.append(na[mask]["col"])
+    cols_a, tops_a = cols(spec_a, na, [f for f, _, _ in todo] + ([mask] if mask else []))
+    cols_b, tops_b = cols(spec_b, nb, [f for _, f, _ in todo])
     if not cols_a or not cols_b:
         return {}
     if diff_arrow.same_file(ra, rb, s):  # the same bytes: read once
-        xa = xb = diff_arrow.read_columns(ra, s, cols_a + cols_b)
+        xa = xb = diff_arrow.read_columns(ra, s, cols_a + cols_b, tops_a + tops_b)
     else:
-        xa, xb = diff_arrow.read_columns(ra, s, cols_a), diff_arrow.read_columns(rb, s, cols_b)
+        xa, xb = diff_arrow.read_columns(ra, s, cols_a, tops_a), diff_arrow.read_columns(rb, s, cols_b, tops_b)
     if xa is None or xb is None:
         return {}
     return diff_arrow.fast_step(lambda label: _Field(s, label, atol, rtol, keep_abs), xa, xb, spec_a, spec_b,

@@ -8,8 +8,8 @@ trajectory boundaries are its list offsets. ``diff`` compares those buffers in o
 
 It takes only fields it compares exactly as the trajectory-by-trajectory path does (``plan``): tensor
 fields of kind ``token`` or ``sample`` of a padded or packed dict batch (and a list of strings, one per
-trajectory, when the two columns are equal), read from one step file
-(not shards, not a rank's slice), with the same column type on both sides and the same per-row
+trajectory, when the two columns are equal), read from its step file or its shards joined (not from a
+replaying rank's slice), with the same column type on both sides and the same per-row
 lengths (else the other path reports the mismatch). Values are compared in the dtype ``rows`` gives:
 bfloat16 as float32 (widened in files of format version 3, as its bits before), other dtypes as
 themselves; "same bits" compares the stored bits, which for a half dtype widened to float32 is the
@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..format.spec import is_dict_batch
+from .. import shard_read
 from ..reader import Reader, _read_columns
 from ..store import checksums
 
@@ -87,12 +88,18 @@ def same_file(ra: Reader, rb: Reader, step: int) -> bool:
     """Both step files are the same bytes by their recorded SHA-256 (docs/FORMAT.md 1.1)."""
     if ra is rb:
         return True
+    if ra._sharded(step) or rb._sharded(step):
+        return False
     da = checksums.read_sum(checksums.sum_path(ra.file(step)))
     return da is not None and da == checksums.read_sum(checksums.sum_path(rb.file(step)))
 
 
-def read_columns(r: Reader, step: int, cols: list[str]) -> pa.Table:
-    """The stored columns ``cols`` of ``step`` (one step file), nothing else read."""
+def read_columns(r: Reader, step: int, cols: list[str], tops: list[str]) -> pa.Table | None:
+    """The stored columns ``cols`` of ``step``, nothing else read; of a step written by several ranks,
+    the shards' columns of the top-level fields ``tops`` joined (docs/FORMAT.md 3.12)."""
+    if r._sharded(step):
+        _, table, _ = shard_read.logical(r, step, sorted(set(tops)), None)
+        return table
     sf = r._open(step)
     table = _read_columns(sf.pf, sf.src, sorted(set(cols)))
     if table.num_rows != sf.doc.get("num_rows", table.num_rows):
