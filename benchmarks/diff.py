@@ -43,7 +43,8 @@ def write(path: Path, steps: int, B: int, scale: float, plant: bool) -> None:
         for s in range(steps):
             b = W.padded_batch(B=B, seed=s, scale=scale)
             g = torch.Generator().manual_seed(s)
-            b["logprobs"] = b["old_logprobs"] + torch.randn(b["old_logprobs"].shape, generator=g) * 1e-3 * b["loss_mask"]
+            noise = torch.randn(b["old_logprobs"].shape, generator=g) * 1e-3
+            b["logprobs"] = b["old_logprobs"] + noise * b["loss_mask"]
             if plant:
                 i = B // 2
                 t = int(b["attention_mask"][i].sum()) - 1
