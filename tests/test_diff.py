@@ -219,7 +219,7 @@ def _batch(B, lengths, side, seed):
             "lp16": (torch.randn(B, T, generator=g) * am).to(torch.bfloat16),
             "h16": torch.randn(B, T, 2, generator=g).to(torch.float16),
             "rewards": torch.randn(B, generator=g),
-            "vec": torch.randn(B, 3, generator=g, dtype=torch.float64), "uid": [f"u{i}-é" for i in range(B)]}
+            "vec": torch.randn(B, 7, generator=g, dtype=torch.float64), "uid": [f"u{i}-é" for i in range(B)]}
 
 
 SPECIAL = ["plus1", "nan", "nan_payload", "neg_zero", "inf", "one_ulp"]
@@ -278,7 +278,7 @@ def _planted(lengths, side, name, kind, step, i, t):
     x = steps_a[step][name]
     if name == "input_ids":
         kind = "plus1"
-    where = {"vec": (i, t % 3), "rewards": (i,), "h16": (i, pos, 1)}.get(name, (i, pos))
+    where = {"vec": (i, t), "rewards": (i,), "h16": (i, pos, 1)}.get(name, (i, pos))
     new_a, new_b, beyond = _plant(x, where, kind)
     if new_a is not None:
         steps_a[step] = {**steps_a[step], name: new_a}
@@ -304,8 +304,8 @@ def _planted(lengths, side, name, kind, step, i, t):
     assert (fd["step"], fd["field"], fd["trajectory"]) == (step, name, i)
     if name == "rewards":
         assert "token" not in fd
-    elif name == "vec":
-        assert fd["token"] == t % 3
+    elif name == "vec":  # 7 values, never the padded width T (rows would then cut it by the mask)
+        assert fd["token"] == t
     else:
         assert fd["token"] == t and fd.get("element") == (1 if name == "h16" else None)
 

@@ -260,9 +260,11 @@ def _step(ra: Reader, rb: Reader, s: int, fields: list[str] | None, atol: float,
                 acc.e.status, acc.e.note = "missing", f"field {name!r} is not in {where} at step {s}"
             else:
                 if xa is None:  # decode path: only the fields not compared on their columns
-                    rest = {x for f_a, f_b, lab in todo if lab not in done for x in (f_a, f_b)} | {mask} - {None}
-                    xa = _rows(ra, s, spec_a, rest)
-                    xb = xa if rb is ra else _rows(rb, s, spec_b, rest)
+                    left = [(f_a, f_b) for f_a, f_b, lab in todo if lab not in done and f_a in na and f_b in nb]
+                    want_a = {f_a for f_a, _ in left} | ({mask} & set(na))
+                    want_b = {f_b for _, f_b in left}
+                    xa = _rows(ra, s, spec_a, want_a | want_b if rb is ra else want_a)
+                    xb = xa if rb is ra else _rows(rb, s, spec_b, want_b)
                 _slow(acc, ra, s, xa, xb, fa, fb, mask)
         if acc.abs:
             absd.setdefault(label, []).extend(acc.abs)
