@@ -332,8 +332,12 @@ def test_column_path_agrees_with_decode_path(batch, data):
         except trajstore.TrajstoreError:
             return  # the flip made the batch invalid (e.g. an attention mask of other values)
         with pytest.MonkeyPatch.context() as mp:
-            _both(mp, f"{d}/a", f"{d}/b")
+            full = _entries(_both(mp, f"{d}/a", f"{d}/b"))
             _both(mp, f"{d}/a", f"{d}/b", first=True)
+            for name in {e["field"] for e in full} - {"*"}:  # one field read alone: the same entries
+                mp.setattr(diff_mod, "FAST", False)
+                assert _entries(trajstore.diff(f"{d}/a", f"{d}/b", fields=[name])) == \
+                    [e for e in full if e["field"] == name]
 
 
 def test_first_stops_at_the_first_divergence(tmp_path, tok_path, base):
