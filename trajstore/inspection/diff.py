@@ -13,6 +13,11 @@ Each (step, field) gets a status:
 ``differs``    some value beyond tolerance; ``first`` says where
 ``mismatch``   shapes or trajectory counts differ, or a trajectory is rejected on one side only
 ``missing``    the step or field exists on one side only
+
+Only the fields compared are read. Tensor fields of padded and packed dict batches are compared on
+their stored Arrow columns, every trajectory of a step at once (``diff_arrow``); the others are decoded
+and compared trajectory by trajectory (``format.rows``); both give the same entries (``diff_field``).
+Step files whose recorded checksums are equal are read once.
 """
 
 from __future__ import annotations
