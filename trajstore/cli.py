@@ -210,6 +210,7 @@ def _where(fd: dict | None) -> str:
          arg("--pair", nargs=2, metavar=("FIELD_A", "FIELD_B"),
              help="compare FIELD_A of A with FIELD_B of B (or of A), with summary statistics"),
          arg("--mask", help="only compare tokens where this per-token field is non-zero"),
+         arg("--first", action="store_true", help="stop at the first divergence (the report ends there)"),
          SPLIT, JSON)
 def cmd_diff(args: argparse.Namespace) -> int:
     from .inspection.diff import diff
@@ -221,7 +222,8 @@ def cmd_diff(args: argparse.Namespace) -> int:
     split = args.split if args.split is not None else default_split(resolve(args.a, "diff"))  # B: the split of A's name
     rep = diff(args.a, args.b, steps=parse_steps(args.steps, "--steps"), fields=fields, atol=args.atol,
                rtol=args.rtol, split=split, pair=tuple(args.pair) if args.pair else None, mask=args.mask,
-               progress=lambda s: out.progress(s, "comparing"))
+               first=args.first, progress=lambda s: out.progress(s, "comparing"))
+    # an unknown field or step raises (a TrajstoreError: exit 2), never a "missing" difference (exit 1)
     if args.json:
         print(json.dumps(rep.to_dict(), indent=2, default=str))
         return 0 if rep.ok else 1

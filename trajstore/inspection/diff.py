@@ -13,6 +13,11 @@ Each (step, field) gets a status:
 ``differs``    some value beyond tolerance; ``first`` says where
 ``mismatch``   shapes or trajectory counts differ, or a trajectory is rejected on one side only
 ``missing``    the step or field exists on one side only
+
+Only the fields compared are read. Tensor fields of padded and packed dict batches are compared on
+their stored Arrow columns, every trajectory of a step at once (``diff_arrow``); the others are decoded
+and compared trajectory by trajectory (``format.rows``); both give the same entries (``diff_field``).
+Step files whose recorded checksums are equal are read once.
 """
 
 from __future__ import annotations
@@ -23,33 +28,16 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from .._text import parse_steps
-from ..errors import ConfigError
-from ..format.rows import row_mask
+from .._text import format_ranges, parse_steps, runs
+from ..errors import ConfigError, StepNotFoundError
+from ..format import containers
+from ..format.rows import rows
+from ..format.spec import is_dict_batch
 from ..reader import Reader
-from ..tables import step_rows
+from . import diff_arrow
+from .diff_field import OK, FieldDiff, _Field
 
 __all__ = ["diff", "DiffReport", "FieldDiff"]
-
-OK = ("identical", "close")
-
-
-@dataclass
-class FieldDiff:
-    """The comparison of one field at one step."""
-
-    step: int
-    field: str
-    status: str
-    n: int = 0                      # values compared
-    n_exceed: int = 0               # values beyond tolerance
-    max_abs: float | None = None    # max |a - b|
-    max_rel: float | None = None    # max |a - b| / |b|
-    first: dict | None = None       # first value beyond tolerance: step, trajectory, token, a, b
-    note: str = ""
-    # running sums for summary statistics (numeric fields)
-    sums: dict = field(default_factory=dict, repr=False)
-
 
 @dataclass
 class DiffReport:
@@ -137,148 +125,30 @@ def _stats(s: dict) -> dict:
     return out
 
 
-def _numeric(v: Any) -> bool:
-    return isinstance(v, np.ndarray | np.generic | int | float | bool) and np.asarray(v).dtype.kind in "biuf"
-
-
-def _same_bits(a: Any, b: Any) -> bool:
-    a, b = np.asarray(a), np.asarray(b)
-    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
-
-
-class _Field:
-    """Accumulates the comparison of one field over the trajectories of one step."""
-
-    def __init__(self, step: int, name: str, atol: float, rtol: float, keep_abs: bool) -> None:
-        self.e = FieldDiff(step, name, "identical")
-        self.atol, self.rtol, self.keep_abs = atol, rtol, keep_abs
-        self.abs: list[np.ndarray] = []
-
-    def fail(self, status: str, traj: int | None, note: str) -> None:
-        if self.e.status not in ("mismatch", "missing"):
-            self.e.status, self.e.note = status, note
-            self.e.first = {"trajectory": traj} if traj is not None else None
-
-    def add(self, traj: int, a: Any, b: Any, mask: Any = None) -> None:
-        e = self.e
-        if e.status in ("mismatch", "missing"):
-            return
-        if a is None or b is None:
-            if (a is None) != (b is None):
-                self.fail("mismatch", traj, f"trajectory {traj} is missing or rejected on one side only")
-            return
-        if not (_numeric(a) and _numeric(b)):
-            if _numeric(a) != _numeric(b) or _jsonish(a) != _jsonish(b):
-                e.n += 1
-                e.n_exceed += 1
-                if e.status != "differs":
-                    e.status, e.first = "differs", {"trajectory": traj, "a": _short(a), "b": _short(b)}
-            else:
-                e.n += 1
-            return
-        x, y = np.asarray(a), np.asarray(b)
-        if x.shape != y.shape:
-            self.fail("mismatch", traj, f"trajectory {traj}: shape {list(x.shape)} vs {list(y.shape)}")
-            return
-        same = _same_bits(x, y)
-        if x.dtype != y.dtype:
-            e.note = e.note or f"dtype {x.dtype} vs {y.dtype}"
-        width = int(np.prod(x.shape[1:])) if x.ndim > 1 else 1
-        with np.errstate(all="ignore"):
-            xf = x.astype(np.float64).reshape(-1)
-            yf = y.astype(np.float64).reshape(-1)
-        if mask is not None:
-            if np.ndim(mask) == 0:
-                self.fail("mismatch", traj, f"trajectory {traj}: the mask field is not per-token")
-                return
-            m = row_mask(mask)
-            if x.ndim == 0 or len(m) != x.shape[0]:
-                self.fail("mismatch", traj, f"trajectory {traj}: mask has {len(m)} tokens, values {x.shape[:1]}")
-                return
-            keep = np.repeat(m, width)
-            idx = np.flatnonzero(keep)
-            xf, yf = xf[keep], yf[keep]
-            same = x.dtype == y.dtype and x.reshape(-1)[keep].tobytes() == y.reshape(-1)[keep].tobytes()
-        else:
-            idx = None
-        with np.errstate(all="ignore"):  # inf - inf, huge products: handled, no warnings
-            self._numbers(traj, x, xf, yf, idx, width, same)
-
-    def _numbers(self, traj: int, x: np.ndarray, xf: np.ndarray, yf: np.ndarray, idx: np.ndarray | None,
-                 width: int, same: bool) -> None:
-        """Compare the float64 values ``xf`` (of ``a``) and ``yf`` (of ``b``) of trajectory ``traj``
-        (``x``: its original values; ``idx``: their flat positions when masked) and update the entry."""
-        e = self.e
-        eq = (xf == yf) | (np.isnan(xf) & np.isnan(yf))  # same infinities and NaNs are equal
-        d = np.where(eq, 0.0, xf - yf)
-        ad = np.abs(d)
-        rel = np.where(ad == 0, 0.0, ad / np.abs(yf))
-        bad = ~(eq | (ad <= self.atol + self.rtol * np.abs(yf)))
-        e.n += len(xf)
-        if len(xf):
-            e.max_abs = _max(e.max_abs, float(np.max(ad)))
-            e.max_rel = _max(e.max_rel, float(np.max(rel)))
-            fin = np.isfinite(xf) & np.isfinite(yf)
-            s = e.sums
-            xs, ys, ds = xf[fin], yf[fin], d[fin]
-            for k, v in (("n", float(fin.sum())), ("d", ds.sum()), ("ad", np.abs(ds).sum()), ("d2", (ds * ds).sum()),
-                         ("a", xs.sum()), ("b", ys.sum()), ("a2", (xs * xs).sum()), ("b2", (ys * ys).sum()),
-                         ("ab", (xs * ys).sum())):
-                s[k] = s.get(k, 0.0) + float(v)
-            if self.keep_abs:
-                self.abs.append(ad.astype(np.float32))
-        nbad = int(bad.sum())
-        if nbad:
-            e.n_exceed += nbad
-            if e.status != "differs":
-                j = int(np.argmax(bad))
-                flat = int(idx[j]) if idx is not None else j
-                first = {"trajectory": traj}
-                if x.ndim >= 1:
-                    first["token"] = flat // width
-                    if width > 1:
-                        first["element"] = flat % width
-                first.update(a=_num(xf[j]), b=_num(yf[j]), abs=_num(ad[j]))
-                e.status, e.first = "differs", first
-        elif not same and e.status == "identical":
-            e.status = "close"
-
-
-def _max(cur: float | None, v: float) -> float:
-    return v if cur is None or v > cur or math.isnan(v) else cur
-
-
-def _num(v: float) -> float | int:
-    return int(v) if float(v).is_integer() and abs(v) < 2**53 else float(v)
-
-
-def _jsonish(v: Any) -> Any:
-    if isinstance(v, np.ndarray):
-        return ("nd", v.dtype.str, v.shape, v.tobytes()) if v.dtype != object else ("obj", repr(v.tolist()))
-    return repr(v)
-
-
-def _short(v: Any) -> Any:
-    r = v if isinstance(v, str | int | float | bool) or v is None else repr(v)
-    return r[:80] + "…" if isinstance(r, str) and len(r) > 80 else r
-
-
 def _reader(x: Any, split: str) -> Reader:
     return x if isinstance(x, Reader) else Reader(x, split)
+
+
+FAST = True  # compare tensor fields on their stored columns (diff_arrow); False: decode every step
 
 
 def diff(a: Any, b: Any = None, *, steps: Iterable[int] | str | None = None,
          fields: Iterable[str] | None = None, atol: float = 0.0, rtol: float = 0.0,
          split: str = "train", pair: tuple[str, str] | None = None, mask: str | None = None,
-         progress: Callable[[Iterable], Iterable] | None = None) -> DiffReport:
+         first: bool = False, progress: Callable[[Iterable], Iterable] | None = None) -> DiffReport:
     """Compare dump ``a`` with dump ``b`` (paths or Readers) and return a :class:`DiffReport`.
 
-    ``steps``: steps to compare (default: every step of either dump; ``"0-9,12"`` accepted).
+    ``steps``: steps to compare (default: every step of either dump; ``"0-9,12"`` accepted; a step
+    in neither dump is left out).
     ``fields``: fields to compare (default: every field of the step).
     ``pair=("logprobs", "old_logprobs")``: compare field ``pair[0]`` of ``a`` with field ``pair[1]``
     of ``b`` (``b`` defaults to ``a``: two fields of one dump), with summary statistics and
     percentiles of ``|a - b|``. ``mask``: a per-token field (of ``a``); only tokens where it is
-    non-zero are compared (e.g. ``"loss_mask"``). ``progress`` wraps the step iterable (a progress bar).
+    non-zero are compared (e.g. ``"loss_mask"``). ``first``: stop at the first entry beyond
+    tolerance (the report ends there). ``progress`` wraps the step iterable (a progress bar).
+
+    Only the fields compared are read. Raises ``StepNotFoundError`` when none of ``steps`` is in
+    either dump, ``ConfigError`` when a field of ``fields`` (or of ``pair``) is in no compared step.
     """
     if atol < 0 or rtol < 0 or math.isnan(atol) or math.isnan(rtol):
         raise ConfigError(f"atol={atol}, rtol={rtol}: tolerances must be >= 0")
@@ -287,58 +157,169 @@ def diff(a: Any, b: Any = None, *, steps: Iterable[int] | str | None = None,
     ra = _reader(a, split)
     rb = ra if b is None else _reader(b, split)
     want = parse_steps(steps, "steps")
-    all_steps = sorted(set(ra.steps) | set(rb.steps)) if want is None else want
+    both = set(ra.steps) | set(rb.steps)
+    if want is not None and not set(want) & both:
+        raise StepNotFoundError(
+            f"steps {format_ranges(runs(sorted(want)))}: none is in {ra.path} (steps {format_ranges(runs(ra.steps))})"
+            + ("" if rb is ra else f" or {rb.path} (steps {format_ranges(runs(rb.steps))})"), step=want[0])
+    all_steps = sorted(both) if want is None else [s for s in want if s in both]  # in neither: no difference
+    fields = None if fields is None else list(fields)
+    _check_fields(ra, rb, all_steps, fields, pair)
     entries: list[FieldDiff] = []
     absd: dict[str, list] = {}
     it = progress(all_steps) if progress else all_steps
     for s in it:
         in_a, in_b = s in ra.steps, s in rb.steps
         if not (in_a and in_b):
-            side = "b" if in_a else "a" if in_b else "either dump"
+            side = "b" if in_a else "a"
             entries.append(FieldDiff(s, "*", "missing", note=f"step {s} is not in {side}"))
-            continue
-        entries.extend(_step(ra, rb, s, fields, atol, rtol, pair, mask, absd))
+        else:
+            entries.extend(_step(ra, rb, s, fields, atol, rtol, pair, mask, absd, first))
+        if first and entries and entries[-1].status not in OK:
+            break
     return DiffReport(str(ra.path), str(rb.path), atol, rtol, entries, tuple(pair) if pair else None, absd)
 
 
-def _step(ra: Reader, rb: Reader, s: int, fields: Iterable[str] | None, atol: float, rtol: float,
-          pair: tuple[str, str] | None, mask: str | None, absd: dict[str, list]) -> list[FieldDiff]:
+def _names_of(r: Reader, s: int, spec: dict) -> dict:
+    """The field names of step ``s`` (from its spec; a list batch's by decoding it)."""
+    names = diff_arrow.field_names(spec)
+    return names if names is not None else _names(_rows(r, s, spec, None))
+
+
+def _check_fields(ra: Reader, rb: Reader, steps: list[int], fields: list[str] | None,
+                  pair: tuple[str, str] | None) -> None:
+    """A field asked for that no compared step of either dump holds is a mistake, not a difference."""
+    if pair:
+        ask = [(pair[0], (ra,)), (pair[1], (rb,))]
+    elif fields is not None:
+        ask = [(f, (ra, rb)) for f in fields]
+    else:
+        return
+    seen: dict[str, None] = {}
+    todo = dict(ask)
+    for s in steps:
+        for r in dict.fromkeys((ra, rb)):
+            if s not in r.steps:
+                continue
+            names = _names_of(r, s, r.info(s)["batch"])
+            seen.update(dict.fromkeys(names))
+            for f, where in list(todo.items()):
+                if f in names and r in where:
+                    del todo[f]
+        if not todo:
+            return
+    f, where = next(iter(todo.items()))
+    dumps = " or ".join(str(r.path) for r in dict.fromkeys(where))
+    have = ", ".join(list(seen)[:30]) + (", ..." if len(seen) > 30 else "")
+    raise ConfigError(f"field {f!r} is in no compared step of {dumps}; fields: {have or 'none'}")
+
+
+def _rows(r: Reader, s: int, spec: dict, want: set[str] | None) -> list[dict | None]:
+    """The trajectories of step ``s`` (``format.rows``), decoding only the top-level fields that the
+    dotted names ``want`` (None: all) and the cutting of their rows need."""
+    cols = None
+    if want is not None and is_dict_batch(spec):
+        top = [k for k, _ in spec["keys"]]
+        need: set[str] | None = set()
+        for n in want:
+            t = next((k for k in top if n == k or n.startswith(f"{k}.")), None)
+            if t is None:
+                need = None
+                break
+            need.add(t)
+        if need is not None:
+            need |= {"attention_mask", "cu_seqlens", "max_seqlen", "prompts", "responses"}
+            need |= {g["src"] for g in spec.get("masks", [])}
+            cols = [k for k in top if k in need]
+    return rows(containers.unwrap(r.read(s, columns=cols))[0], spec)
+
+
+def _step(ra: Reader, rb: Reader, s: int, fields: list[str] | None, atol: float, rtol: float,
+          pair: tuple[str, str] | None, mask: str | None, absd: dict[str, list], first: bool) -> list[FieldDiff]:
     """The entries of step ``s``: one per compared field (``absd`` collects ``|a - b|`` in pair mode)."""
-    xa = step_rows(ra, s)
-    xb = xa if rb is ra else step_rows(rb, s)
-    names_a = _names(xa)
-    names_b = _names(xb)
+    spec_a, spec_b = ra.info(s)["batch"], rb.info(s)["batch"]
+    na, nb = diff_arrow.field_names(spec_a), diff_arrow.field_names(spec_b)
+    fast = (FAST and na is not None and nb is not None and diff_arrow.plan(spec_a) and diff_arrow.plan(spec_b)
+            and spec_a["B"] == spec_b["B"] and ra._slice is None and rb._slice is None)
+    xa = xb = None
+    if na is None or nb is None:  # a list batch: its names come from its rows
+        want = None if fields is None and not pair else set(fields or ()) | set(pair or ()) | {mask} - {None}
+        xa = _rows(ra, s, spec_a, want)
+        xb = xa if rb is ra else _rows(rb, s, spec_b, want)
+        na, nb = _names(xa), _names(xb)
     if pair:
         todo = [(pair[0], pair[1], f"{pair[0]} vs {pair[1]}")]
     else:
-        order = list(names_a) + [n for n in names_b if n not in names_a]
-        if fields is not None:
-            order = list(fields)
-        todo = [(n, n, n) for n in order]
+        todo = [(n, n, n) for n in (fields if fields is not None else list(na) + [n for n in nb if n not in na])]
+    done: dict[str, _Field] = {}
+    if fast:
+        done = _fast(ra, rb, s, spec_a, spec_b, na, nb, todo, mask, atol, rtol, bool(pair))
     out = []
     for fa, fb, label in todo:
-        acc = _Field(s, label, atol, rtol, keep_abs=bool(pair))
-        if fa not in names_a or fb not in names_b:
-            where = " and ".join(w for w, ok in (("a", fa in names_a), ("b", fb in names_b)) if not ok)
-            name = fa if fa not in names_a else fb
-            acc.e.status, acc.e.note = "missing", f"field {name!r} is not in {where} at step {s}"
-            out.append(acc.e)
-            continue
-        if len(xa) != len(xb):
-            acc.fail("mismatch", None, f"{len(xa)} trajectories vs {len(xb)}")
-        for i in range(min(len(xa), len(xb))):
-            ra_i, rb_i = xa[i], xb[i]
-            if ra_i is None or rb_i is None:
-                acc.add(i, ra_i, rb_i)
-                continue
-            m = ra_i.get(mask) if mask else None
-            if mask and m is None and fa in ra_i:
-                raise ConfigError(f"mask field {mask!r} is not in trajectory {i} of step {s} of {ra.path}")
-            acc.add(i, ra_i.get(fa), rb_i.get(fb), m)
+        acc = done.get(label)
+        if acc is None:
+            acc = _Field(s, label, atol, rtol, keep_abs=bool(pair))
+            if fa not in na or fb not in nb:
+                where = " and ".join(w for w, ok in (("a", fa in na), ("b", fb in nb)) if not ok)
+                name = fa if fa not in na else fb
+                acc.e.status, acc.e.note = "missing", f"field {name!r} is not in {where} at step {s}"
+            else:
+                if xa is None:  # decode path: only the fields not compared on their columns
+                    left = [(f_a, f_b) for f_a, f_b, lab in todo if lab not in done and f_a in na and f_b in nb]
+                    want_a = {f_a for f_a, _ in left} | ({mask} & set(na))
+                    want_b = {f_b for _, f_b in left}
+                    xa = _rows(ra, s, spec_a, want_a | want_b if rb is ra else want_a)
+                    xb = xa if rb is ra else _rows(rb, s, spec_b, want_b)
+                _slow(acc, ra, s, xa, xb, fa, fb, mask)
         if acc.abs:
             absd.setdefault(label, []).extend(acc.abs)
         out.append(acc.e)
+        if first and acc.e.status not in OK:
+            break
     return out
+
+
+def _fast(ra: Reader, rb: Reader, s: int, spec_a: dict, spec_b: dict, na: dict, nb: dict, todo: list,
+          mask: str | None, atol: float, rtol: float, keep_abs: bool) -> dict[str, _Field]:
+    """The fields of ``todo`` compared on their stored columns (``diff_arrow``), read in one go."""
+    def cols(spec: dict, names: dict, fs: list[str]) -> tuple[list[str], list[str]]:
+        """The columns of the fields ``fs`` taken on this path, and their top-level fields."""
+        out, tops = [], []
+        for f in fs:
+            node = names.get(f)
+            c = None if node is None else node["col"] if diff_arrow.eligible(spec, node) else diff_arrow.strings(node)
+            if c:
+                out.append(c)
+                tops += [k for k, _ in spec["keys"] if f == k or f.startswith(f"{k}.")][:1]
+        return out, tops
+
+    cols_a, tops_a = cols(spec_a, na, [f for f, _, _ in todo] + ([mask] if mask else []))
+    cols_b, tops_b = cols(spec_b, nb, [f for _, f, _ in todo])
+    if not cols_a or not cols_b:
+        return {}
+    if diff_arrow.same_file(ra, rb, s):  # the same bytes: read once
+        xa = xb = diff_arrow.read_columns(ra, s, cols_a + cols_b, tops_a + tops_b)
+    else:
+        xa, xb = diff_arrow.read_columns(ra, s, cols_a, tops_a), diff_arrow.read_columns(rb, s, cols_b, tops_b)
+    if xa is None or xb is None:
+        return {}
+    return diff_arrow.fast_step(lambda label: _Field(s, label, atol, rtol, keep_abs), xa, xb, spec_a, spec_b,
+                                todo, na, nb, mask)
+
+
+def _slow(acc: _Field, ra: Reader, s: int, xa: list, xb: list, fa: str, fb: str, mask: str | None) -> None:
+    """Compare field ``fa`` of the rows ``xa`` with ``fb`` of ``xb``, trajectory by trajectory."""
+    if len(xa) != len(xb):
+        acc.fail("mismatch", None, f"{len(xa)} trajectories vs {len(xb)}")
+    for i in range(min(len(xa), len(xb))):
+        ra_i, rb_i = xa[i], xb[i]
+        if ra_i is None or rb_i is None:
+            acc.add(i, ra_i, rb_i)
+            continue
+        m = ra_i.get(mask) if mask else None
+        if mask and m is None and fa in ra_i:
+            raise ConfigError(f"mask field {mask!r} is not in trajectory {i} of step {s} of {ra.path}")
+        acc.add(i, ra_i.get(fa), rb_i.get(fb), m)
 
 
 def _names(rs: list) -> dict:

@@ -205,7 +205,7 @@ class View:
             raise ConfigError("the diff page needs two dumps: trajstore view PATH PATH2")
         rb = Reader(self.other, self.split)
         ra = self.reader(None)
-        rep = diff(ra, rb, split=self.split)
+        rep = diff(ra, rb, split=self.split, first=True)  # only the first divergence is shown
         first = rep.first_divergence
         out = {"a": str(ra.path), "b": str(rb.path), "split": self.split, "first": first and
                {k: _f(v) if not isinstance(v, list | dict) else v for k, v in first.items()}}
