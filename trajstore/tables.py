@@ -38,7 +38,7 @@ from .format.grouped import RUNS_COL
 from .format.rows import rows
 from .shard_read import ranks
 from .store import paths, remote
-from .store.fs import is_remote, resolve
+from .store.fs import is_remote, resolve, source
 
 if TYPE_CHECKING:  # optional extras, imported when used
     import duckdb
@@ -180,7 +180,7 @@ def _group_select(f: str) -> str | None:
     rows are trajectories already). Reads the footer's spec only; a file the spec lies about fails
     in DuckDB (a FormatError)."""
     try:
-        doc = json.loads((pq.read_metadata(f).metadata or {}).get(b"trajstore", b"{}"))
+        doc = json.loads((pq.read_metadata(source(f)).metadata or {}).get(b"trajstore", b"{}"))
     except (OSError, ValueError, RecursionError):
         return None  # DuckDB's own read of the file reports it
     spec = doc.get("batch") if isinstance(doc, dict) else None

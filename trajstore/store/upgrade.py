@@ -20,7 +20,7 @@ from .files import fsync, fsync_dir, stale_temps
 
 __all__ = ["upgrade_layout"]
 
-_SIDECAR_RE = re.compile(r"^(step_\d{8,}(\.rank\d{5,}-of-\d{5,})?\.(sha256|skipped\.json)|columns\.json)$")  # columns: store/columns.py
+_SIDECAR_RE = re.compile(r"^(step_[0-9]{8,}(\.rank[0-9]{5,}-of-[0-9]{5,})?\.(sha256|skipped\.json)|columns\.json)\Z")  # columns: store/columns.py
 
 
 def upgrade_layout(root: str | Path) -> list[str]:
@@ -36,6 +36,8 @@ def upgrade_layout(root: str | Path) -> list[str]:
     if live:
         raise ConfigError(f"dump {root}: a writer is still writing ({', '.join(live[:3])}); upgrade it once "
                           "every writer has closed")
+    for s in splits:
+        paths.check_real_dirs(root / s)  # nothing is moved or removed through a linked folder
     (root / paths.SIDE).mkdir(exist_ok=True)
     moved = []
     for s in splits:
