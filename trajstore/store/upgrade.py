@@ -31,13 +31,13 @@ def upgrade_layout(root: str | Path) -> list[str]:
     if doc["format_version"] >= 2:
         return []
     splits = paths.list_splits(root)
+    for s in splits:
+        paths.check_real_dirs(root / s)  # nothing is moved or removed through a linked folder
     live = [f"{s}/{n}" for s in splits for d in (root / s, root / s / index.DIR) if d.is_dir()
             for n in os.listdir(d) if ".tmp-" in n and n not in _stale(d)]
     if live:
         raise ConfigError(f"dump {root}: a writer is still writing ({', '.join(live[:3])}); upgrade it once "
                           "every writer has closed")
-    for s in splits:
-        paths.check_real_dirs(root / s)  # nothing is moved or removed through a linked folder
     (root / paths.SIDE).mkdir(exist_ok=True)
     moved = []
     for s in splits:
