@@ -195,6 +195,11 @@ class RemotePath:
     def read_bytes(self) -> bytes:
         return self.read_buffer().to_pybytes()
 
+    def read_at_most(self, n: int) -> bytes:
+        """The first ``n`` bytes of the object (all of it if smaller): one bounded GET."""
+        with self.store.pa.open_input_stream(self.key) as f:
+            return f.read(n)
+
     def read_text(self) -> str:
         return self.read_bytes().decode()
 

@@ -14,8 +14,8 @@ Manifests, column records, skip records and checksums are read through :func:`re
 :data:`MAX_SMALL_FILE_BYTES` (checksums at :data:`MAX_SUM_BYTES`): over the cap is a FormatError naming
 the file and the cap, before more than the cap is read.
 
-A ``RemotePath`` (object storage, ``store/fs.py``) has no special files; its size is checked against
-the cap before it is read."""
+A ``RemotePath`` (object storage, ``store/fs.py``) has no special files; at most the cap + 1 bytes of
+it are read."""
 
 from __future__ import annotations
 
@@ -104,10 +104,10 @@ def read_small(path: Any, what: str, cap: int = MAX_SMALL_FILE_BYTES) -> bytes:
     """The bytes of a small file of a dump (manifest, record, checksum), at most ``cap`` of them:
     FormatError naming the file and the cap if it is larger, or if it is not a regular file."""
     if not isinstance(path, os.PathLike | str):  # a RemotePath: no special files on object storage
-        size = path.stat().st_size
-        if size > cap:
-            raise _too_large(path, what, cap, size)
-        return path.read_bytes()
+        data = path.read_at_most(cap + 1)
+        if len(data) > cap:
+            raise _too_large(path, what, cap, None)
+        return data
     fd, st = open_checked(path, what)
     with os.fdopen(fd, "rb") as f:
         if st.st_size > cap:
