@@ -205,6 +205,16 @@ def test_name_patterns_are_ascii_full_matches():
             paths.check_split(bad)
 
 
+def test_temporaries_pids_are_ascii(tmp_path):
+    """A pid of other digits is no pid: such a temporary is stale, not a live writer's (pid 1 is alive)."""
+    from trajstore.store import files
+
+    names = [".step_00000001.parquet.tmp-\u0661-ab", ".step_00000002.parquet.tmp-1-ab"]
+    for n in names:
+        (tmp_path / n).write_text("")
+    assert files.stale_temps(tmp_path, ".step_") == [names[0]]
+
+
 def test_odd_names_are_not_steps(tmp_path):
     d = _dump(tmp_path / "d")
     for n in ODD_NAMES:

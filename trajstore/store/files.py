@@ -69,7 +69,7 @@ def stale_temps(folder: Path, prefix: str, keep_own: bool = False) -> list[str]:
     for n in names:
         if n.startswith(prefix) and ".tmp-" in n:
             pid = n.rsplit(".tmp-", 1)[1].split("-")[0]
-            if pid.isdigit() and (int(pid) != os.getpid() or keep_own) and alive(int(pid)):
+            if pid.isascii() and pid.isdigit() and (int(pid) != os.getpid() or keep_own) and alive(int(pid)):
                 continue  # a live writer's temporary
             out.append(n)
     return out
