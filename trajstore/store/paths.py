@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -21,9 +20,9 @@ from .. import fingerprint
 from .._version import __version__
 from ..errors import ConfigError, DumpNotFoundError, FormatError, WriterError
 from ..format.spec import MANIFEST_VERSION, check_version
-from .files import fsync_dir, listdir, stale_temps, write_durable
+from .files import check_real, fsync_dir, listdir, mkdir_real, stale_temps, write_durable
 from .fs import URL_RE, is_remote
-from .regular import kind, read_small
+from .regular import entries, read_small
 
 MANIFEST = "trajstore.json"
 SIDE = "_trajstore"  # <dump>/_trajstore/<split>/: a split's files that are not step files (layout 2)
@@ -124,7 +123,13 @@ class Listing(NamedTuple):
 
 def scan(split_dir: Path) -> Listing:
     """The split's steps by kind (see ``Listing``): one directory listing."""
-    names, odd = _entries(split_dir)
+    if not is_remote(split_dir):  # regular files only: a FIFO named like a step is in ``odd``
+        names, odd = entries(split_dir, lambda n: bool(STEP_RE.match(n) or SHARD_RE.match(n)))
+    else:
+        try:
+            names, odd = listdir(split_dir), {}
+        except FileNotFoundError:
+            names, odd = [], {}
     steps = [int(m.group(1)) for n in names if (m := STEP_RE.match(n))]
     parts: dict[int, dict[int, set[int]]] = {}
     if len(steps) < len(names):  # other names: shard files, maybe
@@ -148,35 +153,6 @@ def scan(split_dir: Path) -> Listing:
         else:
             incomplete[s] = (N, sorted(set(range(N)) - ranks))
     return Listing(sorted(whole | shards.keys() | ambiguous.keys()), shards, incomplete, ambiguous, parts, odd)
-
-
-def _entries(split_dir: Path) -> tuple[list[str], dict[str, str]]:
-    """The names in a split folder that are regular files (or links to one), and ``Listing.odd``. The
-    file type comes with the listing (``d_type``): no ``stat`` per file except for links."""
-    if is_remote(split_dir):
-        try:
-            return listdir(split_dir), {}
-        except FileNotFoundError:
-            return [], {}
-    try:
-        it = os.scandir(split_dir)
-    except FileNotFoundError:
-        return [], {}
-    names, odd = [], {}
-    with it:
-        for e in it:
-            try:
-                if e.is_file():
-                    names.append(e.name)
-                    continue
-            except OSError:
-                pass
-            if STEP_RE.match(e.name) or SHARD_RE.match(e.name):
-                try:
-                    odd[e.name] = kind(e.stat().st_mode)
-                except OSError:
-                    odd[e.name] = "a dangling symbolic link"
-    return names, odd
 
 
 def step_files(split_dir: Path, listing: Listing, step: int) -> list[Path]:
@@ -316,9 +292,9 @@ def _create_manifest(root: Path) -> dict:
     if os.path.lexists(root / MANIFEST):
         doc = read_manifest(root)
         if doc["format_version"] >= 2:
-            _mkdir_real(root / SIDE)  # a copy that lost the empty folder
+            mkdir_real(root / SIDE)  # a copy that lost the empty folder
         return doc
-    _mkdir_real(root / SIDE)  # before the manifest: a layout-2 dump always has it
+    mkdir_real(root / SIDE)  # before the manifest: a layout-2 dump always has it
     tmp = root / f".{MANIFEST}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
     write_durable(tmp, new_manifest())  # O_EXCL: never through a link planted under the name
     try:
@@ -331,30 +307,6 @@ def _create_manifest(root: Path) -> dict:
     return read_manifest(root)
 
 
-def _mkdir_real(d: Path) -> None:
-    """Make folder ``d`` of the dump (if missing), refusing a link in its place (``check_real_dirs``)."""
-    try:
-        d.mkdir()
-    except FileExistsError:
-        pass
-    _check_real(d)
-
-
-def _check_real(d: Path) -> None:
-    try:
-        st = os.lstat(d)
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(st.st_mode):
-        return
-    its = kind(st.st_mode)
-    raise FormatError(
-        f"{d}: {its} where the dump's folder {d.name!r} should be; a Writer writes and cleans up only in the "
-        "dump's own folders (a link could make it delete or write files elsewhere: docs/RELIABILITY.md, threat "
-        "model), so it refuses this dump: replace the link with the folder it points to (or write the dump "
-        "where the link points)")
-
-
 def check_real_dirs(split_dir: Path) -> None:
     """FormatError unless the folders a writer of ``split_dir`` writes to or cleans (the split folder, the
     side folder ``_trajstore/`` and its ``<split>/`` and index folders, a layout-1 index folder) are real
@@ -363,7 +315,7 @@ def check_real_dirs(split_dir: Path) -> None:
     root = split_dir.parent
     side = root / SIDE / split_dir.name
     for d in (split_dir, root / SIDE, side, side / "index", split_dir / "_index"):  # index: store/index.py
-        _check_real(d)
+        check_real(d)
 
 
 def make_split(split_dir: Path) -> None:
@@ -373,7 +325,7 @@ def make_split(split_dir: Path) -> None:
         split_dir.mkdir(exist_ok=True)
         return
     try:
-        _mkdir_real(split_dir)
+        mkdir_real(split_dir)
     except OSError as e:
         raise WriterError(f"cannot create the split folder {split_dir}: {e.strerror or e} ({type(e).__name__}); "
                           "check that the dump is writable (not a read-only mount) and the permissions") from e

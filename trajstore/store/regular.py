@@ -29,7 +29,7 @@ import pyarrow as pa
 from ..errors import FormatError
 
 __all__ = ["MAX_SMALL_FILE_BYTES", "MAX_SUM_BYTES", "open_checked", "input_file", "read_small", "not_regular",
-           "kind", "fd_path"]
+           "kind", "fd_path", "entries"]
 
 # the most bytes read of one manifest (trajstore.json), columns.json or skip record: ample for an
 # environment fingerprint, far below what could hurt a reader
@@ -116,6 +116,31 @@ def read_small(path: Any, what: str, cap: int = MAX_SMALL_FILE_BYTES) -> bytes:
     if len(data) > cap:
         raise _too_large(path, what, cap, None)
     return data
+
+
+def entries(folder: Any, odd: Any) -> tuple[list[str], dict[str, str]]:
+    """The names in local ``folder`` that are regular files (or links to one), and name -> what it is of
+    the others for which ``odd(name)`` holds. The file type comes with the listing (``d_type``): no
+    ``stat`` per file except for links. ([], {}) if there is no such folder."""
+    try:
+        it = os.scandir(folder)
+    except FileNotFoundError:
+        return [], {}
+    names, other = [], {}
+    with it:
+        for e in it:
+            try:
+                if e.is_file():
+                    names.append(e.name)
+                    continue
+            except OSError:
+                pass
+            if odd(e.name):
+                try:
+                    other[e.name] = kind(e.stat().st_mode)
+                except OSError:
+                    other[e.name] = "a dangling symbolic link"
+    return names, other
 
 
 def _too_large(path: Any, what: str, cap: int, size: int | None) -> FormatError:
