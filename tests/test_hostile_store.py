@@ -67,6 +67,13 @@ for case, path in json.loads(sys.argv[1]).items():
             res[name] = [type(e).__name__, str(e)]
         except BaseException as e:
             res[name] = [f"RAW {type(e).__name__}", str(e)]
+    try:  # a writer opening the dump (it reads the manifest and the column record, and cleans up)
+        trajstore.Writer(path).close()
+        res["write"] = ["ok"]
+    except TrajstoreError as e:
+        res["write"] = [type(e).__name__, str(e)]
+    except BaseException as e:
+        res["write"] = [f"RAW {type(e).__name__}", str(e)]
     out[case] = res
 print(json.dumps(out))
 '''
@@ -120,6 +127,7 @@ def test_special_files_hang_nothing_and_are_named(tmp_path):
         for name in ("info", "verify", "sql", "export"):
             assert res[name][0] == 2 and "trajstore.json" in res[name][1] and word in res[name][1], (name, res)
         assert res["read"][0] == "FormatError" and word in res["read"][1]
+        assert res["write"][0] == "FormatError" and word in res["write"][1]
         # a checksum: a plain read does not look at it, a verified read and verify name it
         res = out[f"{how}_sum"]
         assert res["read"][:2] == ["ok", [0, 1]] and res["info"][0] == 0
@@ -129,6 +137,8 @@ def test_special_files_hang_nothing_and_are_named(tmp_path):
         res = out[f"{how}_skipped"]
         assert res["read"][0] == "ok" and "unreadable record" in res["read"][2]["3"] and word in res["read"][2]["3"]
         assert res["info"][0] == 0 and res["verify"][0] == 0
+    for case in ("fifo_step", "zero_step", "fifo_sum", "zero_sum", "fifo_skipped", "zero_skipped"):
+        assert out[case]["write"] == ["ok"], (case, out[case]["write"])
     res = out["big_manifest"]
     assert res["read"][0] == "FormatError" and str(regular.MAX_SMALL_FILE_BYTES) in res["read"][1]
     assert res["info"][0] == 2 and "MAX_SMALL_FILE_BYTES" in res["info"][1]
