@@ -189,3 +189,25 @@ def test_two_writers_in_one_process_keep_each_others_temporaries(tmp_path):
     w2 = trajstore.Writer(tmp_path)
     assert tmp.exists()
     w1.close(), w2.close()
+
+
+def test_on_error_warn_says_whether_the_skip_record_was_written(tmp_path, caplog):
+    """A full disk also fails the skip record: the warning says so instead of "recorded as skipped"."""
+    w = trajstore.Writer(tmp_path, on_error="warn")
+    w.append(0, batch(0))
+    w.flush()
+    with inject(tmp_path, "open", errno.ENOSPC, nth=1, persist=True) as fault:
+        w.append(1, batch(1))
+        w.flush()
+    assert fault.fired >= 2  # the step's commit and its skip record
+    w.append(2, batch(2))
+    w.flush()
+    with inject(tmp_path, "data", errno.ENOSPC, nth=1, after_bytes=100):
+        w.append(3, batch(3))
+        w.flush()
+    w.close()
+    lines = {s: [r.getMessage() for r in caplog.records if f"step {s} was not written" in r.getMessage()]
+             for s in (1, 3)}
+    assert len(lines[1]) == 1 and "no skipped record was written: the record could not be written" in lines[1][0]
+    assert len(lines[3]) == 1 and "the step is recorded as skipped in" in lines[3][0]
+    assert sorted(trajstore.Reader(tmp_path).skipped) == [3]

@@ -56,6 +56,7 @@ from .prefetch import ReadAhead
 from .reader import Reader
 from .store import commit, index
 from .store import paths
+from .store.fs import source
 from .writer import Committed, Writer
 
 __all__ = ["Recorder", "DumpReplayConfig"]
@@ -236,7 +237,7 @@ class Recorder:
         fs = self._reader.files(step)  # StepNotFoundError past the last dumped step
         b = self._read(step) if self.cfg.prefetch else self._reader.read(step)
         try:  # the log line's trajectories: of the whole step (a rank's slice: not counted)
-            rows = None if self._reader._slice else sum(pq.read_metadata(f).num_rows for f in fs)
+            rows = None if self._reader._slice else sum(pq.read_metadata(source(f)).num_rows for f in fs)
         except Exception:  # noqa: BLE001 - only for the log line
             rows = None
         _log_step("replay", step, fs[0], rows, _tokens(containers.unwrap(b)[0])(), sum(f.stat().st_size for f in fs))

@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 from .errors import FormatError, MissingDependencyError
 from .format.spec import RUNS_COL
 from .store import paths, remote
-from .store.fs import is_remote, resolve
+from .store.fs import is_remote, resolve, source
 
 if TYPE_CHECKING:  # optional extras, imported when used
     import duckdb
@@ -204,7 +204,7 @@ def _group_select(f: str) -> str | None:
     rows are trajectories already). Reads the footer's spec only; a file the spec lies about fails
     in DuckDB (a FormatError)."""
     try:
-        doc = json.loads((pq.read_metadata(f).metadata or {}).get(b"trajstore", b"{}"))
+        doc = json.loads((pq.read_metadata(source(f)).metadata or {}).get(b"trajstore", b"{}"))
     except (OSError, ValueError, RecursionError):
         return None  # DuckDB's own read of the file reports it
     spec = doc.get("batch") if isinstance(doc, dict) else None

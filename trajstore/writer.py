@@ -148,7 +148,7 @@ class Writer:
         self.max_pending_steps, self.max_pending_bytes = max_pending_steps, max_pending_bytes
         self.manifest = (remote.create_manifest if is_remote(self.path) else paths.create_manifest)(self.path)
         self.dir = self.path / self.split
-        self.dir.mkdir(exist_ok=True)
+        paths.make_split(self.dir)  # refuses a linked split or side folder before any clean-up (docs/RELIABILITY.md)
         with _live_lock:  # another open Writer of this process on this split may be mid-write
             busy = any(w.dir == self.dir and not w._closed for w in _live)
         mine = "" if self.shard is None else paths.shard_tag(*self.shard)
@@ -321,6 +321,10 @@ class Writer:
                 job.snap.release()
                 job.snap = None
             dt = time.perf_counter() - t0
+            recorded = False  # best effort: readers then say why the step is missing (none if it is there)
+            if err is not None:
+                recorded = commit.record_skipped(self.dir, job.step, f"{type(err).__name__}: {err}",
+                                                 self.final(job.step).name)
             with self._cond:
                 s = self._stats
                 s["write_s"] += dt
@@ -333,11 +337,12 @@ class Writer:
                         self._errors.append(_as_writer_error(err, job.step))
                         log.error("trajstore: step %d was not written: %s", job.step, err)
                     else:
-                        log.error("trajstore: step %d was not written (on_error='warn', the run goes on; "
-                                    "the step is recorded as skipped in %s): %s", job.step, self.dir, err)
-            if err is not None:  # best effort: readers then say why the step is missing
-                commit.record_skipped(self.dir, job.step, f"{type(err).__name__}: {err}", self.final(job.step).name)
-            elif self.on_commit is not None:
+                        log.error("trajstore: step %d was not written (on_error='warn', the run goes on; %s): %s",
+                                  job.step, f"the step is recorded as skipped in {self.dir}" if recorded else
+                                  "no skipped record was written: " + ("its step file is there (another writer "
+                                  "committed it)" if self.final(job.step).exists() else "the record could not be "
+                                  "written"), err)
+            if err is None and self.on_commit is not None:
                 self._report(Committed(job.step, self.final(job.step), nbytes, rows, dt))
             with self._cond:
                 self._pending_bytes -= job.nbytes

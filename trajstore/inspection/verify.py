@@ -70,6 +70,8 @@ def verify(path: str | Path, split: str | None = None, *, deep: bool = False) ->
         rep.incomplete.update({(s, k): f"written by {n} ranks; the shard(s) of rank(s) {', '.join(map(str, miss))} "
                                "are not committed (a rank still writing, or stopped): the step is not readable"
                                for k, (n, miss) in listing.incomplete.items()})
+        rep.damaged.update({(s, paths.step_of(Path(n))): f"{d / n}: {what}, not a regular file (not read)"
+                            for n, what in listing.odd.items()})  # a FIFO, a device... named as a step
         if deep:  # decoding needs the reader (and torch); the checksums alone do not (`trajstore verify`)
             from ..reader import Reader
 
@@ -82,7 +84,7 @@ def verify(path: str | Path, split: str | None = None, *, deep: bool = False) ->
                     reader.read(step)
                 else:
                     for f in fs:
-                        checksums.check_digest(f, step, checksums.file_sha256(f))
+                        checksums.check_file(f, step)
                 v = max(stepfile.open_step(f, step).doc["format_version"] for f in fs)  # the footers only
                 rep.formats[v] = rep.formats.get(v, 0) + 1
             except TrajstoreError as e:

@@ -17,12 +17,13 @@ from ..errors import ChecksumError, foreign_errors
 from . import paths
 from .files import listdir
 from .fs import is_remote
+from .regular import MAX_SUM_BYTES, fd_path, open_checked, read_small
 
 __all__ = ["SUM_SUFFIX", "sum_path", "file_sha256", "sum_line", "read_sum", "pending_sums", "check_digest",
-           "read_verified"]
+           "check_file", "read_verified"]
 
 SUM_SUFFIX = ".sha256"
-_SUM_RE = re.compile(r"^([0-9a-f]{64})  (\S+)\n?$")
+_SUM_RE = re.compile(r"^([0-9a-f]{64})  ([!-~]+)\n?\Z")  # one `sha256sum` line (ASCII name)
 
 
 def sum_path(f: Path) -> Path:
@@ -31,10 +32,33 @@ def sum_path(f: Path) -> Path:
 
 
 def file_sha256(path: Path) -> str:
+    """The SHA-256 of a step file: FormatError if it is not a regular file (``store/regular.py``)."""
     if is_remote(path):
         return hashlib.sha256(memoryview(path.read_buffer())).hexdigest()
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+    return _sha256_stat(path)[0]
+
+
+def _sha256_stat(path: Path) -> tuple[str, os.stat_result]:
+    fd, st = open_checked(path, "the step file")
+    with os.fdopen(fd, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest(), st
+
+
+def check_file(f: Path, step: int) -> None:
+    """Hash step file ``f`` and check it against its recorded checksum (``trajstore verify``): a
+    mismatch of a file replaced while it was hashed (another writer overwriting the step) is looked at
+    again, as in ``read_verified``."""
+    if is_remote(f):
+        check_digest(f, step, file_sha256(f))
+        return
+    for attempt in range(3):
+        digest, before = _sha256_stat(f)
+        try:
+            check_digest(f, step, digest)
+            return
+        except ChecksumError:
+            if attempt == 2 or _same_file(before, f):
+                raise
 
 
 def sum_line(digest: str, name: str) -> str:
@@ -44,13 +68,10 @@ def sum_line(digest: str, name: str) -> str:
 
 
 def read_sum(path: Path) -> str | None:
-    """The digest recorded in a checksum file (None if absent or malformed)."""
+    """The digest recorded in a checksum file (None if absent or malformed; FormatError naming it if it
+    is not a regular file or larger than a checksum line can be: ``store/regular.py``)."""
     try:
-        if is_remote(path):
-            raw = path.read_bytes()[:4096]
-        else:
-            with open(path, "rb") as f:
-                raw = f.read(4096)
+        raw = read_small(path, "the checksum file", MAX_SUM_BYTES)
         m = _SUM_RE.match(raw.decode("ascii"))
     except (FileNotFoundError, UnicodeDecodeError):
         return None
@@ -128,9 +149,12 @@ def read_verified(f: Path, step: int) -> pa.Buffer:
         return data
     for attempt in range(3):
         with foreign_errors(f, "reading step {}", step, then="check the file and the file system"):
-            before = os.stat(f)
-            with pa.OSFile(str(f)) as src:
-                data = src.read_buffer()
+            fd, before = open_checked(f, "the step file")  # a regular file: never a FIFO or a device
+            try:
+                with pa.OSFile(fd_path(fd, f)) as src:
+                    data = src.read_buffer()
+            finally:
+                os.close(fd)
         try:
             check_digest(f, step, hashlib.sha256(memoryview(data)).hexdigest())
             return data

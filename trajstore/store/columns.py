@@ -28,6 +28,7 @@ from ..format.spec import STEP_COLUMN
 from . import paths
 from .files import fsync, fsync_dir, stale_temps
 from .fs import is_remote, source
+from .regular import read_small
 
 __all__ = ["NAME", "SplitColumns", "load", "save", "read"]
 
@@ -40,10 +41,10 @@ def read(split_dir: Path) -> dict[str, str] | None:
     """The recorded column types of a split (name -> Arrow type), or None without a readable record."""
     for d in paths.places(split_dir):
         try:
-            doc = json.loads((d / NAME).read_text())
+            doc = json.loads(read_small(d / NAME, "the split's column record"))
         except FileNotFoundError:
             continue
-        except (OSError, ValueError, RecursionError):
+        except (OSError, ValueError, RecursionError):  # FormatError (store/regular.py) included: rebuilt
             return None
         cols = doc.get("columns") if isinstance(doc, dict) and doc.get("version") == VERSION else None
         if isinstance(cols, dict) and all(type(k) is str and type(v) is str for k, v in cols.items()):

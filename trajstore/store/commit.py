@@ -5,14 +5,17 @@ folder itself in a dump of layout 1); the split folder receives only the committ
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
-import re
 from pathlib import Path
 
+from ..errors import FormatError
 from . import checksums, remote
 from .files import fsync, fsync_dir, stale_temps, write_durable
 from .fs import is_remote
-from .paths import TMP_PREFIX, places, side_dir, skipped_name, skipped_of, skipped_record
+from .paths import (SUM_RE, TMP_PREFIX, TMP_SUM_RE, check_real_dirs, places, side_dir, skipped_name, skipped_of,
+                    skipped_record, step_name)
 
 __all__ = ["commit", "clean_temp", "record_skipped"]
 
@@ -25,7 +28,9 @@ def commit(tmp: Path, final: Path, overwrite: bool) -> None:
     2. link ``tmp`` to ``final`` (no clobber; FileExistsError if committed) or replace it;
     3. rename the temporary sidecar over ``step_N.sha256``.
     A crash between 2 and 3 leaves a temporary sidecar that matches the new file:
-    readers accept it and ``clean_temp`` promotes it.
+    readers accept it and ``clean_temp`` promotes it. Steps 2 and 3 run under the split's commit
+    lock (``_commit_lock``), so of writers racing on one step the last to commit leaves both its file
+    and its checksum: a step and its checksum change together.
     """
     fsync(tmp)
     digest = checksums.file_sha256(tmp)
@@ -33,21 +38,26 @@ def commit(tmp: Path, final: Path, overwrite: bool) -> None:
     side_tmp = side.parent / f".{side.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
     try:
         write_durable(side_tmp, checksums.sum_line(digest, final.name))
-        if overwrite:
-            os.replace(tmp, final)
-        else:
-            try:
-                os.link(tmp, final)
-            finally:
-                tmp.unlink(missing_ok=True)
     except BaseException:
         side_tmp.unlink(missing_ok=True)
         raise
-    # the step is visible and its bytes are on disk: what follows cannot fail it
-    try:
-        os.replace(side_tmp, side)
-    except OSError:
-        pass  # side_tmp stays: readers accept it as the step's checksum, clean_temp promotes it
+    with _commit_lock(final.parent):
+        try:
+            if overwrite:
+                os.replace(tmp, final)
+            else:
+                try:
+                    os.link(tmp, final)
+                finally:
+                    tmp.unlink(missing_ok=True)
+        except BaseException:
+            side_tmp.unlink(missing_ok=True)
+            raise
+        # the step is visible and its bytes are on disk: what follows cannot fail it
+        try:
+            os.replace(side_tmp, side)
+        except OSError:
+            pass  # side_tmp stays: readers accept it as the step's checksum, clean_temp promotes it
     for d in places(final.parent):
         try:
             (d / skipped_of(final.name)).unlink(missing_ok=True)  # of this file: a shard's own record
@@ -56,6 +66,23 @@ def commit(tmp: Path, final: Path, overwrite: bool) -> None:
     fsync_dir(final.parent)
     if side.parent != final.parent:
         fsync_dir(side.parent)
+
+
+@contextlib.contextmanager
+def _commit_lock(split_dir: Path):
+    """An exclusive lock of the split's commits across processes and threads: ``flock`` on the split
+    folder itself (released when its holder dies; ``columns.py`` locks the side folder). Without it, two
+    writers overwriting one step could leave the file of one and the checksum of the other, which
+    ``verify`` reports as damage (issue 17). A file system without ``flock`` commits unlocked."""
+    fd = os.open(split_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass  # no flock here (some network file systems): unlocked, as before
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def clean_temp(split_dir: Path, keep_own: bool = False, shard: str | None = None) -> list[str]:
@@ -67,18 +94,20 @@ def clean_temp(split_dir: Path, keep_own: bool = False, shard: str | None = None
     the ranks of a dump may run on other hosts, where a pid says nothing (docs/RELIABILITY.md)."""
     if is_remote(split_dir):
         return remote.clean_temp(split_dir)
+    check_real_dirs(split_dir)  # never delete through a linked folder (docs/RELIABILITY.md, threat model)
     gone = []
     for d in places(split_dir):
         for n in stale_temps(d, TMP_PREFIX, keep_own):
             if shard is not None and not (shard in n if shard else ".rank" not in n):
                 continue  # another rank's (or, for a whole-step writer, any rank's)
-            m = re.match(r"^\.(step_\d{8,}(?:\.rank\d{5,}-of-\d{5,})?)\.sha256\.tmp-", n)
+            m = TMP_SUM_RE.match(n)
             if m and _promote(split_dir, m.group(1), d / n):
                 continue
             (d / n).unlink(missing_ok=True)
             gone.append(n)
         for n in os.listdir(d) if d.is_dir() else []:
-            if n.endswith(checksums.SUM_SUFFIX) and not (split_dir / n).with_suffix(".parquet").exists():
+            m = SUM_RE.match(n)  # only a step file's checksum: never another *.sha256 of the folder
+            if m and not os.path.lexists(split_dir / f"{m.group(1)}.parquet"):
                 (d / n).unlink(missing_ok=True)  # checksum of a step that was never committed
                 gone.append(n)
     return gone
@@ -86,6 +115,11 @@ def clean_temp(split_dir: Path, keep_own: bool = False, shard: str | None = None
 
 def _promote(split_dir: Path, stem: str, side_tmp: Path) -> bool:
     final = split_dir / f"{stem}.parquet"
+    with _commit_lock(split_dir):  # a live writer's commit of the step does not interleave
+        return _promote_locked(final, stem, side_tmp)
+
+
+def _promote_locked(final: Path, stem: str, side_tmp: Path) -> bool:
     try:
         recorded = checksums.read_sum(side_tmp)
         if not final.exists() or recorded is None or checksums.file_sha256(final) != recorded:
@@ -95,7 +129,7 @@ def _promote(split_dir: Path, stem: str, side_tmp: Path) -> bool:
             os.replace(side_tmp, side)
             fsync_dir(side.parent)
             return True
-    except OSError:
+    except (OSError, FormatError):  # FormatError: not a regular file (store/regular.py); left to readers
         return False
     return False
 
@@ -110,13 +144,19 @@ def record_skipped(split_dir: Path, step: int, reason: str, name: str | None = N
         return remote.record_skipped(split_dir, step, reason, name)
     d = side_dir(split_dir)
     path = d / (skipped_of(name) if name else skipped_name(step))
+    final = split_dir / (name or step_name(step))
     tmp = d / f".{path.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
     try:
         if d != split_dir and not split_dir.is_dir():
             return False  # no such split
+        if os.path.lexists(final):
+            return False  # committed (by another writer racing on the step): not skipped
         d.mkdir(exist_ok=True)
         write_durable(tmp, skipped_record(step, reason))
         os.replace(tmp, path)
+        if os.path.lexists(final):  # committed meanwhile: its commit may have looked for a record before ours
+            path.unlink(missing_ok=True)
+            return False
         fsync_dir(d)
         return True
     except OSError:

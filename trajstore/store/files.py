@@ -8,12 +8,15 @@ progress."""
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
+from ..errors import FormatError
 from .fs import is_remote
+from .regular import kind
 
-__all__ = ["fsync", "fsync_dir", "write_durable", "alive", "stale_temps", "listdir"]
+__all__ = ["fsync", "fsync_dir", "write_durable", "alive", "stale_temps", "listdir", "mkdir_real", "check_real"]
 
 
 def fsync(path: Path) -> None:
@@ -40,6 +43,31 @@ def write_durable(path: Path, text: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def mkdir_real(d: Path) -> None:
+    """Make folder ``d`` of a dump (if missing), refusing a link or another file in its place (``check_real``)."""
+    try:
+        d.mkdir()
+    except FileExistsError:
+        pass
+    check_real(d)
+
+
+def check_real(d: Path) -> None:
+    """FormatError if ``d`` is a symbolic link or another file where a folder of the dump should be
+    (nothing there is fine): a writer writes and cleans up only in the dump's own folders."""
+    try:
+        st = os.lstat(d)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        return
+    raise FormatError(
+        f"{d}: {kind(st.st_mode)} where the dump's folder {d.name!r} should be; a Writer writes and cleans up "
+        "only in the dump's own folders (a link could make it delete or write files elsewhere: "
+        "docs/RELIABILITY.md, threat model), so it refuses this dump: replace the link with the folder it "
+        "points to (or write the dump where the link points)")
 
 
 def listdir(folder: Any) -> list[str]:
@@ -69,7 +97,7 @@ def stale_temps(folder: Path, prefix: str, keep_own: bool = False) -> list[str]:
     for n in names:
         if n.startswith(prefix) and ".tmp-" in n:
             pid = n.rsplit(".tmp-", 1)[1].split("-")[0]
-            if pid.isdigit() and (int(pid) != os.getpid() or keep_own) and alive(int(pid)):
+            if pid.isascii() and pid.isdigit() and (int(pid) != os.getpid() or keep_own) and alive(int(pid)):
                 continue  # a live writer's temporary
             out.append(n)
     return out

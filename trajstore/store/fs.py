@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from ..errors import ConfigError
+from .regular import input_file
 
 __all__ = ["resolve", "RemotePath", "Store", "is_remote", "source", "ENV"]
 
@@ -194,6 +195,11 @@ class RemotePath:
     def read_bytes(self) -> bytes:
         return self.read_buffer().to_pybytes()
 
+    def read_at_most(self, n: int) -> bytes:
+        """The first ``n`` bytes of the object (all of it if smaller): one bounded GET."""
+        with self.store.pa.open_input_stream(self.key) as f:
+            return f.read(n)
+
     def read_text(self) -> str:
         return self.read_bytes().decode()
 
@@ -221,8 +227,9 @@ def is_remote(p: Any) -> bool:
 
 
 def source(f: Path | RemotePath) -> Any:
-    """What pyarrow's Parquet readers read ``f`` from: the local path, or a remote random-access file."""
-    return f.open_input() if isinstance(f, RemotePath) else f
+    """What pyarrow's Parquet readers read ``f`` from: a checked local regular file (``store/regular.py``:
+    never a FIFO or a device), or a remote random-access file."""
+    return f.open_input() if isinstance(f, RemotePath) else input_file(f)
 
 
 def resolve(path: Any, who: str, fs: Any = None) -> Path | RemotePath:

@@ -18,21 +18,26 @@ from typing import Any, NamedTuple
 
 from .. import fingerprint
 from .._version import __version__
-from ..errors import ConfigError, DumpNotFoundError, FormatError
+from ..errors import ConfigError, DumpNotFoundError, FormatError, WriterError
 from ..format.spec import MANIFEST_VERSION, check_version
-from .files import fsync, fsync_dir, listdir, stale_temps
+from .files import check_real, fsync_dir, listdir, mkdir_real, stale_temps, write_durable
 from .fs import URL_RE, is_remote
+from .regular import entries, read_small
 
 MANIFEST = "trajstore.json"
 SIDE = "_trajstore"  # <dump>/_trajstore/<split>/: a split's files that are not step files (layout 2)
 LAYOUT = {"steps": "<split>/step_<n>.parquet", "side": f"{SIDE}/<split>/"}  # the manifest's "layout"
-STEP_RE = re.compile(r"^step_(\d{8,})\.parquet$")
-SKIPPED_RE = re.compile(r"^step_(\d{8,})\.skipped\.json$")
+# Name patterns (docs/FORMAT.md section 1): ASCII digits only (``[0-9]``, never ``\d``, which takes any
+# Unicode digit) and anchored at the very end (``\Z``, never ``$``, which also takes a trailing newline)
+STEP_RE = re.compile(r"^step_([0-9]{8,})\.parquet\Z")
+SKIPPED_RE = re.compile(r"^step_([0-9]{8,})\.skipped\.json\Z")
 # one rank's shard of a logical step written by N ranks (docs/FORMAT.md section 1)
-SHARD_RE = re.compile(r"^step_(\d{8,})\.rank(\d{5,})-of-(\d{5,})\.parquet$")
-SHARD_SKIPPED_RE = re.compile(r"^step_(\d{8,})\.rank(\d{5,})-of-(\d{5,})\.skipped\.json$")
+SHARD_RE = re.compile(r"^step_([0-9]{8,})\.rank([0-9]{5,})-of-([0-9]{5,})\.parquet\Z")
+SHARD_SKIPPED_RE = re.compile(r"^step_([0-9]{8,})\.rank([0-9]{5,})-of-([0-9]{5,})\.skipped\.json\Z")
+SUM_RE = re.compile(r"^(step_[0-9]{8,}(?:\.rank[0-9]{5,}-of-[0-9]{5,})?)\.sha256\Z")  # a step file's checksum
+TMP_SUM_RE = re.compile(r"^\.(step_[0-9]{8,}(?:\.rank[0-9]{5,}-of-[0-9]{5,})?)\.sha256\.tmp-")  # its temporary
 TMP_PREFIX = ".step_"
-_SPLIT_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+_SPLIT_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
 
 
 def check_split(split: str) -> str:
@@ -104,21 +109,27 @@ class Listing(NamedTuple):
     shard set. ``incomplete``: step -> (N, missing ranks) of shard sets not complete (a rank still
     writing, or dead); they are not in ``steps``. ``ambiguous``: step -> its files, for a step
     with a whole file and shards, or shards of two world sizes. ``parts``: step -> N -> the ranks
-    whose shard is there (complete and incomplete sets alike)."""
+    whose shard is there (complete and incomplete sets alike). ``odd``: name -> what it is, of the
+    names of step or shard files that are not regular files (a FIFO, a device, a folder, a link to
+    one or a dangling link: ``store/regular.py``); they are not steps, ``trajstore verify`` reports them."""
 
     steps: list[int]
     shards: dict[int, int]
     incomplete: dict[int, tuple[int, list[int]]]
     ambiguous: dict[int, list[str]]
     parts: dict[int, dict[int, set[int]]]
+    odd: dict[str, str] = {}
 
 
 def scan(split_dir: Path) -> Listing:
     """The split's steps by kind (see ``Listing``): one directory listing."""
-    try:
-        names = listdir(split_dir)
-    except FileNotFoundError:
-        names = []
+    if not is_remote(split_dir):  # regular files only: a FIFO named like a step is in ``odd``
+        names, odd = entries(split_dir, lambda n: bool(STEP_RE.match(n) or SHARD_RE.match(n)))
+    else:
+        try:
+            names, odd = listdir(split_dir), {}
+        except FileNotFoundError:
+            names, odd = [], {}
     steps = [int(m.group(1)) for n in names if (m := STEP_RE.match(n))]
     parts: dict[int, dict[int, set[int]]] = {}
     if len(steps) < len(names):  # other names: shard files, maybe
@@ -127,7 +138,7 @@ def scan(split_dir: Path) -> Listing:
                 parts.setdefault(int(m.group(1)), {}).setdefault(int(m.group(3)), set()).add(int(m.group(2)))
     if not parts:
         steps.sort()
-        return Listing(steps, {}, {}, {}, {})
+        return Listing(steps, {}, {}, {}, {}, odd)
     whole = set(steps)
     shards, incomplete, ambiguous = {}, {}, {}
     for s, by in parts.items():
@@ -141,7 +152,7 @@ def scan(split_dir: Path) -> Listing:
             shards[s] = N
         else:
             incomplete[s] = (N, sorted(set(range(N)) - ranks))
-    return Listing(sorted(whole | shards.keys() | ambiguous.keys()), shards, incomplete, ambiguous, parts)
+    return Listing(sorted(whole | shards.keys() | ambiguous.keys()), shards, incomplete, ambiguous, parts, odd)
 
 
 def step_files(split_dir: Path, listing: Listing, step: int) -> list[Path]:
@@ -192,7 +203,7 @@ def list_splits(root: Path) -> list[str]:
         return []
 
 
-RANK_RE = re.compile(r"^(.+)-rank(0|[1-9]\d*)$")  # config.location's split of one rank when the world size is above 1
+RANK_RE = re.compile(r"^(.+)-rank(0|[1-9][0-9]*)\Z")  # config.location's split of one rank when the world size is above 1
 
 
 def default_split(root: Path) -> str:
@@ -222,12 +233,14 @@ def default_split(root: Path) -> str:
 def read_manifest(root: Path) -> dict:
     f = root / MANIFEST
     try:
-        doc = json.loads(f.read_text())
+        doc = json.loads(read_small(f, "the manifest"))
     except FileNotFoundError:
         raise DumpNotFoundError(
             f"no trajstore dump at {root}: {MANIFEST} is missing; check the path, or create one with "
             "trajstore.Writer(path)"
         ) from None
+    except FormatError:  # not a regular file, or over the cap (store/regular.py)
+        raise
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise FormatError(f"{f}: the manifest is not valid JSON ({e}); the dump is damaged") from None
     except OSError as e:
@@ -260,19 +273,30 @@ def skipped_record(step: int, reason: str) -> str:
 
 
 def create_manifest(root: Path) -> dict:
-    """Read the manifest, creating the dump (atomically) if there is none."""
+    """Read the manifest, creating the dump (atomically) if there is none. A folder that cannot be
+    written (a read-only mount, no permission) is a WriterError naming it."""
+    try:
+        return _create_manifest(root)
+    except (FileNotFoundError, FormatError):
+        raise
+    except OSError as e:
+        raise WriterError(f"cannot create or open the dump {root} for writing: {e.strerror or e} "
+                          f"({type(e).__name__}, {e.filename or root}); check that the folder is writable "
+                          "(not a read-only mount) and the permissions; a Reader can still read it") from e
+
+
+def _create_manifest(root: Path) -> dict:
     root.mkdir(parents=True, exist_ok=True)
     for n in stale_temps(root, f".{MANIFEST}.tmp-", keep_own=True):  # a writer killed creating the dump
         (root / n).unlink(missing_ok=True)
-    if (root / MANIFEST).exists():
+    if os.path.lexists(root / MANIFEST):
         doc = read_manifest(root)
         if doc["format_version"] >= 2:
-            (root / SIDE).mkdir(exist_ok=True)  # a copy that lost the empty folder
+            mkdir_real(root / SIDE)  # a copy that lost the empty folder
         return doc
-    (root / SIDE).mkdir(exist_ok=True)  # before the manifest: a layout-2 dump always has it
-    tmp = root / f".{MANIFEST}.tmp-{os.getpid()}"
-    tmp.write_text(new_manifest())
-    fsync(tmp)
+    mkdir_real(root / SIDE)  # before the manifest: a layout-2 dump always has it
+    tmp = root / f".{MANIFEST}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
+    write_durable(tmp, new_manifest())  # O_EXCL: never through a link planted under the name
     try:
         os.link(tmp, root / MANIFEST)  # never replaces a manifest another writer made first
     except FileExistsError:
@@ -281,6 +305,31 @@ def create_manifest(root: Path) -> dict:
         tmp.unlink(missing_ok=True)
     fsync_dir(root)
     return read_manifest(root)
+
+
+def check_real_dirs(split_dir: Path) -> None:
+    """FormatError unless the folders a writer of ``split_dir`` writes to or cleans (the split folder, the
+    side folder ``_trajstore/`` and its ``<split>/`` and index folders, a layout-1 index folder) are real
+    folders of the dump, not symbolic links or other files: checked before any clean-up runs. The dump
+    folder itself (named by the caller) may be a link."""
+    root = split_dir.parent
+    side = root / SIDE / split_dir.name
+    for d in (split_dir, root / SIDE, side, side / "index", split_dir / "_index"):  # index: store/index.py
+        check_real(d)
+
+
+def make_split(split_dir: Path) -> None:
+    """Create the split folder for a writer (if missing) and ``check_real_dirs``: before the writer cleans
+    anything up. WriterError if it cannot be created."""
+    if is_remote(split_dir):
+        split_dir.mkdir(exist_ok=True)
+        return
+    try:
+        mkdir_real(split_dir)
+    except OSError as e:
+        raise WriterError(f"cannot create the split folder {split_dir}: {e.strerror or e} ({type(e).__name__}); "
+                          "check that the dump is writable (not a read-only mount) and the permissions") from e
+    check_real_dirs(split_dir)
 
 
 def skipped_name(step: int) -> str:
@@ -323,8 +372,10 @@ def list_skipped(split_dir: Path) -> dict[int, str]:
             m = SKIPPED_RE.match(n) or SHARD_SKIPPED_RE.match(n)
             if m:
                 try:
-                    doc = json.loads((d / n).read_text())
+                    doc = json.loads(read_small(d / n, "the skipped-step record"))
                     why = str(doc.get("reason", "")) if isinstance(doc, dict) else ""
+                except FormatError as e:  # not a regular file, or over the cap
+                    why = f"(unreadable record: {e})"
                 except (OSError, ValueError, RecursionError):
                     why = "(unreadable record)"
                 if m.re is SHARD_SKIPPED_RE:  # a logical step with any skipped shard is skipped

@@ -192,11 +192,18 @@ def clean_temp(split_dir: RemotePath) -> list[str]:
 
 
 def record_skipped(split_dir: RemotePath, step: int, reason: str, name: str | None = None) -> bool:
-    """``commit.record_skipped`` on object storage: one PUT of the record (best effort)."""
+    """``commit.record_skipped`` on object storage: one PUT of the record (best effort); none for a step
+    whose file is there (committed by a writer that raced this one), looked at before and after the PUT."""
     try:
         d = paths.side_dir(split_dir)
         rec = d / (paths.skipped_of(name) if name else paths.skipped_name(step))
+        final = split_dir / (name or paths.step_name(step))
+        if final.exists():
+            return False
         split_dir.store.put(rec.key, paths.skipped_record(step, reason).encode(), create=False)
+        if final.exists():  # committed meanwhile: its commit may have deleted the record before our PUT
+            rec.unlink(missing_ok=True)
+            return False
         return True
     except (OSError, pa.ArrowException):
         return False

@@ -20,7 +20,7 @@ from .files import fsync, fsync_dir, stale_temps
 
 __all__ = ["upgrade_layout"]
 
-_SIDECAR_RE = re.compile(r"^(step_\d{8,}(\.rank\d{5,}-of-\d{5,})?\.(sha256|skipped\.json)|columns\.json)$")  # columns: store/columns.py
+_SIDECAR_RE = re.compile(r"^(step_[0-9]{8,}(\.rank[0-9]{5,}-of-[0-9]{5,})?\.(sha256|skipped\.json)|columns\.json)\Z")  # columns: store/columns.py
 
 
 def upgrade_layout(root: str | Path) -> list[str]:
@@ -31,6 +31,8 @@ def upgrade_layout(root: str | Path) -> list[str]:
     if doc["format_version"] >= 2:
         return []
     splits = paths.list_splits(root)
+    for s in splits:
+        paths.check_real_dirs(root / s)  # nothing is moved or removed through a linked folder
     live = [f"{s}/{n}" for s in splits for d in (root / s, root / s / index.DIR) if d.is_dir()
             for n in os.listdir(d) if ".tmp-" in n and n not in _stale(d)]
     if live:
