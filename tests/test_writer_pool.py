@@ -138,7 +138,7 @@ def test_killed_mid_run_leaves_a_prefix_of_whole_steps(tmp_path):
 
 def test_default_workers_and_bad_values(tmp_path):
     w = trajstore.Writer(tmp_path)
-    assert len(w._workers) == min(4, os.cpu_count() or 1)
+    assert w.workers == len(w._workers) == min(4, os.cpu_count() or 1)
     w.close()
     with pytest.raises(trajstore.ConfigError, match="workers must be an int >= 1"):
         trajstore.Writer(tmp_path, workers=0)

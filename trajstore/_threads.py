@@ -1,5 +1,6 @@
-"""The process-wide thread pool of the decoder (numpy copies and torch kernels release the GIL),
-forgotten in a forked child, and the per-thread switch that keeps a decode on its own thread."""
+"""The process-wide thread pool of the decoder and of ``append``'s copies (numpy copies and torch
+kernels release the GIL), forgotten in a forked child, and the per-thread switch that keeps a
+decode on its own thread."""
 
 from __future__ import annotations
 

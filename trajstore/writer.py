@@ -171,6 +171,7 @@ class Writer:
                        "bytes_in": 0, "bytes_written": 0}
         self._pool = torch_bridge.PinnedPool(max_cached_bytes=max_pending_bytes)
         self._steps = Steps(self.dir, self.split, self.shard, self.masks, self.encodings, self._columns, self._index)
+        self.workers = workers
         self._workers = Pool(workers, self._steps, self._finish)
         with _live_lock:
             _live.add(self)
