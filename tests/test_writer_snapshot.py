@@ -234,3 +234,32 @@ def test_writer_copy_false_is_the_writers_default_for_append(tmp_path, monkeypat
     assert trajstore.Reader(tmp_path).steps == [1]
     with pytest.raises(trajstore.ConfigError, match="copy must be True or False"):
         trajstore.Writer(tmp_path, copy="yes")
+
+
+@pytest.mark.cuda
+def test_cuda_tensors_refilled_after_append_are_recorded_as_at_append(tmp_path, monkeypatch):
+    """CUDA tensors (top level and inside an object array) refilled on the caller's stream right
+    after ``append``, with the background held: every step as it was at its append."""
+    gate = Gate(monkeypatch)
+    b = {k: v.cuda() for k, v in _big_batch().items()}
+    mm = np.empty(b["rewards"].shape[0], dtype=object)
+    for i in range(len(mm)):
+        mm[i] = {"pixel_values": torch.zeros(3, 4, device="cuda")}
+    b["multi_modal_inputs"] = mm
+    want = []
+    w = trajstore.Writer(tmp_path)
+    for step in range(4):
+        _fill(b, step)
+        for i, d in enumerate(mm):
+            d["pixel_values"].fill_(step * 100 + i)
+        want.append({k: v.cpu() if isinstance(v, torch.Tensor) else clone(v) for k, v in b.items()})
+        w.append(step, b)
+    gate.open()
+    w.close()
+    r = trajstore.Reader(tmp_path)
+    for step in range(4):
+        got = r[step]
+        want_mm = want[step]["multi_modal_inputs"]
+        for i in range(len(want_mm)):
+            want_mm[i] = {"pixel_values": want_mm[i]["pixel_values"].cpu()}
+        assert_batch_equal(want[step], got)
