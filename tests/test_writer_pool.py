@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 from _dumps import small_batch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -159,3 +160,18 @@ def test_turns_let_only_the_next_number_through():
     for t in ts:
         t.join(10)
     assert got == [0, 1, 2, 3]
+
+
+def test_workers_share_torchs_threads_and_leave_the_callers_alone(tmp_path, monkeypatch):
+    """Each of N workers encodes with 1/N of torch's threads (OpenMP: a per-thread setting); the
+    appending thread keeps its own."""
+    seen = []
+    real = pool_mod.Steps.encode
+    monkeypatch.setattr(pool_mod.Steps, "encode", lambda self, job: (seen.append(torch.get_num_threads()),
+                                                                      real(self, job))[1])
+    n = torch.get_num_threads()
+    with trajstore.Writer(tmp_path, workers=2) as w:
+        w.append(0, small_batch())
+    assert torch.get_num_threads() == n
+    if "parallel backend: OpenMP" in torch.__config__.parallel_info():
+        assert seen == [max(1, n // 2)]

@@ -6,6 +6,7 @@ Each appended step is a :class:`Job` with a sequence number. A worker thread tak
 
 1. waits for the snapshot's copies and encodes the batch into an Arrow table (``schema.encode_plain``:
    torch and numpy kernels, which release the GIL) -- concurrently with the other workers;
+   Each worker's torch kernels use ``1/N`` of torch's threads (``_share_cores``);
 2. fits the table's column types to the split's record (``store/columns.py``) -- in append order, so the
    type a column name gets does not depend on which worker came first;
 3. writes the Parquet file to a temporary in the side folder (or, on object storage, into memory):
@@ -34,6 +35,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import torch
 
 from . import schema
 from .errors import BatchError, StepExistsError, TrajstoreError, WriterError
@@ -170,6 +172,22 @@ class _translated:
             raise WriterError(f"step {step}: writing {final} failed: {e}; earlier steps are intact") from e
 
 
+_OPENMP: bool | None = None
+
+
+def _share_cores(workers: int) -> None:
+    """On a worker thread: its torch kernels use its share of torch's threads, so N workers
+    encoding at once do not start N full thread teams. Only with the OpenMP backend, where the
+    count is per calling thread (with another backend it is process-wide: left alone)."""
+    global _OPENMP
+    if workers < 2:
+        return
+    if _OPENMP is None:
+        _OPENMP = "parallel backend: OpenMP" in torch.__config__.parallel_info()
+    if _OPENMP:
+        torch.set_num_threads(max(1, torch.get_num_threads() // workers))
+
+
 class Pool:
     """``n`` background threads running the four stages of each submitted job (module doc), then
     ``finish(job, file bytes, rows, error or None, seconds)`` in append order. ``finish`` must not raise."""
@@ -203,6 +221,7 @@ class Pool:
             t.join()
 
     def _run(self) -> None:
+        _share_cores(len(self._threads))
         while True:
             job = self._queue.get()
             if job is None:

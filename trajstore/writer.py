@@ -110,7 +110,7 @@ class Writer:
     ``path`` may be a URL (``s3://bucket/run1``, ``gs://``, ``hdfs://``, any fsspec protocol; ``fs``: a
     ``pyarrow.fs.FileSystem`` or fsspec file system to use): each step is then one PUT of the whole
     object (``trajstore/store/fs.py``, docs/RELIABILITY.md "Object storage").
-    ``on_commit`` is called on the background thread with a :class:`Committed` record once each
+    ``on_commit`` is called on a background thread, in append order, with a :class:`Committed` record once each
     step is committed, before ``flush`` returns; an error it raises is logged, never raised.
     ``rank``/``world_size`` (SPMD): this process appends rank ``rank``'s shard of each step, one file
     ``step_<n>.rank<r>-of-<N>.parquet`` with an int32 ``rank`` column (a field named ``rank`` is refused);
@@ -272,7 +272,8 @@ class Writer:
     def stats(self) -> dict:
         """Counters: steps appended/written/failed, seconds spent in ``append`` (``append_s``,
         ``max_append_s``), seconds ``append`` waited at the pending limit (``wait_s``, ``waits``,
-        ``max_wait_s``), background seconds (``write_s``), tensor bytes in, file bytes written,
+        ``max_wait_s``), background seconds summed over steps (``write_s``; a step's wait for its commit
+        turn included), tensor bytes in, file bytes written,
         and what is pending now."""
         with self._cond:
             return {**self._stats, "pending_steps": sum(self._pending.values()),
