@@ -4,6 +4,7 @@ default (copies into reused pool buffers), tensors inside object arrays and cont
 
 import tempfile
 import threading
+from collections import OrderedDict
 
 import numpy as np
 import pytest
@@ -149,7 +150,7 @@ def _mm_batch():
     mm = np.empty(2, dtype=object)
     mm[0] = {"pixel_values": torch.arange(12, dtype=torch.float32).reshape(3, 4),
              "image_grid_thw": torch.tensor([[1, 2, 2]])}
-    mm[1] = {"pixel_values": torch.ones(2, 4), "image_grid_thw": torch.tensor([[1, 1, 2]])}
+    mm[1] = OrderedDict(pixel_values=torch.ones(2, 4), image_grid_thw=torch.tensor([[1, 1, 2]]))  # kept as such
     return {"input_ids": torch.arange(8).reshape(2, 4), "multi_modal_inputs": mm,
             "extras": [{"t": (torch.zeros(2), np.zeros(3))}, {"t": (torch.ones(2), np.ones(3))}]}
 
@@ -169,7 +170,7 @@ def test_tensor_in_object_array_changed_after_append_is_recorded_as_at_append(tm
     assert_batch_equal(want, trajstore.Reader(tmp_path)[0])
 
 
-@pytest.mark.parametrize("where", ["object array", "list of dicts"])
+@pytest.mark.parametrize("where", ["object array", "OrderedDict in an object array", "list of dicts"])
 def test_tensor_in_object_array_changed_without_copy_fails_the_step(tmp_path, monkeypatch, where):
     b = _mm_batch()
     gate = Gate(monkeypatch)
@@ -178,6 +179,9 @@ def test_tensor_in_object_array_changed_without_copy_fails_the_step(tmp_path, mo
     if where == "object array":
         b["multi_modal_inputs"][0]["pixel_values"].mul_(-1)
         field = r"multi_modal_inputs\.0\.pixel_values"
+    elif where.startswith("OrderedDict"):
+        b["multi_modal_inputs"][1]["image_grid_thw"][0, 0] = 9
+        field = r"multi_modal_inputs\.1\.image_grid_thw"
     else:
         b["extras"][1]["t"][0].add_(5)
         field = r"extras\.1\.t\.0"

@@ -31,6 +31,7 @@
 from __future__ import annotations
 
 import json
+from collections import OrderedDict, defaultdict
 from typing import Any
 
 import numpy as np
@@ -117,6 +118,30 @@ def _flat_bytes(x: Any) -> np.ndarray:
     return x.reshape(-1).view(np.uint8)
 
 
+def _rebuild(x: Any, leaf: Any, path: tuple) -> Any:
+    """An object array's item with its dicts, lists and tuples rebuilt (exactly those types, and
+    ``OrderedDict`` / ``defaultdict`` as themselves: the encoder judges a value by its type; other
+    classes are kept as they are), ``leaf(value, path)`` for every other value."""
+    t = type(x)
+    if t is dict or t is OrderedDict:
+        return t((k, _rebuild(v, leaf, path + (k,))) for k, v in x.items())
+    if t is defaultdict:
+        return defaultdict(x.default_factory, ((k, _rebuild(v, leaf, path + (k,))) for k, v in x.items()))
+    if t is list or t is tuple:
+        out = [_rebuild(v, leaf, path + (i,)) for i, v in enumerate(x)]
+        return out if t is list else tuple(out)
+    return leaf(x, path)
+
+
+def _object_array(v: np.ndarray, leaf: Any, path: tuple) -> np.ndarray:
+    """A new object array of ``v``'s shape, each item ``_rebuild``."""
+    out = np.empty(v.shape, dtype=object)
+    flat = out.reshape(-1)  # a view: out is new and contiguous
+    for i, x in enumerate(v.reshape(-1)):
+        flat[i] = _rebuild(x, leaf, path + (i,))
+    return out
+
+
 def nbytes_of(obj: Any) -> int:
     """The tensor and array bytes of a plain batch, as ``Snapshot.nbytes`` will count them (before any copy)."""
     n = 0
@@ -128,8 +153,7 @@ def nbytes_of(obj: Any) -> int:
         elif isinstance(v, np.ndarray):
             n += v.nbytes
             if v.dtype == object:
-                for x in v.reshape(-1):
-                    map_tree(x, leaf)
+                _object_array(v, leaf, ())
         elif areal.is_rtensor(v):
             n += v.data.numel() * v.data.element_size() if not areal.is_remote(v) else areal.nbytes(v)
         return None
@@ -183,11 +207,7 @@ class Snapshot:
         if isinstance(v, np.ndarray):
             self.nbytes += v.nbytes
             if v.dtype == object:  # items may be tensors, arrays, containers: each taken like a batch value
-                out = np.empty(v.shape, dtype=object)
-                flat = out.reshape(-1)  # a view: out is new and contiguous
-                for i, x in enumerate(v.reshape(-1)):
-                    flat[i] = map_tree(x, self._take, path + (i,))
-                return out
+                return _object_array(v, self._take, path)
             if v.nbytes >= STAGE_BYTES and v.dtype.kind in "biufc" and v.dtype.isnative:
                 dst = self._stage(v.nbytes).numpy().view(v.dtype).reshape(v.shape)
                 self._copies.append((dst, v))
@@ -241,11 +261,7 @@ class Snapshot:
             if isinstance(v, _RemoteSlot):
                 return fetched[v.i]
             if isinstance(v, np.ndarray) and v.dtype == object:
-                out = np.empty(v.shape, dtype=object)
-                flat = out.reshape(-1)
-                for i, x in enumerate(v.reshape(-1)):
-                    flat[i] = map_tree(x, leaf)
-                return out
+                return _object_array(v, leaf, ())
             return v
 
         return map_tree(self._batch, leaf)
