@@ -43,7 +43,7 @@ from .format import typed
 from .format.shards import RANK_COLUMN
 from .format.spec import where
 from .integrations import areal
-from ._threads import PIECE_BYTES, run_parallel
+from ._threads import PIECE_BYTES, run_parallel, threads
 from .torch_bridge import CudaSnapshot, PinnedPool, map_tree, snapshot_cuda
 
 MAX_META_BYTES = 1 << 20
@@ -116,6 +116,19 @@ def _flat_bytes(x: Any) -> np.ndarray:
     if isinstance(x, torch.Tensor):
         return x.detach().reshape(-1).view(torch.uint8).numpy()
     return x.reshape(-1).view(np.uint8)
+
+
+def _small_copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy of a small (or unusual) CPU tensor: through numpy where its dtype has a numpy twin (no
+    torch call: each one gives the GIL away, and the background threads may keep it for a while), else a clone."""
+    if not t.requires_grad and t.layout == torch.strided and t.dtype in _NUMPY_TWINS and not t.is_conj() \
+            and not t.is_neg():
+        return torch.from_numpy(t.numpy().copy())
+    return t.detach().clone()
+
+
+_NUMPY_TWINS = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+                torch.float32, torch.float64, torch.complex64, torch.complex128}
 
 
 def _rebuild(x: Any, leaf: Any, path: tuple) -> Any:
@@ -200,7 +213,7 @@ class Snapshot:
                 self.versions.append((where(path), v, v._version))
                 return v
             if not _stageable(v):
-                return v.detach().clone()
+                return _small_copy(v)
             dst = self._stage(v.numel() * v.element_size()).view(v.dtype).view(v.shape)
             self._copies.append((dst, v))
             return dst
@@ -230,10 +243,11 @@ class Snapshot:
     def _run_copies(self) -> None:
         """Fill the staged destinations: contiguous sources as byte pieces on the shared thread pool
         (a large copy is memory-bound: several cores move it faster), strided ones by torch."""
-        pieces, total = [], 0
+        total = sum(dst.nbytes for dst, _ in self._copies)
+        piece = max(PIECE, -(-total // threads()))  # about one piece per pool thread: few GIL hand-offs
+        pieces = []
         for dst, src in self._copies:
             n = dst.nbytes
-            total += n
             contiguous = src.is_contiguous() if isinstance(src, torch.Tensor) else src.flags.c_contiguous
             if not contiguous:
                 if isinstance(src, torch.Tensor):
@@ -242,7 +256,7 @@ class Snapshot:
                     np.copyto(dst, src)
                 continue
             d, s = _flat_bytes(dst), _flat_bytes(src)
-            pieces += [(d[i:i + PIECE], s[i:i + PIECE]) for i in range(0, n, PIECE)]
+            pieces += [(d[i:i + piece], s[i:i + piece]) for i in range(0, n, piece)]
         run_parallel(lambda p: np.copyto(p[0], p[1]), pieces, total)
         self._copies = []
 
