@@ -120,11 +120,11 @@ def test_staging_buffers_are_reused(tmp_path):
             w.append(step, b)
             w.flush()
             if step == 1:
-                allocated = w._pool.allocated
-        assert 0 < allocated == w._pool.allocated and w._pool.in_use == 0
+                allocated = w._staging.allocated
+        assert 0 < allocated == w._staging.allocated and w._staging.in_use == 0
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(st.lists(padded_batches(), min_size=1, max_size=3), st.integers(1, 3), st.booleans())
 def test_refilled_batches_are_recorded_as_at_append(steps, workers, stage_all):
     """Hypothesis: each step's batch refilled in place right after ``append`` (so the buffers the
@@ -191,7 +191,7 @@ def test_tensor_in_object_array_changed_without_copy_fails_the_step(tmp_path, mo
     assert trajstore.Reader(tmp_path).steps == []
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(typed_batches(), st.booleans())
 def test_typed_values_changed_after_append(batch, copy):
     """Hypothesis, tensors and arrays at any depth of object arrays, dicts, lists and tuples changed

@@ -1,9 +1,9 @@
 """The batch of one step as it was at ``Writer.append``, for the background thread that encodes it.
 
 * CPU torch tensors are copied at ``append`` (the default, ``copy=True``): a large one (at least
-  ``STAGE_BYTES``) into a reused host buffer of the writer's pool (pinned where CUDA is present; given
-  back once the step is written, so a loop that refills the same tensors every step allocates
-  nothing after its first steps), pieces copied on the shared thread pool; a small one cloned.
+  ``STAGE_BYTES``) into a reused buffer of the writer's host pool (plain memory, given back once
+  the step is written, so a loop that refills the same tensors every step allocates nothing after
+  its first steps), in about one piece per thread of the shared pool; a small one copied whole.
   With ``copy=False`` (opt-in) they are not copied: their version counters (``t._version``) are
   recorded and checked again before and after the step is encoded; if one changed (an in-place
   update after ``append``), the step is *not* written and ``WriterError`` names the step and field.
@@ -178,10 +178,12 @@ def nbytes_of(obj: Any) -> int:
 class Snapshot:
     """Take ``batch`` (a plain batch) as it is now; ``nbytes`` is its tensor bytes. On the background
     thread, ``batch()`` waits for the CUDA copies and returns what to encode, ``check(step)`` raises
-    if a CPU tensor changed since (``copy=False``), and ``release()`` gives the pooled memory back."""
+    if a CPU tensor changed since (``copy=False``), and ``release()`` gives the pooled memory back.
+    ``pool`` holds the pinned buffers of CUDA copies, ``staging`` (default: ``pool``) those of CPU copies."""
 
-    def __init__(self, batch: Any, copy: bool, pool: PinnedPool):
+    def __init__(self, batch: Any, copy: bool, pool: PinnedPool, staging: PinnedPool | None = None):
         self.copy, self.pool = copy, pool
+        self.staging = pool if staging is None else staging  # the CPU copies' buffers
         self.versions: list[tuple[str, torch.Tensor, int]] = []
         self.cuda: list[tuple[str, torch.Tensor]] = []
         self.remote: list[tuple[str, Any]] = []  # AReaL RTensors whose values are elsewhere
@@ -236,7 +238,7 @@ class Snapshot:
 
     def _stage(self, n: int) -> torch.Tensor:
         """``n`` bytes of a reused pool buffer (a flat uint8 tensor), held until ``release``."""
-        buf = self.pool.take(n)
+        buf = self.staging.take(n)
         self._bufs.append(buf)
         return buf[:n]
 
@@ -307,6 +309,6 @@ class Snapshot:
         for c in getattr(self, "_cuda_snaps", []):
             c.release()
         for b in self._bufs:
-            self.pool.give(b, None)
+            self.staging.give(b, None)
         self._batch, self._hosts, self._cuda_snaps, self.versions, self.cuda = None, [], [], [], []
         self.remote, self._fetch, self._bufs = [], None, []

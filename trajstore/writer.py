@@ -169,7 +169,8 @@ class Writer:
         self._stats = {"appended": 0, "written": 0, "failed": 0, "append_s": 0.0, "max_append_s": 0.0,
                        "wait_s": 0.0, "waits": 0, "max_wait_s": 0.0, "write_s": 0.0,
                        "bytes_in": 0, "bytes_written": 0}
-        self._pool = torch_bridge.PinnedPool(max_cached_bytes=max_pending_bytes)
+        self._pool = torch_bridge.PinnedPool(max_cached_bytes=max_pending_bytes)  # CUDA copies: pinned
+        self._staging = torch_bridge.PinnedPool(max_cached_bytes=max_pending_bytes, pin=False)  # CPU copies
         self._steps = Steps(self.dir, self.split, self.shard, self.masks, self.encodings, self._columns, self._index)
         self.workers = workers
         self._workers = Pool(workers, self._steps, self._finish)
@@ -218,7 +219,7 @@ class Writer:
             nbytes = nbytes_of(plain)
             self._admit(step, nbytes)  # before the copy: the buffers of steps written meanwhile are reused
             try:
-                snap = Snapshot(plain, self.copy if copy is None else bool(copy), self._pool)
+                snap = Snapshot(plain, self.copy if copy is None else bool(copy), self._pool, self._staging)
             except BaseException:
                 self._done(step, nbytes)
                 raise
