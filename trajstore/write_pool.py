@@ -172,6 +172,14 @@ class _translated:
             raise WriterError(f"step {step}: writing {final} failed: {e}; earlier steps are intact") from e
 
 
+def _quietly(fn: Callable[[], Any], job: Job) -> None:
+    """A clean-up that must not end the worker (its step's turn and bookkeeping still follow)."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001
+        log.error("trajstore: cleaning up after step %d failed: %s: %s", job.step, type(e).__name__, e)
+
+
 _OPENMP: bool | None = None
 
 
@@ -185,7 +193,10 @@ def _share_cores(workers: int) -> None:
     if _OPENMP is None:
         _OPENMP = "parallel backend: OpenMP" in torch.__config__.parallel_info()
     if _OPENMP:
-        torch.set_num_threads(max(1, torch.get_num_threads() // workers))
+        try:
+            torch.set_num_threads(max(1, torch.get_num_threads() // workers))
+        except RuntimeError as e:  # never fatal: the worker then uses torch's own setting
+            log.warning("trajstore: a writer thread could not set its torch threads: %s", e)
 
 
 class Pool:
@@ -259,8 +270,8 @@ class Pool:
             except BaseException as e:  # noqa: BLE001
                 err = e
             finally:
-                self.steps.discard(written)
-                job.snap.release()
+                _quietly(lambda: self.steps.discard(written), job)
+                _quietly(job.snap.release, job)
                 job.snap = None
             try:
                 self.finish(job, nbytes, rows, err, time.perf_counter() - t0)
