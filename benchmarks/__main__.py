@@ -30,6 +30,7 @@ from trajstore import schema
 from trajstore.store import checksums
 
 from . import encodings, scale
+from .writes import writer_figures
 from . import workload as W
 
 
@@ -109,45 +110,6 @@ def baselines(rep: Report, tmp: Path, P: dict, F: dict, raw: int, repeat: int) -
     b["load_st"] = med(lambda: load_file(str(f)), repeat)
     print("baselines (s / bytes):", json.dumps({k: round(v, 5) for k, v in b.items()}), flush=True)
     return b
-
-
-def writer_figures(rep: Report, tmp: Path, batches: list[dict], raw: int, n: int, b: dict) -> Path:
-    d = tmp / "dump"
-    blocks = []
-    w = trajstore.Writer(d)
-    t0 = time.perf_counter()
-    for s in range(n):
-        a0 = time.perf_counter()
-        w.append(s, batches[s % len(batches)])
-        blocks.append(time.perf_counter() - a0)
-    w.flush()
-    wall = time.perf_counter() - t0
-    st = w.stats
-    w.close()
-    copy_blocks = []
-    with trajstore.Writer(tmp / "dump_copy") as wc:
-        for s in range(min(n, 3)):
-            a0 = time.perf_counter()
-            wc.append(s, batches[s % len(batches)], copy=True)
-            copy_blocks.append(time.perf_counter() - a0)
-    blk = statistics.median(blocks)
-    rep.add("append blocking time (median)", blk * 1e3, "ms", b["save_padded"] * 1e3, "padded torch.save",
-            "<= 0.02x", blk / b["save_padded"] <= 0.02)
-    rep.add("append blocking time, max", max(blocks) * 1e3, "ms", b["save_padded"] * 1e3, "padded torch.save")
-    rep.add("append(copy=True) blocking time (median)", statistics.median(copy_blocks) * 1e3, "ms",
-            b["save_padded"] * 1e3, "padded torch.save")
-    rep.add("background write, per step (1 worker)", st["write_s"] / st["written"] * 1e3, "ms",
-            b["save_padded"] * 1e3, "padded torch.save")
-    rep.add("background write throughput (1 worker, raw bytes)", raw / (st["write_s"] / st["written"]) / 1e9,
-            "GB/s", raw / b["save_padded"] / 1e9, "padded torch.save (raw B/s)")
-    rep.add(f"append {n} steps + flush, raw bytes", n * raw / wall / 1e9, "GB/s")
-    size = statistics.mean(fsize(d / "train" / f"step_{s:08d}.parquet") for s in range(n))
-    rep.add("bytes on disk / raw unpadded bytes", size / raw, "x", None, "", "<= 0.30 (issue 2)", size / raw <= 0.30)
-    rep.add("bytes on disk", size / 1e6, "MB", b["bytes_padded"] / 1e6, "padded torch.save")
-    rep.add("bytes on disk ", size / 1e6, "MB", b["bytes_pickle"] / 1e6, "padded pickle")
-    rep.add("bytes on disk  ", size / 1e6, "MB", b["bytes_flat"] / 1e6, "flat torch.save")
-    rep.add("bytes on disk   ", size / 1e6, "MB", b["bytes_st"] / 1e6, "flat safetensors")
-    return d
 
 
 def reader_figures(rep: Report, d: Path, b: dict, repeat: int) -> dict:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import trajstore
 from trajstore import StepExistsError, WriterError
-from trajstore import writer as writer_mod
+from trajstore import write_pool as pool_mod
 from trajstore.format.dtypes import bits_view
 from trajstore.testing import assert_batch_equal, batches, padded_batches
 
@@ -62,14 +62,14 @@ class Gate:
     def __init__(self, monkeypatch):
         self.ev = threading.Event()
         self.entered = threading.Semaphore(0)
-        real = writer_mod.pq.write_table
+        real = pool_mod.pq.write_table
 
         def slow(*a, **k):
             self.entered.release()
             self.ev.wait(30)
             return real(*a, **k)
 
-        monkeypatch.setattr(writer_mod.pq, "write_table", slow)
+        monkeypatch.setattr(pool_mod.pq, "write_table", slow)
 
     def open(self):
         self.ev.set()
@@ -119,14 +119,14 @@ def test_a_step_larger_than_the_byte_limit_still_goes_alone(tmp_path):
 
 
 def test_background_failure_surfaces_on_next_call_naming_the_step(tmp_path, monkeypatch):
-    real = writer_mod.pq.write_table
+    real = pool_mod.pq.write_table
 
     def failing(table, where, **k):
         if "step_00000001" in str(where):
             raise OSError(28, "No space left on device")
         return real(table, where, **k)
 
-    monkeypatch.setattr(writer_mod.pq, "write_table", failing)
+    monkeypatch.setattr(pool_mod.pq, "write_table", failing)
     w = trajstore.Writer(tmp_path)
     w.append(0, batch())
     w.append(1, batch())
@@ -144,7 +144,7 @@ def test_background_failure_surfaces_on_next_call_naming_the_step(tmp_path, monk
 
 @pytest.mark.parametrize("where", ["append", "close"])
 def test_background_failure_raised_by_append_and_close(tmp_path, monkeypatch, where):
-    monkeypatch.setattr(writer_mod.pq, "write_table", lambda *a, **k: (_ for _ in ()).throw(OSError("disk gone")))
+    monkeypatch.setattr(pool_mod.pq, "write_table", lambda *a, **k: (_ for _ in ()).throw(OSError("disk gone")))
     w = trajstore.Writer(tmp_path)
     w.append(5, batch())
     while w.stats["pending_steps"]:
@@ -165,7 +165,7 @@ def test_cpu_tensor_modified_in_place_after_append_fails_loudly(tmp_path, monkey
     gate = Gate(monkeypatch)
     b = batch()
     w = trajstore.Writer(tmp_path)
-    w.append(0, b)
+    w.append(0, b, copy=False)  # the opt-in: no copy, the version counters are checked
     b["rewards"].add_(1.0)  # the caller reuses its buffer before the step is written
     gate.open()
     with pytest.raises(WriterError, match="step 0: field 'rewards' was modified in place.*copy=True"):
@@ -176,14 +176,14 @@ def test_cpu_tensor_modified_in_place_after_append_fails_loudly(tmp_path, monkey
 
 def test_modification_during_encoding_is_caught(tmp_path, monkeypatch):
     b = batch()
-    real = writer_mod.pq.write_table
+    real = pool_mod.pq.write_table
 
     def racing(*a, **k):
         b["input_ids"][0, 0] = 7  # lands after the first version check, before the commit
         return real(*a, **k)
 
-    monkeypatch.setattr(writer_mod.pq, "write_table", racing)
-    w = trajstore.Writer(tmp_path)
+    monkeypatch.setattr(pool_mod.pq, "write_table", racing)
+    w = trajstore.Writer(tmp_path, copy=False)
     w.append(0, b)
     with pytest.raises(WriterError, match="'input_ids' was modified in place"):
         w.close()
@@ -198,8 +198,8 @@ def test_copy_true_records_the_batch_as_at_append(batch_):
     want = clone(batch_)
     with tempfile.TemporaryDirectory() as d:
         ev = threading.Event()
-        real = writer_mod.pq.write_table
-        writer_mod.pq.write_table = lambda *a, **k: (ev.wait(30), real(*a, **k))[1]
+        real = pool_mod.pq.write_table
+        pool_mod.pq.write_table = lambda *a, **k: (ev.wait(30), real(*a, **k))[1]
         try:
             w = trajstore.Writer(d)
             w.append(0, batch_, copy=True)
@@ -207,7 +207,7 @@ def test_copy_true_records_the_batch_as_at_append(batch_):
             ev.set()
             w.close()
         finally:
-            writer_mod.pq.write_table = real
+            pool_mod.pq.write_table = real
         assert_batch_equal(want, trajstore.Reader(d)[0])
 
 
@@ -270,7 +270,7 @@ def test_batch_errors_are_raised_by_append_itself(tmp_path):
 
 
 def test_exception_in_with_block_still_writes_and_is_not_masked(tmp_path, monkeypatch):
-    monkeypatch.setattr(writer_mod.pq, "write_table", lambda *a, **k: (_ for _ in ()).throw(OSError("x")))
+    monkeypatch.setattr(pool_mod.pq, "write_table", lambda *a, **k: (_ for _ in ()).throw(OSError("x")))
     with pytest.raises(ZeroDivisionError):
         with trajstore.Writer(tmp_path) as w:
             w.append(0, batch())

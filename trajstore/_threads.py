@@ -1,12 +1,13 @@
-"""The process-wide thread pool of the decoder (numpy copies and torch kernels release the GIL),
-forgotten in a forked child, and the per-thread switch that keeps a decode on its own thread."""
+"""The process-wide thread pool of the decoder and of ``append``'s copies (numpy copies and torch
+kernels release the GIL), forgotten in a forked child, and the per-thread switch that keeps a
+decode on its own thread."""
 
 from __future__ import annotations
 
 import os
 import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 __all__ = ["run_parallel", "serial", "is_serial", "balance", "threads", "PARALLEL_BYTES", "PIECE_BYTES"]
@@ -70,5 +71,7 @@ def run_parallel(fn: Callable[[Any], None], items: Iterable, nbytes: int) -> Non
     with _pool_lock:
         if _pool is None:
             _pool = ThreadPoolExecutor(max_workers=threads(), thread_name_prefix="trajstore-decode")
-    for f in [_pool.submit(fn, x) for x in items]:
+    futures = [_pool.submit(fn, x) for x in items]
+    wait(futures)  # one wake-up of the calling thread, not one per item
+    for f in futures:
         f.result()

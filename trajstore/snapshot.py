@@ -1,17 +1,23 @@
 """The batch of one step as it was at ``Writer.append``, for the background thread that encodes it.
 
+* CPU torch tensors are copied at ``append`` (the default, ``copy=True``): a large one (at least
+  ``STAGE_BYTES``) into a reused buffer of the writer's host pool (plain memory, given back once
+  the step is written, so a loop that refills the same tensors every step allocates nothing after
+  its first steps), in about one piece per thread of the shared pool; a small one copied whole.
+  With ``copy=False`` (opt-in) they are not copied: their version counters (``t._version``) are
+  recorded and checked again before and after the step is encoded; if one changed (an in-place
+  update after ``append``), the step is *not* written and ``WriterError`` names the step and field.
+  Writes that bypass torch's counter (through a ``.numpy()`` view, ``.data`` or another alias of the
+  memory) are not seen in that mode.
 * CUDA tensors are copied into reused pinned host buffers on a side stream that first waits on
   the caller's current stream; the caller's stream then waits (on the GPU, the calling thread does
   not block) for that copy, so later in-place updates queued on it cannot race the copy
-  (``torch_bridge.snapshot_cuda``).
-* CPU torch tensors are not copied. Their version counters (``t._version``) are recorded, and
-  checked again before and after the step is encoded; if one changed (an in-place update after
-  ``append``), the step is *not* written and ``WriterError`` names the step and field. Pass
-  ``copy=True`` to clone CPU tensors on the caller's thread instead. Writes that bypass torch's
-  counter (through a ``.numpy()`` view, ``.data`` or another alias of the memory) are not seen.
+  (``torch_bridge.snapshot_cuda``). Both modes.
 * numpy arrays have no version counter, so an in-place change could not be detected: numeric
-  numpy arrays are always copied at ``append`` (a memcpy; they are small in RL batches); object
-  and string arrays are copied shallowly.
+  numpy arrays are always copied at ``append``; string arrays are copied shallowly (their items are
+  immutable). Object arrays (verl's ``non_tensor_batch``, ``multi_modal_inputs``) are rebuilt item by
+  item, every item taken like a batch value: tensors and arrays inside them, at any depth of dicts,
+  lists, tuples and object arrays, are copied (or version-checked) like top-level ones.
 * dicts, lists and tuples are rebuilt at ``append`` (a shallow copy of the structure, one level
   per container); Python scalars and strings are immutable. Other objects are kept by reference.
 * AReaL ``RTensor`` values are taken as their local tensors: one whose data is local like a CPU
@@ -25,6 +31,7 @@
 from __future__ import annotations
 
 import json
+from collections import OrderedDict, defaultdict
 from typing import Any
 
 import numpy as np
@@ -36,6 +43,7 @@ from .format import typed
 from .format.shards import RANK_COLUMN
 from .format.spec import where
 from .integrations import areal
+from ._threads import PIECE_BYTES, run_parallel, threads
 from .torch_bridge import CudaSnapshot, PinnedPool, map_tree, snapshot_cuda
 
 MAX_META_BYTES = 1 << 20
@@ -76,7 +84,8 @@ def with_rank(table: pa.Table, rank: int, step: int) -> pa.Table:
     return table.append_column(pa.field(RANK_COLUMN, pa.int32(), nullable=False), col)
 
 
-__all__ = ["Snapshot", "check_meta", "check_rank_field", "with_rank"]
+__all__ = ["Snapshot", "nbytes_of", "check_meta", "check_rank_field", "with_rank", "STAGE_BYTES"]
+PIECE = 4 * PIECE_BYTES  # bytes per copy task on the thread pool
 
 
 class _CudaSlot:
@@ -93,18 +102,100 @@ class _RemoteSlot:
         self.i = i
 
 
+STAGE_BYTES = 1 << 20  # a CPU tensor or numpy array this large is copied into a reused pool buffer
+
+
+def _stageable(t: torch.Tensor) -> bool:
+    """A dense tensor whose bytes a flat copy reproduces (no sparse, quantized, nested, conj/neg views)."""
+    return (t.layout == torch.strided and not t.is_quantized and not t.is_nested and not t.is_conj()
+            and not t.is_neg() and t.numel() * t.element_size() >= STAGE_BYTES)
+
+
+def _flat_bytes(x: Any) -> np.ndarray:
+    """A contiguous tensor's or array's bytes as a flat uint8 numpy view."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().reshape(-1).view(torch.uint8).numpy()
+    return x.reshape(-1).view(np.uint8)
+
+
+def _small_copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy of a small (or unusual) CPU tensor: through numpy where its dtype has a numpy twin (no
+    torch call: each one gives the GIL away, and the background threads may keep it for a while), else a clone."""
+    if not t.requires_grad and t.layout == torch.strided and t.dtype in _NUMPY_TWINS and not t.is_conj() \
+            and not t.is_neg():
+        return torch.from_numpy(t.numpy().copy())
+    return t.detach().clone()
+
+
+_NUMPY_TWINS = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+                torch.float32, torch.float64, torch.complex64, torch.complex128}
+
+
+def _rebuild(x: Any, leaf: Any, path: tuple) -> Any:
+    """An object array's item with its dicts, lists and tuples rebuilt (exactly those types, and
+    ``OrderedDict`` / ``defaultdict`` as themselves: the encoder judges a value by its type; other
+    classes are kept as they are), ``leaf(value, path)`` for every other value."""
+    t = type(x)
+    if t is dict or t is OrderedDict:
+        return t((k, _rebuild(v, leaf, path + (k,))) for k, v in x.items())
+    if t is defaultdict:
+        return defaultdict(x.default_factory, ((k, _rebuild(v, leaf, path + (k,))) for k, v in x.items()))
+    if t is list or t is tuple:
+        out = [_rebuild(v, leaf, path + (i,)) for i, v in enumerate(x)]
+        return out if t is list else tuple(out)
+    return leaf(x, path)
+
+
+def _object_array(v: np.ndarray, leaf: Any, path: tuple) -> np.ndarray:
+    """A new object array of ``v``'s shape, each item ``_rebuild``."""
+    out = np.empty(v.shape, dtype=object)
+    flat = out.reshape(-1)  # a view: out is new and contiguous
+    for i, x in enumerate(v.reshape(-1)):
+        flat[i] = _rebuild(x, leaf, path + (i,))
+    return out
+
+
+def nbytes_of(obj: Any) -> int:
+    """The tensor and array bytes of a plain batch, as ``Snapshot.nbytes`` will count them (before any copy)."""
+    n = 0
+
+    def leaf(v: Any, _path: Any) -> Any:
+        nonlocal n
+        if isinstance(v, torch.Tensor):
+            n += v.numel() * v.element_size()
+        elif isinstance(v, np.ndarray):
+            n += v.nbytes
+            if v.dtype == object:
+                _object_array(v, leaf, ())
+        elif areal.is_rtensor(v):
+            n += v.data.numel() * v.data.element_size() if not areal.is_remote(v) else areal.nbytes(v)
+        return None
+
+    map_tree(obj, leaf)
+    return n
+
+
 class Snapshot:
     """Take ``batch`` (a plain batch) as it is now; ``nbytes`` is its tensor bytes. On the background
     thread, ``batch()`` waits for the CUDA copies and returns what to encode, ``check(step)`` raises
-    if a CPU tensor changed since, and ``release()`` gives the pinned memory back."""
+    if a CPU tensor changed since (``copy=False``), and ``release()`` gives the pooled memory back.
+    ``pool`` holds the pinned buffers of CUDA copies, ``staging`` (default: ``pool``) those of CPU copies."""
 
-    def __init__(self, batch: Any, copy: bool, pool: PinnedPool):
-        self.copy = copy
+    def __init__(self, batch: Any, copy: bool, pool: PinnedPool, staging: PinnedPool | None = None):
+        self.copy, self.pool = copy, pool
+        self.staging = pool if staging is None else staging  # the CPU copies' buffers
         self.versions: list[tuple[str, torch.Tensor, int]] = []
         self.cuda: list[tuple[str, torch.Tensor]] = []
         self.remote: list[tuple[str, Any]] = []  # AReaL RTensors whose values are elsewhere
         self.nbytes = 0
-        self._batch = map_tree(batch, self._take, ())
+        self._bufs: list[torch.Tensor] = []  # pool buffers this snapshot holds
+        self._copies: list[tuple[Any, Any]] = []  # (destination, source), run before __init__ returns
+        try:
+            self._batch = map_tree(batch, self._take, ())
+            self._run_copies()
+        except BaseException:
+            self.release()
+            raise
         self._hosts: list[torch.Tensor] = []
         self._cuda_snaps: list[CudaSnapshot] = []
         if self.cuda:
@@ -120,12 +211,22 @@ class Snapshot:
                 return _CudaSlot(len(self.cuda) - 1)
             if v.device.type != "cpu":
                 return v.detach().cpu()
-            if self.copy:
-                return v.detach().clone()
-            self.versions.append((where(path), v, v._version))
-            return v
+            if not self.copy:
+                self.versions.append((where(path), v, v._version))
+                return v
+            if not _stageable(v):
+                return _small_copy(v)
+            dst = self._stage(v.numel() * v.element_size()).view(v.dtype).view(v.shape)
+            self._copies.append((dst, v))
+            return dst
         if isinstance(v, np.ndarray):
             self.nbytes += v.nbytes
+            if v.dtype == object:  # items may be tensors, arrays, containers: each taken like a batch value
+                return _object_array(v, self._take, path)
+            if v.nbytes >= STAGE_BYTES and v.dtype.kind in "biufc" and v.dtype.isnative:
+                dst = self._stage(v.nbytes).numpy().view(v.dtype).reshape(v.shape)
+                self._copies.append((dst, v))
+                return dst
             return v.copy()
         if areal.is_rtensor(v):
             if not areal.is_remote(v):
@@ -134,6 +235,32 @@ class Snapshot:
             self.remote.append((where(path), v))
             return _RemoteSlot(len(self.remote) - 1)
         return v
+
+    def _stage(self, n: int) -> torch.Tensor:
+        """``n`` bytes of a reused pool buffer (a flat uint8 tensor), held until ``release``."""
+        buf = self.staging.take(n)
+        self._bufs.append(buf)
+        return buf[:n]
+
+    def _run_copies(self) -> None:
+        """Fill the staged destinations: contiguous sources as byte pieces on the shared thread pool
+        (a large copy is memory-bound: several cores move it faster), strided ones by torch."""
+        total = sum(dst.nbytes for dst, _ in self._copies)
+        piece = max(PIECE, -(-total // threads()))  # about one piece per pool thread: few GIL hand-offs
+        pieces = []
+        for dst, src in self._copies:
+            n = dst.nbytes
+            contiguous = src.is_contiguous() if isinstance(src, torch.Tensor) else src.flags.c_contiguous
+            if not contiguous:
+                if isinstance(src, torch.Tensor):
+                    dst.copy_(src.detach())
+                else:
+                    np.copyto(dst, src)
+                continue
+            d, s = _flat_bytes(dst), _flat_bytes(src)
+            pieces += [(d[i:i + piece], s[i:i + piece]) for i in range(0, n, piece)]
+        run_parallel(lambda p: np.copyto(p[0], p[1]), pieces, total)
+        self._copies = []
 
     def batch(self) -> Any:
         """The batch to encode, with every CUDA tensor replaced by its host copy (waits for the copies)."""
@@ -147,7 +274,11 @@ class Snapshot:
         def leaf(v: Any, _path: Any) -> Any:
             if isinstance(v, _CudaSlot):
                 return hosts[v.i]
-            return fetched[v.i] if isinstance(v, _RemoteSlot) else v
+            if isinstance(v, _RemoteSlot):
+                return fetched[v.i]
+            if isinstance(v, np.ndarray) and v.dtype == object:
+                return _object_array(v, leaf, ())
+            return v
 
         return map_tree(self._batch, leaf)
 
@@ -169,13 +300,15 @@ class Snapshot:
             if t._version != ver:
                 raise WriterError(
                     f"step {step}: field {name!r} was modified in place after append (its tensor "
-                    "version changed); the step was not written. Pass copy=True to append, or do not "
-                    "modify the tensor before flush()", step=step
+                    "version changed); the step was not written. Leave append's copy=True (the "
+                    "default) on, or do not modify the tensor before flush()", step=step
                 )
 
     def release(self) -> None:
-        """Give the pinned host copies back to their pool and drop the batch."""
-        for c in self._cuda_snaps:
+        """Give the pinned and staging buffers back to their pool and drop the batch."""
+        for c in getattr(self, "_cuda_snaps", []):
             c.release()
+        for b in self._bufs:
+            self.staging.give(b, None)
         self._batch, self._hosts, self._cuda_snaps, self.versions, self.cuda = None, [], [], [], []
-        self.remote, self._fetch = [], None
+        self.remote, self._fetch, self._bufs = [], None, []

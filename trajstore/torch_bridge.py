@@ -88,8 +88,9 @@ class PinnedPool:
     At most ``max_cached_bytes`` are kept cached; the rest is released.
     """
 
-    def __init__(self, max_cached_bytes: int = 4 << 30):
+    def __init__(self, max_cached_bytes: int = 4 << 30, pin: bool | None = None):
         self.max_cached_bytes = max_cached_bytes
+        self.pin = pin  # None: page-locked where CUDA is present (False: plain host memory, the writer's CPU copies)
         self._lock = threading.Lock()
         self._free: list[tuple[torch.Tensor, Any]] = []
         self.in_use = 0       # buffers handed out and not given back
@@ -115,7 +116,7 @@ class PinnedPool:
         if ev is not None:
             ev.synchronize()
         if buf is None:
-            pin = torch.cuda.is_available()
+            pin = torch.cuda.is_available() if self.pin is None else self.pin
             # 25% headroom: step sizes vary with the sampled lengths, so the next step can reuse it
             buf = torch.empty(_round(max(nbytes + nbytes // 4, 1), 1 << 20), dtype=torch.uint8, pin_memory=pin)
             with self._lock:

@@ -1,11 +1,15 @@
 """Writer: append one step's batch as one Parquet file, atomically, in the background.
 
 ``append`` takes a snapshot of the batch and returns; encoding, compression and file I/O run on
-background thread(s). What is recorded is the batch as it was at ``append``: CUDA tensors are
-copied to pinned host memory (the calling thread does not block), CPU tensors are kept and their
-version counters checked (an in-place update after ``append`` fails the step with ``WriterError``;
-``copy=True`` clones them instead), numpy arrays are copied, containers rebuilt
-(``trajstore/snapshot.py`` says exactly what is kept and how).
+background threads. What is recorded is the batch as it was at ``append``: CUDA tensors are
+copied to pinned host memory (the calling thread does not block), CPU tensors and numpy arrays are
+copied into reused host buffers (``copy=True``, the default; with ``copy=False`` CPU tensors are kept
+and their version counters checked: an in-place update after ``append`` fails the step with
+``WriterError``), tensors inside object arrays and containers too (``trajstore/snapshot.py`` says
+exactly what is kept and how).
+
+``workers`` threads encode and write several steps at once, committing them in append order
+(``trajstore/write_pool.py``): the files are the same as with one worker.
 
 The structure is checked on the caller's thread (types, dtypes, keys, shapes, lengths: never
 values), so a malformed batch raises ``BatchError`` from ``append`` itself; the full checks run
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 import atexit
 import logging
-import queue
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -30,12 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
-from . import schema, torch_bridge
+from . import torch_bridge
 from .format import check
 from .format import containers
-from .format.parquet import check_encodings, parquet_options
+from .format.parquet import check_encodings
 from .store import columns
 from .store import commit
 from .store import index
@@ -43,8 +45,8 @@ from .store import paths
 from .store import remote
 from .store.fs import is_remote, resolve
 from .errors import BatchError, BatchWriteError, ConfigError, StepExistsError, TrajstoreError, WriterError
-from .format.shards import RANK_COLUMN
-from .snapshot import Snapshot, check_meta, check_rank_field, with_rank
+from .snapshot import Snapshot, check_meta, check_rank_field, nbytes_of
+from .write_pool import Job, Pool, Steps
 
 __all__ = ["Writer", "Committed"]
 
@@ -63,12 +65,6 @@ class Committed:
     bytes: int
     rows: int
     seconds: float
-
-
-class _Job:
-    def __init__(self, step: int, snap: Snapshot, tag: dict | None, meta: dict, overwrite: bool):
-        self.step, self.snap, self.tag, self.meta, self.overwrite = step, snap, tag, meta, overwrite
-        self.nbytes = snap.nbytes
 
 
 _live: set[Writer] = set()
@@ -97,8 +93,9 @@ class Writer:
     ``append``/``flush``/``close``; ``on_error="warn"`` logs it (at ERROR) and goes on. Either way the
     failed step is recorded as ``_trajstore/<split>/step_N.skipped.json`` (``Reader.skipped``).
     ``max_pending_steps`` / ``max_pending_bytes`` bound the steps not yet on disk (``append``
-    waits at the limit; see ``stats``); ``workers`` background threads write steps concurrently
-    (with more than one, steps may be committed out of order). ``close()`` (or the ``with`` block)
+    waits at the limit; see ``stats``); ``workers`` background threads (default ``min(4, cores)``) encode
+    and write that many steps at once, each committed in append order (``trajstore/write_pool.py``).
+    ``copy`` is ``append``'s default for ``copy`` (below). ``close()`` (or the ``with`` block)
     flushes and ends the threads; a writer never closed is flushed and closed at interpreter exit.
     The first append of CUDA tensors allocates pinned host memory; later steps reuse it.
     ``masks={"completion_mask": ["old_per_token_logps", ...]}`` declares which ``[B, W, ...]`` fields
@@ -113,7 +110,7 @@ class Writer:
     ``path`` may be a URL (``s3://bucket/run1``, ``gs://``, ``hdfs://``, any fsspec protocol; ``fs``: a
     ``pyarrow.fs.FileSystem`` or fsspec file system to use): each step is then one PUT of the whole
     object (``trajstore/store/fs.py``, docs/RELIABILITY.md "Object storage").
-    ``on_commit`` is called on the background thread with a :class:`Committed` record once each
+    ``on_commit`` is called on a background thread, in append order, with a :class:`Committed` record once each
     step is committed, before ``flush`` returns; an error it raises is logged, never raised.
     ``rank``/``world_size`` (SPMD): this process appends rank ``rank``'s shard of each step, one file
     ``step_<n>.rank<r>-of-<N>.parquet`` with an int32 ``rank`` column (a field named ``rank`` is refused);
@@ -121,10 +118,10 @@ class Writer:
     """
 
     def __init__(self, path: str | Path, split: str = "train", *, overwrite: bool = False,
-                 max_pending_steps: int = 8, max_pending_bytes: int = 4 << 30, workers: int = 1,
+                 max_pending_steps: int = 8, max_pending_bytes: int = 4 << 30, workers: int | None = None,
                  on_error: str = "raise", on_commit: Callable[[Committed], Any] | None = None,
                  masks: dict[str, list[str]] | None = None, encodings: str = "portable",
-                 rank: int | None = None, world_size: int | None = None, fs: Any = None):
+                 rank: int | None = None, world_size: int | None = None, fs: Any = None, copy: bool = True):
         if on_error not in ("raise", "warn"):
             raise ConfigError(f"Writer({str(path)!r}): on_error must be 'raise' or 'warn', got {on_error!r}")
         if on_commit is not None and not callable(on_commit):
@@ -137,6 +134,10 @@ class Writer:
             raise ConfigError(f"Writer({str(path)!r}): masks must be a dict {{mask field: [field names]}}, "
                               f"got {masks!r}")
         self.masks = {k: list(v) for k, v in masks.items()} if masks else None
+        if type(copy) is not bool:
+            raise ConfigError(f"Writer({str(path)!r}): copy must be True or False, got {copy!r}")
+        self.copy = copy
+        workers = min(4, os.cpu_count() or 1) if workers is None else workers
         for name, v in (("max_pending_steps", max_pending_steps), ("max_pending_bytes", max_pending_bytes),
                         ("workers", workers)):
             if type(v) is not int or v < 1:
@@ -168,24 +169,26 @@ class Writer:
         self._stats = {"appended": 0, "written": 0, "failed": 0, "append_s": 0.0, "max_append_s": 0.0,
                        "wait_s": 0.0, "waits": 0, "max_wait_s": 0.0, "write_s": 0.0,
                        "bytes_in": 0, "bytes_written": 0}
-        self._pool = torch_bridge.PinnedPool(max_cached_bytes=max_pending_bytes)
-        self._queue: queue.Queue = queue.Queue()
-        self._threads = [threading.Thread(target=self._run, name=f"trajstore-writer-{i}", daemon=True)
-                         for i in range(workers)]
-        for t in self._threads:
-            t.start()
+        self._pool = torch_bridge.PinnedPool(max_cached_bytes=max_pending_bytes)  # CUDA copies: pinned
+        self._staging = torch_bridge.PinnedPool(max_cached_bytes=max_pending_bytes, pin=False)  # CPU copies
+        self._steps = Steps(self.dir, self.split, self.shard, self.masks, self.encodings, self._columns, self._index)
+        self.workers = workers
+        self._workers = Pool(workers, self._steps, self._finish)
         with _live_lock:
             _live.add(self)
 
     # -- caller's side
     def append(self, step: int, batch: Any, meta: dict | None = None, *, overwrite: bool | None = None,
-               copy: bool = False) -> None:
+               copy: bool | None = None) -> None:
         """Record ``batch`` as step ``step``, with step metadata ``meta``: a dict of what a batch's
         non-tensor values may hold (numpy scalars and arrays, tuples, non-str keys, bytes, tensors),
         read back by ``Reader.meta`` with the same types.
 
-        Returns once the batch is snapshotted (see the module doc); ``copy=True`` clones CPU
-        tensors now, so the caller may modify them in place afterwards."""
+        Returns once the batch is snapshotted (see the module doc): with ``copy=True`` (the
+        writer's default, ``Writer(copy=...)``) CPU tensors and arrays are copied now, wherever they
+        sit in the batch, so the caller may refill them right after ``append``. ``copy=False`` keeps
+        CPU tensors by reference (no copy on the caller's thread): modifying one in place before it
+        is written fails that step with ``WriterError`` (its version counter is checked)."""
         t0 = time.perf_counter()
         with self._lock:
             if self._closed:
@@ -213,22 +216,24 @@ class Writer:
             if self.shard is not None:
                 check_rank_field(plain, step)
             check.check(plain, self.masks)  # types, keys, shapes, lengths: errors now, not one step later
-            job = _Job(step, Snapshot(plain, copy, self._pool), tag, meta, ow)
-            self._admit(job, queued and len(self._threads) > 1)
-            self._queue.put(job)
+            nbytes = nbytes_of(plain)
+            self._admit(step, nbytes)  # before the copy: the buffers of steps written meanwhile are reused
+            try:
+                snap = Snapshot(plain, self.copy if copy is None else bool(copy), self._pool, self._staging)
+            except BaseException:
+                self._done(step, nbytes)
+                raise
+            self._workers.submit(Job(step, snap, tag, meta, ow, nbytes))
         dt = time.perf_counter() - t0
         with self._cond:
             self._stats["appended"] += 1
             self._stats["append_s"] += dt
             self._stats["max_append_s"] = max(self._stats["max_append_s"], dt)
 
-    def _admit(self, job: _Job, same_step_pending: bool) -> None:
+    def _admit(self, step: int, n: int) -> None:
         with self._cond:
-            n = job.nbytes
 
             def full() -> bool:
-                if same_step_pending and job.step in self._pending:
-                    return True  # keep two writes of one step in order
                 if not self._pending:
                     return False  # a step larger than the byte limit still goes, alone
                 return (sum(self._pending.values()) >= self.max_pending_steps
@@ -249,17 +254,27 @@ class Writer:
                     log.warning("append(step=%d) waited %.1f ms for the background writer of %s (limits: "
                                 "%d steps, %d bytes pending; %d waits, %.3f s in all so far); raise "
                                 "max_pending_steps/max_pending_bytes or workers, or dump less often",
-                                job.step, w * 1e3, self.dir, self.max_pending_steps, self.max_pending_bytes,
+                                step, w * 1e3, self.dir, self.max_pending_steps, self.max_pending_bytes,
                                 s["waits"], s["wait_s"])
-            self._pending[job.step] = self._pending.get(job.step, 0) + 1
+            self._pending[step] = self._pending.get(step, 0) + 1
             self._pending_bytes += n
             self._stats["bytes_in"] += n
+
+    def _done(self, step: int, n: int) -> None:
+        """A step admitted by ``_admit`` is written, failed or was never queued."""
+        with self._cond:
+            self._pending_bytes -= n
+            self._pending[step] -= 1
+            if not self._pending[step]:
+                del self._pending[step]
+            self._cond.notify_all()
 
     @property
     def stats(self) -> dict:
         """Counters: steps appended/written/failed, seconds spent in ``append`` (``append_s``,
         ``max_append_s``), seconds ``append`` waited at the pending limit (``wait_s``, ``waits``,
-        ``max_wait_s``), background seconds (``write_s``), tensor bytes in, file bytes written,
+        ``max_wait_s``), background seconds summed over steps (``write_s``; a step's wait for its commit
+        turn included), tensor bytes in, file bytes written,
         and what is pending now."""
         with self._cond:
             return {**self._stats, "pending_steps": sum(self._pending.values()),
@@ -269,7 +284,7 @@ class Writer:
         """Wait until every appended step is on disk (or failed); raise the first failure."""
         with self._cond:
             while self._pending:
-                if not any(t.is_alive() for t in self._threads):
+                if not self._workers.alive():
                     raise WriterError(f"the background writer of {self.dir} is gone with "
                                       f"{len(self._pending)} step(s) pending: {sorted(self._pending)}")
                 self._cond.wait(1.0)
@@ -286,10 +301,7 @@ class Writer:
             with self._lock:
                 if not self._closed:
                     self._closed = True
-                    for _ in self._threads:
-                        self._queue.put(None)
-                    for t in self._threads:
-                        t.join()
+                    self._workers.stop()
                     self._index.flush()  # rows of steps appended while close() flushed
                     with _live_lock:
                         _live.discard(self)
@@ -305,51 +317,37 @@ class Writer:
         cls = BatchWriteError if all(isinstance(e, BatchError) for e in errs) else WriterError
         raise cls(msg, step=steps[0], steps=steps) from (errs[0].__cause__ or errs[0])
 
-    # -- background side
-    def _run(self) -> None:
-        while True:
-            job = self._queue.get()
-            if job is None:
-                return
-            t0 = time.perf_counter()
-            nbytes, rows, err = 0, 0, None
+    # -- background side (trajstore/write_pool.py runs the steps; this is called in append order)
+    def _finish(self, job: Job, nbytes: int, rows: int, err: BaseException | None, dt: float) -> None:
+        recorded = False  # best effort: readers then say why the step is missing (none if it is there)
+        if err is not None:
             try:
-                nbytes, rows = self._write(job)
-            except BaseException as e:  # noqa: BLE001 - every failure is reported to the caller
-                err = e
-            finally:
-                job.snap.release()
-                job.snap = None
-            dt = time.perf_counter() - t0
-            recorded = False  # best effort: readers then say why the step is missing (none if it is there)
-            if err is not None:
                 recorded = commit.record_skipped(self.dir, job.step, f"{type(err).__name__}: {err}",
                                                  self.final(job.step).name)
-            with self._cond:
-                s = self._stats
-                s["write_s"] += dt
-                if err is None:
-                    s["written"] += 1
-                    s["bytes_written"] += nbytes
+            except Exception as e:  # noqa: BLE001 - a record that cannot be written is said below
+                log.debug("trajstore: skipped record of step %d not written: %s", job.step, e)
+        with self._cond:
+            s = self._stats
+            s["write_s"] += dt
+            if err is None:
+                s["written"] += 1
+                s["bytes_written"] += nbytes
+            else:
+                s["failed"] += 1
+                if self.on_error == "raise":
+                    self._errors.append(_as_writer_error(err, job.step))
+                    log.error("trajstore: step %d was not written: %s", job.step, err)
                 else:
-                    s["failed"] += 1
-                    if self.on_error == "raise":
-                        self._errors.append(_as_writer_error(err, job.step))
-                        log.error("trajstore: step %d was not written: %s", job.step, err)
-                    else:
-                        log.error("trajstore: step %d was not written (on_error='warn', the run goes on; %s): %s",
-                                  job.step, f"the step is recorded as skipped in {self.dir}" if recorded else
-                                  "no skipped record was written: " + ("its step file is there (another writer "
-                                  "committed it)" if self.final(job.step).exists() else "the record could not be "
-                                  "written"), err)
+                    log.error("trajstore: step %d was not written (on_error='warn', the run goes on; %s): %s",
+                              job.step, f"the step is recorded as skipped in {self.dir}" if recorded else
+                              "no skipped record was written: " + ("its step file is there (another writer "
+                              "committed it)" if self.final(job.step).exists() else "the record could not be "
+                              "written"), err)
+        try:
             if err is None and self.on_commit is not None:
                 self._report(Committed(job.step, self.final(job.step), nbytes, rows, dt))
-            with self._cond:
-                self._pending_bytes -= job.nbytes
-                self._pending[job.step] -= 1
-                if not self._pending[job.step]:
-                    del self._pending[job.step]
-                self._cond.notify_all()
+        finally:
+            self._done(job.step, job.nbytes)
 
     def _report(self, rec: Committed) -> None:
         try:
@@ -358,64 +356,9 @@ class Writer:
             log.error("trajstore: on_commit(%r) of %r raised %s: %s; the step is written, the writer goes on",
                       rec, self, type(e).__name__, e, exc_info=True)
 
-    def _write(self, job: _Job) -> tuple[int, int]:
-        """Encode, write and commit one step; returns (file bytes, rows)."""
-        step, snap = job.step, job.snap
-        batch = snap.batch()
-        snap.check(step)
-        extra = job.meta if self.shard is None else {**job.meta, "shard": {"rank": self.shard[0],
-                                                                            "world_size": self.shard[1]}}
-        table = schema.encode_plain(batch, job.tag, step=step, split=self.split, extra=extra, masks=self.masks)
-        if self.shard is not None:
-            table = with_rank(table, self.shard[0], step)
-        table = self._columns.fit(step, table)  # its new columns recorded before the commit
-        if self.shard is not None and RANK_COLUMN not in table.column_names:  # moved: the split holds another type
-            raise BatchError(f"step {step}: {self.dir} holds a column 'rank' of another type (a field of whole "
-                             "steps); shards of several ranks need that name for their int32 rank column")
-        final = self.final(step)
-        if is_remote(final):
-            return self._write_remote(job, table, final)
-        tmp = paths.temp_path(self.dir, step, final.name)  # in the side folder: the split folder holds step files only
-        try:
-            pq.write_table(table, tmp, **parquet_options(table, self.encodings))
-            index_rows = self._index.take(step, table)  # a copy, checked by snap.check below
-            rows = table.num_rows
-            del table
-            snap.check(step)  # the values may have changed while they were being encoded
-            st = tmp.stat()
-            size = st.st_size
-            commit.commit(tmp, final, job.overwrite)
-            self._index.add(step, index_rows, st, final)  # never raises
-            return size, rows
-        except FileExistsError:
-            raise StepExistsError(
-                f"step {step} was committed to {final} by someone else while it was being written; "
-                "pass overwrite=True to replace it"
-            ) from None
-        except OSError as e:
-            raise WriterError(f"step {step}: writing {final} failed: {e}; earlier steps are intact") from e
-        finally:
-            tmp.unlink(missing_ok=True)
-
     def final(self, step: int) -> Path:
         """The file step ``step`` is committed as: its step file, or this rank's shard file."""
-        if self.shard is None:
-            return self.dir / paths.step_name(step)
-        return self.dir / paths.shard_name(step, *self.shard)
-
-    def _write_remote(self, job: _Job, table: Any, final: Any) -> tuple[int, int]:
-        """``_write`` on object storage: encoded into memory, committed by one PUT (store/remote.py)."""
-        rows = table.num_rows
-        try:
-            size = remote.write(table, final, job.overwrite, parquet_options(table, self.encodings),
-                                lambda: job.snap.check(job.step))
-        except FileExistsError:
-            raise StepExistsError(f"step {job.step} was committed to {final} by another writer while it was being "
-                                  "written (its conditional PUT found the object); pass overwrite=True to "
-                                  "replace it") from None
-        except OSError as e:
-            raise WriterError(f"step {job.step}: writing {final} failed: {e}; earlier steps are intact") from e
-        return size, rows
+        return self._steps.final(step)
 
     def __enter__(self) -> "Writer":
         return self

@@ -1,0 +1,177 @@
+"""Several background workers (``Writer(workers=N)``, trajstore/write_pool.py): steps encoded at once,
+committed in append order, files identical to one worker's, crash safety kept (issue 16)."""
+
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from _dumps import small_batch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import trajstore
+from trajstore import WriterError
+from trajstore import write_pool as pool_mod
+from trajstore.testing import assert_batch_equal, batches
+
+
+def _files(d: Path) -> dict[str, bytes]:
+    return {f.name: f.read_bytes() for f in sorted((d / "train").iterdir())}
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.lists(batches(), min_size=2, max_size=3))
+def test_several_workers_write_the_same_files_as_one(steps):
+    """Hypothesis: the step files of 1 and 4 workers are byte-identical and read back as appended."""
+    with tempfile.TemporaryDirectory() as d:
+        dumps = []
+        for workers in (1, 4):
+            p = Path(d) / f"w{workers}"
+            with trajstore.Writer(p, workers=workers, max_pending_steps=3) as w:
+                for i, b in enumerate(steps):
+                    w.append(i, b)
+            dumps.append(_files(p))
+        assert dumps[0] == dumps[1]
+        r = trajstore.Reader(Path(d) / "w4")
+        for i, b in enumerate(steps):
+            assert_batch_equal(b, r[i])
+
+
+def _slow_encode(monkeypatch, slow_step: int) -> dict:
+    """Encoding ``slow_step`` waits until the next step's encoding has started (on another worker),
+    so later steps are encoded before it; the returned dict says whether that happened."""
+    real = pool_mod.Steps.encode
+    later = threading.Event()
+    out = {"overlapped": False}
+
+    def encode(self, job):
+        if job.step == slow_step + 1:
+            later.set()
+        if job.step == slow_step:
+            out["overlapped"] = later.wait(30)
+        return real(self, job)
+
+    monkeypatch.setattr(pool_mod.Steps, "encode", encode)
+    return out
+
+
+def test_commits_and_reports_follow_append_order(tmp_path, monkeypatch):
+    slow = _slow_encode(monkeypatch, 0)
+    seen = []
+    real_commit = pool_mod.commit.commit
+
+    def commit(tmp, final, overwrite):
+        seen.append(("commit", final.name))
+        return real_commit(tmp, final, overwrite)
+
+    monkeypatch.setattr(pool_mod.commit, "commit", commit)
+    with trajstore.Writer(tmp_path, workers=3, on_commit=lambda c: seen.append(("report", c.step))) as w:
+        for s in range(5):
+            w.append(s, small_batch(seed=s))
+    names = [f"step_{s:08d}.parquet" for s in range(5)]
+    assert [x for k, x in seen if k == "commit"] == names
+    assert [x for k, x in seen if k == "report"] == list(range(5))
+    assert slow["overlapped"]  # step 1 was being encoded while step 0 was
+
+
+def test_failed_step_keeps_the_order_of_the_others(tmp_path, monkeypatch):
+    """A step failing in the background (step 1) is reported; later ones are committed, in order."""
+    _slow_encode(monkeypatch, 0)
+    real = pool_mod.Steps.write
+
+    def write(self, job, table):
+        if job.step == 1:
+            raise OSError("disk hiccup")
+        return real(self, job, table)
+
+    monkeypatch.setattr(pool_mod.Steps, "write", write)
+    order = []
+    w = trajstore.Writer(tmp_path, workers=3, on_commit=lambda c: order.append(c.step))
+    for s in range(4):
+        w.append(s, small_batch(seed=s))
+    with pytest.raises(WriterError, match="step 1 .*disk hiccup"):
+        w.close()
+    assert order == [0, 2, 3]
+    r = trajstore.Reader(tmp_path)
+    assert r.steps == [0, 2, 3] and 1 in r.skipped
+
+
+_KILLED = """
+import os, sys, trajstore
+from trajstore import write_pool
+from _dumps import small_batch
+real = write_pool.commit.commit
+def commit(tmp, final, overwrite):
+    if final.name == "step_00000003.parquet":
+        os._exit(7)  # killed while committing step 3: steps 4..7 are written to temporaries by then
+    return real(tmp, final, overwrite)
+write_pool.commit.commit = commit
+w = trajstore.Writer(sys.argv[1], workers=4)
+for s in range(8):
+    w.append(s, small_batch(seed=s))
+w.close()
+"""
+
+
+def test_killed_mid_run_leaves_a_prefix_of_whole_steps(tmp_path):
+    """Killed while committing step 3 with 4 workers: exactly steps 0-2 are visible, whole; the
+    next writer removes the temporaries and writes on."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
+    p = subprocess.run([sys.executable, "-c", _KILLED, str(tmp_path)], env=env, capture_output=True, timeout=120)
+    assert p.returncode == 7, p.stderr.decode()[-2000:]
+    r = trajstore.Reader(tmp_path, verify=True)
+    assert r.steps == [0, 1, 2]
+    for s in range(3):
+        assert_batch_equal(small_batch(seed=s), r[s])
+    with trajstore.Writer(tmp_path, workers=4) as w:
+        for s in range(3, 8):
+            w.append(s, small_batch(seed=s))
+    leftovers = [f for f in tmp_path.rglob("*") if ".tmp-" in f.name]
+    assert leftovers == []
+    r = trajstore.Reader(tmp_path, verify=True)
+    assert r.steps == list(range(8))
+
+
+def test_default_workers_and_bad_values(tmp_path):
+    w = trajstore.Writer(tmp_path)
+    assert w.workers == len(w._workers) == min(4, os.cpu_count() or 1)
+    w.close()
+    with pytest.raises(trajstore.ConfigError, match="workers must be an int >= 1"):
+        trajstore.Writer(tmp_path, workers=0)
+
+
+def test_turns_let_only_the_next_number_through():
+    turns = pool_mod.Turns()
+    got = []
+
+    def run(i):
+        turns.wait(i)
+        got.append(i)
+        turns.done(i)
+
+    ts = [threading.Thread(target=run, args=(i,)) for i in (3, 1, 2, 0)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(10)
+    assert got == [0, 1, 2, 3]
+
+
+def test_workers_share_torchs_threads_and_leave_the_callers_alone(tmp_path, monkeypatch):
+    """Each of N workers encodes with 1/N of torch's threads (OpenMP: a per-thread setting); the
+    appending thread keeps its own."""
+    seen = []
+    real = pool_mod.Steps.encode
+    monkeypatch.setattr(pool_mod.Steps, "encode", lambda self, job: (seen.append(torch.get_num_threads()),
+                                                                      real(self, job))[1])
+    n = torch.get_num_threads()
+    with trajstore.Writer(tmp_path, workers=2) as w:
+        w.append(0, small_batch())
+    assert torch.get_num_threads() == n
+    if "parallel backend: OpenMP" in torch.__config__.parallel_info():
+        assert seen == [max(1, n // 2)]
