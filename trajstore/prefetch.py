@@ -42,7 +42,7 @@ def iterate(read: Callable[[int, Arena | None], Any], steps: list[int], device: 
             _threads.serial()
         if not cuda:
             return read(step, None)
-        arena = Arena()
+        arena = Arena(defer=True)  # padded fields are built on the device (trajstore/device_pad.py)
         try:
             return stage(read(step, arena), arena=arena)
         except BaseException:

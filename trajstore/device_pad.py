@@ -1,0 +1,215 @@
+"""Padded fields built on the device (``Reader.read`` / ``Reader.iter`` with ``device="cuda"``).
+
+The decoder leaves a padded token field's ``[B, T, ...]`` output unfilled and hands over its fill
+jobs (``format/decoder.py`` ``defer``): each row group's values (the tokens, unpadded), their row
+offsets, the ``[B, T]`` token mask of the rows, and the pad value or the recorded padded values
+(``format/tensors.py`` ``FillJob``). ``plan`` stages what the device needs into one pinned buffer:
+
+* per field, a table of rows of ``w`` elements (``w``: the elements per token): the values, then
+  one row holding the pad value, or the recorded padded values; a field whose values all hold one
+  value (an ``attention_mask`` of ones) stores that one row instead of every token's;
+* per mask (shared by the fields that follow it), each row's first token position and length.
+
+``build`` then writes every output with one gather per field from an index of ``[B, T]`` table
+rows, computed on the device from the starts and lengths: the tokens of row ``b`` at positions
+``start_b ..`` and the pad rows elsewhere, in the padded values' position order. Only the unpadded
+values cross PCIe; the result is the CPU decode's bit for bit (the gather moves raw bits). Torch ops
+only, on any device: on the CPU it is what the tests compare with the plain decode.
+
+A job whose output is not a torch tensor of the batch (a numpy field: it stays on the host) is
+filled on the CPU as before (``decoder.fill``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from .format import dtypes as dt
+from .format.decoder import fill
+from .format.tensors import FillJob
+
+__all__ = ["Pad", "Plan", "plan", "build", "key", "CONST_PROBE"]
+
+ALIGN = 256
+CONST_PROBE = 64  # values looked at before a field is scanned whole for one repeated value
+
+
+def _round(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclass
+class Pad:
+    """One padded output built on the device: ``shape``/``dtype`` of the tensor, ``w`` elements per
+    token, ``last`` (token axis last: ``[B, *trail, T]``), its mask ``group``, and its table of rows
+    in the staged buffer at byte ``at``: ``rows`` value rows (1: one repeated value) then the pad
+    row(s) (``pv``: the recorded padded values, else one pad row)."""
+
+    shape: tuple
+    dtype: torch.dtype
+    w: int
+    last: bool
+    group: int
+    at: int
+    rows: int
+    const: bool
+    pv: bool
+
+
+@dataclass
+class Plan:
+    """What ``build`` needs: the outputs, and per mask group ``(byte offset of its [2, B] int64
+    starts and lengths, B, T)`` in the staged buffer of ``total`` bytes."""
+
+    pads: list[Pad]
+    groups: list[tuple[int, int, int]]
+    buf: torch.Tensor | None
+    total: int
+
+
+def key(t: torch.Tensor) -> int | None:
+    """The storage a whole contiguous tensor spans, or None (a view of part of one)."""
+    if not t.numel() or not t.is_contiguous() or t.device.type != "cpu":
+        return None
+    s = t.untyped_storage()
+    return s.data_ptr() if t.data_ptr() == s.data_ptr() and t.numel() * t.element_size() == s.nbytes() else None
+
+
+def _whole(jobs: list[FillJob]) -> bool:
+    """The jobs cover the output's rows in order, each from one chunk of its values."""
+    n = jobs[0].out.shape[0]
+    return (jobs[0].r0 == 0 and jobs[-1].r1 == n and all(a.r1 == b.r0 for a, b in zip(jobs, jobs[1:]))
+            and all(j.mask is jobs[0].mask for j in jobs) and all((j.pv is None) == (jobs[0].pv is None) for j in jobs)
+            and sum(j.src.numel() for j in jobs) == int(jobs[0].off[n]))
+
+
+def _const(srcs: list[torch.Tensor], w: int) -> torch.Tensor | None:
+    """The one token row every value row repeats, or None. Looks at ``CONST_PROBE`` values first, so
+    a field of varied values costs nothing."""
+    first = next((s for s in srcs if s.numel()), None)
+    if first is None or w != 1:
+        return None
+    v = first[:1]
+    for s in srcs:
+        if not bool((s[:CONST_PROBE] == v).all()):
+            return None
+    for s in srcs:
+        if not bool((s == v).all()):
+            return None
+    return v
+
+
+def plan(jobs: list[FillJob], leaves: list[torch.Tensor],
+         take: Callable[[int], torch.Tensor]) -> tuple[dict[int, int], Plan]:
+    """Stage the padded outputs among ``leaves`` (the batch's torch tensors) for ``build``: returns
+    ``{storage key: index into Plan.pads}`` and the plan, its buffer from ``take(nbytes)``. Jobs of
+    other outputs (numpy fields) are filled here, on the CPU."""
+    keys = {k: i for i, t in enumerate(leaves) if (k := key(t)) is not None}
+    by_out: dict[int, list[FillJob]] = {}
+    rest: list[FillJob] = []
+    for j in jobs:
+        if not j.out.numel():
+            continue
+        k = j.out.untyped_storage().data_ptr()
+        if k in keys and leaves[keys[k]].dtype == j.out.dtype:
+            by_out.setdefault(k, []).append(j)
+        else:
+            rest.append(j)
+    for k, js in list(by_out.items()):
+        if not _whole(js):
+            rest += by_out.pop(k)
+    fill(rest)
+    # layout: per mask group its starts and lengths, then per output its table
+    groups: dict[int, int] = {}
+    ginfo: list[tuple[np.ndarray, int, int, int]] = []
+    items, size = [], 0
+    for k, js in by_out.items():
+        j0, t = js[0], leaves[keys[k]]
+        n, T = j0.out.shape[0], j0.out.shape[1]
+        w = j0.out[0, 0].numel()
+        if id(j0.mask) not in groups:
+            m = j0.mask.numpy()
+            lens = np.diff(np.asarray(j0.off, dtype=np.int64)) // w
+            rows = np.stack([m.argmax(axis=1).astype(np.int64), lens])  # a row of no tokens: any start
+            groups[id(j0.mask)] = len(ginfo)
+            ginfo.append((rows, n, T, size))
+            size += _round(rows.nbytes)
+        srcs = [j.src for j in js]
+        c = _const(srcs, w) if js[0].pv is None else None
+        nvals = 1 if c is not None else sum(s.numel() for s in srcs) // w
+        npad = sum(j.pv[1].numel() for j in js) // w if j0.pv is not None else 1
+        esize = j0.src.element_size()
+        items.append((k, js, t, n, T, w, c, nvals, npad, size))
+        size += _round((nvals + npad) * w * esize)
+    buf = take(size) if size else None
+    put = (lambda at, a: buf[at:at + a.numel() * a.element_size()].view(a.dtype).copy_(a)) if buf is not None else None
+    for rows, n, T, at in ginfo:
+        put(at, torch.from_numpy(rows).reshape(-1))
+    index: dict[int, int] = {}
+    pads: list[Pad] = []
+    for k, js, t, n, T, w, c, nvals, npad, at in items:
+        j0 = js[0]
+        bdt = j0.src.dtype
+        o = at
+        for s in ([c] if c is not None else [j.src for j in js]):
+            put(o, s.reshape(-1))
+            o += s.numel() * s.element_size()
+        if j0.pv is None:
+            put(o, torch.from_numpy(np.full(w, j0.pad, dtype=torch.empty(0, dtype=bdt).numpy().dtype)))
+        else:
+            for j in js:
+                put(o, j.pv[1].reshape(-1))
+                o += j.pv[1].numel() * j.pv[1].element_size()
+        last = not j0.out.is_contiguous()  # the [B, T, *trail] view of a [B, *trail, T] output
+        index[k] = len(pads)
+        pads.append(Pad(tuple(t.shape), t.dtype, w, last, groups[id(j0.mask)], at, nvals, c is not None,
+                        j0.pv is not None))
+    return index, Plan(pads, [(at, n, T) for _, n, T, at in ginfo], buf, size)
+
+
+def _index(src: torch.Tensor, g: tuple[int, int, int], mode: str, nvals: int) -> torch.Tensor:
+    """The ``[B * T]`` table row of every position of a group's rows (int64, on ``src``'s device)."""
+    at, n, T = g
+    rows = src[at:at + 16 * n].view(torch.int64).view(2, n)
+    starts, lens = rows[0], rows[1]
+    ar = torch.arange(T, device=src.device, dtype=torch.int64)
+    rel = ar[None, :] - starts[:, None]
+    valid = (rel >= 0) & (rel < lens[:, None])
+    if mode == "const":  # row 0: the value, row 1: the pad
+        return torch.where(valid, 0, 1).reshape(-1)
+    vbase = torch.cumsum(lens, 0) - lens
+    if mode == "pad":  # the values, then one pad row
+        return torch.where(valid, vbase[:, None] + rel, nvals).reshape(-1)
+    # the values, then the recorded padded values row by row in position order
+    pbase = torch.cumsum(T - lens, 0) - (T - lens)
+    k = torch.where(rel < 0, ar[None, :], ar[None, :] - lens[:, None])
+    return torch.where(valid, vbase[:, None] + rel, nvals + pbase[:, None] + k).reshape(-1)
+
+
+def build(p: Plan, src: torch.Tensor, outs: list[torch.Tensor]) -> None:
+    """Write every output of ``p`` (``outs``: uninitialized, of the pads' shapes and dtypes, on
+    ``src``'s device) from ``src``, the staged buffer on the device. Temporaries are allocated on
+    the current stream."""
+    cache: dict[tuple[int, str], torch.Tensor] = {}
+    for pad, out in zip(p.pads, outs):
+        g = p.groups[pad.group]
+        mode = "const" if pad.const else "pv" if pad.pv else "pad"
+        key = (pad.group, mode) if mode == "const" else (pad.group, mode, pad.rows)
+        idx = cache.get(key)
+        if idx is None:
+            idx = cache[key] = _index(src, g, mode, pad.rows)
+        o = dt.bits_view(out)
+        esize = o.element_size()
+        nrows = pad.rows + (g[1] * g[2] - pad.rows if pad.pv else 1)  # pv: the positions the mask leaves out
+        table = src[pad.at:pad.at + nrows * pad.w * esize].view(o.dtype).view(nrows, pad.w)
+        n, T = g[1], g[2]
+        if pad.last:  # [B, *trail, T]: gathered token-major, then transposed into place
+            tmp = torch.index_select(table, 0, idx)
+            o.view(n, pad.w, T).copy_(tmp.view(n, T, pad.w).transpose(1, 2))
+        else:
+            torch.index_select(table, 0, idx, out=o.view(n * T, pad.w))
