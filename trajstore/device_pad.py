@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._threads import PIECE_BYTES, run_parallel
 from .format import dtypes as dt
 from .format.decoder import fill
 from .format.tensors import FillJob
@@ -89,19 +90,19 @@ def _whole(jobs: list[FillJob]) -> bool:
 
 
 def _const(srcs: list[torch.Tensor], w: int) -> torch.Tensor | None:
-    """The one token row every value row repeats, or None. Looks at ``CONST_PROBE`` values first, so
-    a field of varied values costs nothing."""
-    first = next((s for s in srcs if s.numel()), None)
-    if first is None or w != 1:
+    """The one token value every value repeats (an ``attention_mask`` of ones), or None. Scanned in
+    pieces of ``CONST_PROBE`` values and up, so a field of varied values stops early."""
+    arrays = [s.numpy() for s in srcs if s.numel()]
+    if not arrays or w != 1:
         return None
-    v = first[:1]
-    for s in srcs:
-        if not bool((s[:CONST_PROBE] == v).all()):
-            return None
-    for s in srcs:
-        if not bool((s == v).all()):
-            return None
-    return v
+    v = arrays[0][0]
+    for a in arrays:
+        i, step = 0, CONST_PROBE
+        while i < len(a):
+            if not (a[i:i + step] == v).all():
+                return None
+            i, step = i + step, min(step * 4, 1 << 20)
+    return srcs[0][:1] if srcs[0].numel() else next(s for s in srcs if s.numel())[:1]
 
 
 def plan(jobs: list[FillJob], leaves: list[torch.Tensor],
@@ -147,7 +148,15 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor],
         items.append((k, js, t, n, T, w, c, nvals, npad, size))
         size += _round((nvals + npad) * w * esize)
     buf = take(size) if size else None
-    put = (lambda at, a: buf[at:at + a.numel() * a.element_size()].view(a.dtype).copy_(a)) if buf is not None else None
+    host = None if buf is None else buf.numpy()
+    copies: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def put(at: int, a: torch.Tensor) -> None:  # queued: copied in pieces on the shared pool below
+        x = a.numpy()
+        dst = host[at:at + x.nbytes].view(x.dtype)  # type: ignore[index]
+        step = max(1, PIECE_BYTES // x.itemsize)
+        copies.extend((dst[i:i + step], x[i:i + step]) for i in range(0, len(x), step))
+
     for rows, n, T, at in ginfo:
         put(at, torch.from_numpy(rows).reshape(-1))
     index: dict[int, int] = {}
@@ -169,6 +178,7 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor],
         index[k] = len(pads)
         pads.append(Pad(tuple(t.shape), t.dtype, w, last, groups[id(j0.mask)], at, nvals, c is not None,
                         j0.pv is not None))
+    run_parallel(lambda c: np.copyto(c[0], c[1]), copies, size)
     return index, Plan(pads, [(at, n, T) for _, n, T, at in ginfo], buf, size)
 
 
