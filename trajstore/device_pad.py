@@ -34,7 +34,7 @@ from .format import dtypes as dt
 from .format.decoder import fill
 from .format.tensors import FillJob
 
-__all__ = ["Pad", "Plan", "plan", "build", "key", "CONST_PROBE"]
+__all__ = ["Pad", "Plan", "plan", "run", "build", "key", "CONST_PROBE"]
 
 ALIGN = 256
 CONST_PROBE = 64  # values looked at before a field is scanned whole for one repeated value
@@ -223,3 +223,13 @@ def build(p: Plan, src: torch.Tensor, outs: list[torch.Tensor]) -> None:
             o.view(n, pad.w, T).copy_(tmp.view(n, T, pad.w).transpose(1, 2))
         else:
             torch.index_select(table, 0, idx, out=o.view(n * T, pad.w))
+
+
+def run(p: Plan, outs: list[torch.Tensor]) -> None:
+    """Copy the staged buffer to the outputs' device and build them, on the current stream; its
+    device copy is allocated on that stream too, so it is freed in that stream's order."""
+    if p.buf is None or not outs:
+        return
+    src = torch.empty(p.total, dtype=torch.uint8, device=outs[0].device)
+    src.copy_(p.buf[:p.total], non_blocking=True)
+    build(p, src, outs)

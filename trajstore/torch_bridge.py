@@ -206,8 +206,8 @@ def snapshot_cuda(tensors: list[torch.Tensor], pool: PinnedPool) -> tuple[list[t
 
 # ----------------------------------------------------------------------------- host -> GPU (reader)
 class Staged:
-    """A decoded batch whose torch tensors live in one pinned staging buffer; padded fields to build
-    on the device (``plan``, ``trajstore/device_pad.py``) are ``meta`` tensors in ``obj``."""
+    """A decoded batch whose torch tensors live in one pinned staging buffer (its padded fields to
+    build on the device, ``plan``: ``meta`` tensors in ``obj``)."""
 
     def __init__(self, obj: Any, buf: torch.Tensor | None, total: int, pool: PinnedPool,
                  offsets: list[int] | None = None, plan: device_pad.Plan | None = None,
@@ -256,11 +256,9 @@ class Arena:
         base, p = self.buf.data_ptr(), t.data_ptr()
         return base <= p and p + t.numel() * t.element_size() <= base + self.used
 
-    def fill(self) -> None:
-        """Fill the deferred padded fields on the CPU (the batch stays on the host)."""
-        if self.jobs:
-            fill(self.jobs)
-            self.jobs = []
+    def fill(self) -> None:  # the deferred padded fields, on the CPU (the batch stays on the host)
+        fill(self.jobs or [])
+        self.jobs = [] if self.jobs is not None else None
 
     def release(self) -> None:
         if self.buf is not None:
@@ -271,8 +269,7 @@ class Arena:
 
 
 def host_arena(device: Any) -> Arena | None:
-    """An :class:`Arena` to decode into when ``device`` is a CUDA device (its padded fields built
-    there), else None."""
+    """An :class:`Arena` to decode into when ``device`` is a CUDA device (padded fields: built there)."""
     d = as_device(device)
     return Arena(defer=True) if d is not None and d.type == "cuda" else None
 
@@ -291,13 +288,12 @@ def stage(obj: Any, pool: PinnedPool = _read_pool, arena: Arena | None = None) -
     which = [index.get(device_pad.key(t), -1) if index else -1 for t in leaves]  # pad index, or -1
     views = [t for t, b in zip(leaves, which) if b < 0]
     size = [t.numel() * t.element_size() for t in views]
+    held = [arena is not None and arena.holds(t) for t in views]
     if not views:
         if arena is not None:
             arena.release()
         if plan is None:
             return Staged(obj, None, 0, pool)
-    held = [arena is not None and arena.holds(t) for t in views]
-    if not views:
         buf, end = None, 0
     elif arena is not None and arena.buf is not None and \
             arena.used + sum(_round(n) for n, h in zip(size, held) if not h) <= arena.buf.numel():
@@ -332,8 +328,28 @@ def stage(obj: Any, pool: PinnedPool = _read_pool, arena: Arena | None = None) -
     return Staged(out, buf, max([o + n for o, n in zip(offsets, size)], default=0), pool, offsets, plan, built)
 
 
-def _unstage(staged: Staged, gbuf: torch.Tensor | None, outs: list[torch.Tensor]) -> Any:
-    """The staged batch with its tensors as views of ``gbuf`` and its meta tensors as ``outs``."""
+def launch(staged: Staged, device: torch.device, consumer: torch.cuda.Stream | None) -> tuple[Any, Any]:
+    """Start copying a staged batch to ``device``: one H2D copy on the side stream into memory
+    allocated on ``consumer``, and its padded fields built there (``device_pad.run``). Returns
+    (device batch, event); ``consumer`` must wait on the event before it uses (or frees) the batch.
+    The staging buffers go back to their pool with the event. On the CPU (tests): done at once."""
+    p = staged.plan
+    if staged.buf is None and p is None:
+        return staged.obj, None
+    side = side_stream(device) if device.type == "cuda" else None  # torch.cuda.stream(None): no-op
+    with torch.cuda.stream(consumer):
+        gbuf = None if staged.buf is None else torch.empty(staged.total, dtype=torch.uint8, device=device)
+        outs = [] if p is None else [torch.empty(x.shape, dtype=x.dtype, device=device) for x in p.pads]
+    if side is not None:
+        side.wait_stream(consumer)
+    with torch.cuda.stream(side):
+        if gbuf is not None:
+            gbuf.copy_(staged.buf[:staged.total], non_blocking=True)
+        if p is not None:
+            device_pad.run(p, outs)
+        ev = None if side is None else torch.cuda.Event()
+        if ev is not None:
+            ev.record(side)
     offsets, built = iter(staged.offsets), iter(staged.built)
 
     def view(t: torch.Tensor) -> torch.Tensor:
@@ -343,43 +359,7 @@ def _unstage(staged: Staged, gbuf: torch.Tensor | None, outs: list[torch.Tensor]
         n = t.numel() * t.element_size()
         return gbuf[off:off + n].view(t.dtype).view(t.shape)  # type: ignore[index]
 
-    return map_tensors(staged.obj, view)
-
-
-def launch(staged: Staged, device: torch.device, consumer: torch.cuda.Stream | None) -> tuple[Any, Any]:
-    """Start copying a staged batch to ``device``: one H2D copy on the side stream into memory
-    allocated on ``consumer``, then its padded fields built there (``device_pad.build``). Returns
-    (device batch, event); ``consumer`` must wait on the event before it uses (or frees) the batch.
-    The staging buffers go back to their pool with the event. Another device than CUDA (the CPU,
-    in tests): copied and built at once, event None."""
-    p = staged.plan
-    if staged.buf is None and p is None:
-        return staged.obj, None
-    if device.type != "cuda":
-        gbuf = None if staged.buf is None else staged.buf[:staged.total].to(device, copy=True)
-        outs = [torch.empty(x.shape, dtype=x.dtype, device=device) for x in p.pads] if p else []
-        if p is not None and p.buf is not None:
-            device_pad.build(p, p.buf[:p.total].to(device, copy=True), outs)
-        out = _unstage(staged, gbuf, outs)
-        staged.release()
-        return out, None
-    side = side_stream(device)
-    with torch.cuda.stream(consumer):
-        gbuf = None if staged.buf is None else torch.empty(staged.total, dtype=torch.uint8, device=device)
-        outs = [torch.empty(x.shape, dtype=x.dtype, device=device) for x in p.pads] if p else []
-    side.wait_stream(consumer)
-    with torch.cuda.stream(side):
-        if gbuf is not None:
-            gbuf.copy_(staged.buf[:staged.total], non_blocking=True)
-        if p is not None and p.buf is not None:
-            # the unpadded values on the side stream's memory: freed in its order once built
-            src = torch.empty(p.total, dtype=torch.uint8, device=device)
-            src.copy_(p.buf[:p.total], non_blocking=True)
-            device_pad.build(p, src, outs)
-            del src
-        ev = torch.cuda.Event()
-        ev.record(side)
-    out = _unstage(staged, gbuf, outs)
+    out = map_tensors(staged.obj, view)
     staged.release(ev)
     return out, ev
 
