@@ -46,7 +46,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import torch
 
-from . import fingerprint, torch_bridge
+from . import fingerprint
 from ._text import human_bytes
 from .config import DumpReplayConfig, location
 from .errors import BatchError, ConfigError, EnvironmentMismatchError
@@ -234,14 +234,15 @@ class Recorder:
             raise ConfigError(f"load(step={step}): this Recorder is in {self.mode!r} mode, not 'replay'")
         step = paths.check_step(step)
         fs = self._reader.files(step)  # StepNotFoundError past the last dumped step
-        b = self._read(step) if self.cfg.prefetch else self._reader.read(step)
-        try:  # the log line's trajectories: of the whole step (a rank's slice: not counted)
-            rows = None if self._reader._slice else sum(pq.read_metadata(f).num_rows for f in fs)
-        except Exception:  # noqa: BLE001 - only for the log line
-            rows = None
-        _log_step("replay", step, fs[0], rows, _tokens(containers.unwrap(b)[0])(), sum(f.stat().st_size for f in fs))
-        if self.cfg.device is not None:
-            b = torch_bridge.to_device(b, self.cfg.device)
+        # read to cfg.device: padded fields are built there (trajstore/device_pad.py)
+        b = self._read(step) if self.cfg.prefetch else self._reader.read(step, device=self.cfg.device)
+        if log.isEnabledFor(logging.INFO):  # counting the tokens of a CUDA batch waits for it
+            try:  # the log line's trajectories: of the whole step (a rank's slice: not counted)
+                rows = None if self._reader._slice else sum(pq.read_metadata(f).num_rows for f in fs)
+            except Exception:  # noqa: BLE001 - only for the log line
+                rows = None
+            _log_step("replay", step, fs[0], rows, _tokens(containers.unwrap(b)[0])(),
+                      sum(f.stat().st_size for f in fs))
         return b
 
     def meta(self, step: int) -> dict:
@@ -302,7 +303,7 @@ class Recorder:
         if ahead is None or ahead.step != step:
             if ahead is not None:
                 ahead.close()
-            ahead = ReadAhead(self._reader, step)
+            ahead = ReadAhead(self._reader, step, self.cfg.device)
         try:
             b = ahead.take()
         except BaseException:
