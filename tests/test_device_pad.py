@@ -138,6 +138,27 @@ def test_last_axis_and_masked_fields(tmp_path):
         assert plan is not None and any(p.last for p in plan.pads) and len(plan.pads) == 3
 
 
+def test_tensordict_and_dataproto_batches(tmp_path):
+    """Containers are rebuilt around the built fields, as around the staged ones."""
+    tensordict = pytest.importorskip("tensordict")
+    b = padded_batch(side="left", pads="garbage")
+    td = tensordict.TensorDict({k: v for k, v in b.items()}, batch_size=[5])
+    dp = trajstore.format.containers.DataProtoLike(batch=td, non_tensor_batch={"uid": np.array(list("abcde"), dtype=object)},
+                                                   meta_info={"temperature": 1.0})
+    with trajstore.Writer(tmp_path) as w:
+        w.append(0, td)
+        w.append(1, dp)
+    r = trajstore.Reader(tmp_path)
+    for s in (0, 1):
+        got, plan = device_read(r, s)
+        want = r.read(s)
+        assert type(got) is type(want) and plan is not None and len(plan.pads) == 5
+        a, g = (want, got) if s == 0 else (want.batch, got.batch)
+        assert list(a.batch_size) == list(g.batch_size) and list(a.keys()) == list(g.keys())
+        assert_batch_equal(dict(a.items()), dict(g.items()))
+        assert_batch_equal(b, dict(g.items()))
+
+
 def test_the_index_math_alone():
     """``build`` on a hand-made plan: right, left and span rows, a pad row, recorded padded values."""
     n, T = 3, 5
