@@ -183,20 +183,21 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor],
 
 
 def _index(src: torch.Tensor, g: tuple[int, int, int], mode: str, nvals: int) -> torch.Tensor:
-    """The ``[B * T]`` table row of every position of a group's rows (int64, on ``src``'s device)."""
+    """The ``[B * T]`` table row of every position of a group's rows (on ``src``'s device)."""
     at, n, T = g
     rows = src[at:at + 16 * n].view(torch.int64).view(2, n)
-    starts, lens = rows[0], rows[1]
-    ar = torch.arange(T, device=src.device, dtype=torch.int64)
+    ix = torch.int32 if n * T + nvals < 2 ** 31 else torch.int64  # half the memory where it fits
+    starts, lens = rows[0].to(ix), rows[1].to(ix)
+    ar = torch.arange(T, device=src.device, dtype=ix)
     rel = ar[None, :] - starts[:, None]
     valid = (rel >= 0) & (rel < lens[:, None])
     if mode == "const":  # row 0: the value, row 1: the pad
-        return torch.where(valid, 0, 1).reshape(-1)
-    vbase = torch.cumsum(lens, 0) - lens
+        return (~valid).to(ix).reshape(-1)
+    vbase = torch.cumsum(lens, 0, dtype=ix) - lens
     if mode == "pad":  # the values, then one pad row
         return torch.where(valid, vbase[:, None] + rel, nvals).reshape(-1)
     # the values, then the recorded padded values row by row in position order
-    pbase = torch.cumsum(T - lens, 0) - (T - lens)
+    pbase = torch.cumsum(T - lens, 0, dtype=ix) - (T - lens)
     k = torch.where(rel < 0, ar[None, :], ar[None, :] - lens[:, None])
     return torch.where(valid, vbase[:, None] + rel, nvals + pbase[:, None] + k).reshape(-1)
 
