@@ -138,6 +138,22 @@ def test_last_axis_and_masked_fields(tmp_path):
         assert plan is not None and any(p.last for p in plan.pads) and len(plan.pads) == 3
 
 
+def test_areal_groups_are_built_on_the_device(tmp_path):
+    """A list batch of AReaL [g, T] groups: each group's token cells are built from their runs."""
+    groups = []
+    for i, side in enumerate(["right", "left", "right"]):
+        b = padded_batch(B=3 + i, T=7 + i, side=side, seed=i, pads="garbage" if i == 1 else "zero")
+        groups.append({k: v for k, v in b.items() if k != "rewards"} | {"uid": f"g{i}"})
+    groups.insert(1, None)
+    with trajstore.Writer(tmp_path) as w:
+        w.append(0, groups)
+    r = trajstore.Reader(tmp_path)
+    got, plan = device_read(r, 0)
+    assert_batch_equal(r.read(0), got)
+    assert_batch_equal(groups, got)
+    assert plan is not None and len(plan.pads) == 15 and len(plan.groups) >= 3
+
+
 def test_tensordict_and_dataproto_batches(tmp_path):
     """Containers are rebuilt around the built fields, as around the staged ones."""
     tensordict = pytest.importorskip("tensordict")

@@ -289,5 +289,7 @@ def decode(table: pa.Table, spec: BatchNode | SeqNode, *, where: str, columns: l
     (the caller fills them: ``fill``, or on a device)."""
     if layout not in (None, "padded", "packed"):
         raise ConfigError(f"layout must be 'padded', 'packed' or None, got {layout!r}")
-    out = Decoder(Columns(table, where, alloc), spec, layout, defer).batch(columns)
+    cols = Columns(table, where, alloc)
+    cols.defer = defer  # a list batch's [g, T] groups too (format/grouped.py)
+    out = Decoder(cols, spec, layout, defer).batch(columns)
     return containers.wrap(out, spec.get("wrapper"), where=where, packed=layout == "packed")
