@@ -51,9 +51,10 @@ def padded_batch(B=5, T=11, side="right", seed=0, pads="zero"):
 @settings(max_examples=60, deadline=None)
 @given(st.one_of(batches(), padded_batches(), packed_batches(), two_sided_batches(), prompt_completion_batches(),
                  group_lists()),
-       st.sampled_from([None, "padded", "packed"]), st.booleans())
-def test_device_builder_on_cpu_equals_the_padded_decode(batch, layout, many_groups):
+       st.sampled_from([None, "padded", "packed"]), st.booleans(), st.booleans())
+def test_device_builder_on_cpu_equals_the_padded_decode(batch, layout, many_groups, flat):
     mp = pytest.MonkeyPatch()
+    mp.setattr(device_pad, "FLAT_BYTES", 1 << 30 if flat else 0)  # small outputs built together, or one by one
     if many_groups:  # several row groups: one fill job per chunk
         mp.setattr(parquet, "ROW_GROUP_BYTES", 1)
         mp.setattr(trajstore.reader, "PARALLEL_READ_BYTES", 0)
@@ -138,11 +139,14 @@ def test_last_axis_and_masked_fields(tmp_path):
         assert plan is not None and any(p.last for p in plan.pads) and len(plan.pads) == 3
 
 
-def test_areal_groups_are_built_on_the_device(tmp_path):
-    """A list batch of AReaL [g, T] groups: each group's token cells are built from their runs."""
+@pytest.mark.parametrize("flat", [True, False])
+def test_areal_groups_are_built_on_the_device(tmp_path, flat, monkeypatch):
+    """A list batch of AReaL [g, T] groups: each group's token cells are built from their runs, all
+    groups of a dtype by one gather (``flat``), or one by one."""
+    monkeypatch.setattr(device_pad, "FLAT_BYTES", device_pad.FLAT_BYTES if flat else 0)
     groups = []
     for i, side in enumerate(["right", "left", "right"]):
-        b = padded_batch(B=3 + i, T=7 + i, side=side, seed=i, pads="garbage" if i == 1 else "zero")
+        b = padded_batch(B=3 + i, T=7 + i, side=side, seed=i, pads="garbage" if i else "zero")
         groups.append({k: v for k, v in b.items() if k != "rewards"} | {"uid": f"g{i}"})
     groups.insert(1, None)
     with trajstore.Writer(tmp_path) as w:
@@ -152,6 +156,7 @@ def test_areal_groups_are_built_on_the_device(tmp_path):
     assert_batch_equal(r.read(0), got)
     assert_batch_equal(groups, got)
     assert plan is not None and len(plan.pads) == 15 and len(plan.groups) >= 3
+    assert len(plan.flats) == (4 if flat else 0)  # int64, bool, bf16, float32 [g, T, 3]
 
 
 def test_tensordict_and_dataproto_batches(tmp_path):
@@ -189,7 +194,7 @@ def test_the_index_math_alone():
                             device_pad.Pad((n, T), torch.int16, 1, False, 0, 512, 5, False, False)],
                            [(0, n, T)], None, 4096)
     outs = [torch.empty(n, T, dtype=torch.int16) for _ in range(2)]
-    device_pad.build(plan, buf, outs)
+    device_pad.build(plan, buf, outs, [])
     assert outs[0].tolist() == [[10, 11, 100, 101, 102], [103, 104, 12, 13, 14], [105, 106, 107, 108, 109]]
     assert outs[1].tolist() == [[10, 11, -7, -7, -7], [-7, -7, 12, 13, 14], [-7, -7, -7, -7, -7]]
 

@@ -22,8 +22,9 @@ filled on the CPU as before (``decoder.fill``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -34,10 +35,11 @@ from .format import dtypes as dt
 from .format.decoder import fill
 from .format.tensors import FillJob
 
-__all__ = ["Pad", "Plan", "plan", "run", "build", "key", "CONST_PROBE"]
+__all__ = ["Pad", "Flat", "Plan", "plan", "alloc", "run", "build", "key", "CONST_PROBE", "FLAT_BYTES"]
 
 ALIGN = 256
 CONST_PROBE = 64  # values looked at before a field is scanned whole for one repeated value
+FLAT_BYTES = 4 << 20  # outputs up to this size are built together, one gather per dtype and width
 
 
 def _round(n: int) -> int:
@@ -60,17 +62,34 @@ class Pad:
     rows: int
     const: bool
     pv: bool
+    flat: int = -1  # small outputs: built together, a view at position ``pos`` of flat buffer ``flat``
+    pos: int = 0
+
+
+@dataclass
+class Flat:
+    """Small outputs of one bits ``dtype`` and ``w`` (a list batch's groups, a small step), built by
+    one gather into one buffer of ``P`` positions, from the line table at byte ``at``: per row of
+    each output ([8, L] int64) its first position, width, first token, length, first value row,
+    value step (0: one repeated value), first pad row, pad step (0: one pad row)."""
+
+    dtype: torch.dtype
+    w: int
+    P: int
+    L: int
+    at: int
 
 
 @dataclass
 class Plan:
-    """What ``build`` needs: the outputs, and per mask group ``(byte offset of its [2, B] int64
-    starts and lengths, B, T)`` in the staged buffer of ``total`` bytes."""
+    """What ``build`` needs: the outputs, per mask group ``(byte offset of its [2, B] int64
+    starts and lengths, B, T)`` in the staged buffer of ``total`` bytes, and the flat buffers."""
 
     pads: list[Pad]
     groups: list[tuple[int, int, int]]
     buf: torch.Tensor | None
     total: int
+    flats: list[Flat] = field(default_factory=list)
 
 
 def key(t: torch.Tensor) -> int | None:
@@ -145,8 +164,13 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor],
         nvals = 1 if c is not None else sum(s.numel() for s in srcs) // w
         npad = sum(j.pv[1].numel() for j in js) // w if j0.pv is not None else 1
         esize = j0.src.element_size()
+        size = -(-size // math.lcm(ALIGN, w * esize)) * math.lcm(ALIGN, w * esize)  # whole rows of the buffer
         items.append((k, js, t, n, T, w, c, nvals, npad, size))
         size += _round((nvals + npad) * w * esize)
+    flats, lines = _flats(items, ginfo, groups)
+    for (f, _), meta in zip(flats, lines):
+        f.at = size
+        size += _round(meta.nbytes)
     buf = take(size) if size else None
     host = None if buf is None else buf.numpy()
     copies: list[tuple[np.ndarray, np.ndarray]] = []
@@ -159,6 +183,8 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor],
 
     for rows, n, T, at in ginfo:
         put(at, torch.from_numpy(rows).reshape(-1))
+    for (f, _), meta in zip(flats, lines):
+        put(f.at, torch.from_numpy(meta).reshape(-1))
     index: dict[int, int] = {}
     pads: list[Pad] = []
     for k, js, t, n, T, w, c, nvals, npad, at in items:
@@ -177,9 +203,59 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor],
         last = not j0.out.is_contiguous()  # the [B, T, *trail] view of a [B, *trail, T] output
         index[k] = len(pads)
         pads.append(Pad(tuple(t.shape), t.dtype, w, last, groups[id(j0.mask)], at, nvals, c is not None,
-                        j0.pv is not None))
+                        j0.pv is not None, *_member(flats, k)))
     run_parallel(lambda c: np.copyto(c[0], c[1]), copies, size)
-    return index, Plan(pads, [(at, n, T) for _, n, T, at in ginfo], buf, size)
+    return index, Plan(pads, [(at, n, T) for _, n, T, at in ginfo], buf, size, [f for f, _ in flats])
+
+
+def _flats(items: list, ginfo: list, groups: dict) -> tuple[list[tuple[Flat, dict]], list[np.ndarray]]:
+    """The flat buffers of the small outputs among ``items`` (laid out: their tables' byte offsets
+    known), with ``{storage key: (flat, position)}`` each, and their line tables."""
+    buckets: dict[tuple, list] = {}
+    for it in items:
+        k, js, t, n, T, w, c, nvals, npad, at = it
+        j0 = js[0]
+        if j0.out.is_contiguous() and n * T * w * j0.src.element_size() <= FLAT_BYTES:
+            buckets.setdefault((j0.src.dtype, w), []).append(it)
+    out, tables = [], []
+    for (bdt, w), members in buckets.items():
+        where, cols, pos = {}, [], 0
+        for k, js, t, n, T, _, c, nvals, npad, at in members:
+            rows = ginfo[groups[id(js[0].mask)]][0]
+            starts, lens = rows[0], rows[1]
+            r0 = at // (w * js[0].src.element_size())  # the table's first row in the buffer's rows
+            pv = js[0].pv is not None
+            vb = r0 + (0 if c is not None else np.cumsum(lens) - lens)
+            pb = r0 + nvals + (np.cumsum(T - lens) - (T - lens) if pv else 0)
+            cols.append(np.stack(np.broadcast_arrays(
+                pos + np.arange(n) * T, T, starts, lens, vb, int(c is None), pb, int(pv))).astype(np.int64))
+            where[k] = pos
+            pos += n * T
+        meta = np.ascontiguousarray(np.concatenate(cols, axis=1))
+        out.append((Flat(bdt, w, pos, meta.shape[1], 0), where))
+        tables.append(meta)
+    return out, tables
+
+
+def _member(flats: list[tuple[Flat, dict]], k: int) -> tuple[int, int]:
+    for i, (_, where) in enumerate(flats):
+        if k in where:
+            return i, where[k]
+    return -1, 0
+
+
+def _lines(src: torch.Tensor, f: Flat) -> torch.Tensor:
+    """The table row (in rows of ``f.w`` elements of the whole buffer) of every position of a flat buffer."""
+    ix = torch.int32 if src.numel() < 2 ** 31 and f.P < 2 ** 31 else torch.int64
+    meta = src[f.at:f.at + 64 * f.L].view(torch.int64).view(8, f.L)
+    first, width, start, length, vb, vstep, pb, pstep = meta.to(ix)
+    line = torch.repeat_interleave(torch.arange(f.L, device=src.device, dtype=ix), meta[1], output_size=f.P)
+    q = torch.arange(f.P, device=src.device, dtype=ix) - first[line]  # the position in its row
+    rel = q - start[line]
+    n = length[line]
+    valid = (rel >= 0) & (rel < n)
+    k = torch.where(rel < 0, q, q - n)  # the padded position's rank in its row
+    return torch.where(valid, vb[line] + vstep[line] * rel, pb[line] + pstep[line] * k)
 
 
 def _index(src: torch.Tensor, g: tuple[int, int, int], mode: str, nvals: int) -> torch.Tensor:
@@ -202,12 +278,27 @@ def _index(src: torch.Tensor, g: tuple[int, int, int], mode: str, nvals: int) ->
     return torch.where(valid, vbase[:, None] + rel, nvals + pbase[:, None] + k).reshape(-1)
 
 
-def build(p: Plan, src: torch.Tensor, outs: list[torch.Tensor]) -> None:
-    """Write every output of ``p`` (``outs``: uninitialized, of the pads' shapes and dtypes, on
-    ``src``'s device) from ``src``, the staged buffer on the device. Temporaries are allocated on
-    the current stream."""
+def alloc(p: Plan, device: torch.device) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Uninitialized outputs of ``p`` on ``device`` (on the current stream), and the flat buffers
+    its small outputs are views of."""
+    flat = [torch.empty(f.P * f.w, dtype=f.dtype, device=device) for f in p.flats]
+    outs = [torch.empty(x.shape, dtype=x.dtype, device=device) if x.flat < 0 else
+            flat[x.flat][x.pos * x.w:(x.pos + math.prod(x.shape) // x.w) * x.w].view(x.dtype).view(x.shape)
+            for x in p.pads]
+    return outs, flat
+
+
+def build(p: Plan, src: torch.Tensor, outs: list[torch.Tensor], flat: list[torch.Tensor]) -> None:
+    """Write every output of ``p`` (``outs``, ``flat``: from ``alloc``, on ``src``'s device) from
+    ``src``, the staged buffer on the device. Temporaries are allocated on the current stream."""
     cache: dict[tuple[int, str], torch.Tensor] = {}
+    for f, buf in zip(p.flats, flat):
+        esize = buf.element_size()
+        table = src[:src.numel() // (f.w * esize) * f.w * esize].view(f.dtype).view(-1, f.w)
+        torch.index_select(table, 0, _lines(src, f), out=buf.view(f.P, f.w))
     for pad, out in zip(p.pads, outs):
+        if pad.flat >= 0:
+            continue
         g = p.groups[pad.group]
         mode = "const" if pad.const else "pv" if pad.pv else "pad"
         key = (pad.group, mode) if mode == "const" else (pad.group, mode, pad.rows)
@@ -226,11 +317,11 @@ def build(p: Plan, src: torch.Tensor, outs: list[torch.Tensor]) -> None:
             torch.index_select(table, 0, idx, out=o.view(n * T, pad.w))
 
 
-def run(p: Plan, outs: list[torch.Tensor]) -> None:
+def run(p: Plan, outs: list[torch.Tensor], flat: list[torch.Tensor]) -> None:
     """Copy the staged buffer to the outputs' device and build them, on the current stream; its
     device copy is allocated on that stream too, so it is freed in that stream's order."""
     if p.buf is None or not outs:
         return
     src = torch.empty(p.total, dtype=torch.uint8, device=outs[0].device)
     src.copy_(p.buf[:p.total], non_blocking=True)
-    build(p, src, outs)
+    build(p, src, outs, flat)

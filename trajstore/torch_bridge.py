@@ -339,14 +339,14 @@ def launch(staged: Staged, device: torch.device, consumer: torch.cuda.Stream | N
     side = side_stream(device) if device.type == "cuda" else None  # torch.cuda.stream(None): no-op
     with torch.cuda.stream(consumer):
         gbuf = None if staged.buf is None else torch.empty(staged.total, dtype=torch.uint8, device=device)
-        outs = [] if p is None else [torch.empty(x.shape, dtype=x.dtype, device=device) for x in p.pads]
+        outs, flat = ([], []) if p is None else device_pad.alloc(p, device)
     if side is not None:
         side.wait_stream(consumer)
     with torch.cuda.stream(side):
         if gbuf is not None:
             gbuf.copy_(staged.buf[:staged.total], non_blocking=True)
         if p is not None:
-            device_pad.run(p, outs)
+            device_pad.run(p, outs, flat)
         ev = None if side is None else torch.cuda.Event()
         if ev is not None:
             ev.record(side)
