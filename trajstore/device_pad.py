@@ -1,7 +1,8 @@
 """Padded fields built on the device (``Reader.read`` / ``Reader.iter`` with ``device="cuda"``).
 
-The decoder leaves a padded token field's ``[B, T, ...]`` output unfilled and hands over its fill
-jobs (``format/decoder.py`` ``defer``): each row group's values (the tokens, unpadded), their row
+The decoder leaves a padded token field's ``[B, T, ...]`` output (and each ``[g, T, ...]`` group
+cell of an AReaL-style list batch, ``format/grouped.py``) unfilled and hands over its fill jobs
+(``format/decoder.py`` ``defer``): each row group's values (the tokens, unpadded), their row
 offsets, the ``[B, T]`` token mask of the rows, and the pad value or the recorded padded values
 (``format/tensors.py`` ``FillJob``). ``plan`` stages what the device needs into one pinned buffer:
 
@@ -12,7 +13,10 @@ offsets, the ``[B, T]`` token mask of the rows, and the pad value or the recorde
 
 ``build`` then writes every output with one gather per field from an index of ``[B, T]`` table
 rows, computed on the device from the starts and lengths: the tokens of row ``b`` at positions
-``start_b ..`` and the pad rows elsewhere, in the padded values' position order. Only the unpadded
+``start_b ..`` and the pad rows elsewhere, in the padded values' position order. Outputs up to
+``FLAT_BYTES`` (a list batch's groups, a small step) are built together instead, one gather per
+dtype and width into one buffer they are views of, from a table of their rows (``Flat``), so a
+batch of many groups costs a few kernels, not a few per group. Only the unpadded
 values cross PCIe; the result is the CPU decode's bit for bit (the gather moves raw bits). Torch ops
 only, on any device: on the CPU it is what the tests compare with the plain decode.
 
