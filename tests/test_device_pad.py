@@ -234,7 +234,7 @@ def test_cuda_padded_iter_equals_cpu_replay(batch, layout, prefetch):
 
 @pytest.mark.parametrize("dev", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 @pytest.mark.parametrize("side", ["right", "left"])
-def test_padded_replay_equals_recorder_replay(tmp_path, side, dev):
+def test_padded_replay_equals_recorder_replay(tmp_path, side, dev, caplog):
     steps = {s: padded_batch(B=16, T=40, side=side, seed=s, pads="garbage" if s % 2 else "zero") for s in range(4)}
     with trajstore.Recorder(trajstore.DumpReplayConfig(dump=True, path=str(tmp_path))) as rec:
         for s, b in steps.items():
@@ -242,11 +242,17 @@ def test_padded_replay_equals_recorder_replay(tmp_path, side, dev):
     cpu = trajstore.Recorder(trajstore.DumpReplayConfig(replay=True, path=str(tmp_path)))
     gpu = trajstore.Recorder(trajstore.DumpReplayConfig(replay=True, path=str(tmp_path), device=dev))
     r = trajstore.Reader(cpu.path, cpu.split)
+    caplog.set_level("INFO", logger="trajstore.recorder")
+    loads = 0
     for prefetch in (2, 8) if dev == "cpu" else (2, 4, 8):
         for s, b in r.iter(device=dev, prefetch=prefetch):
             want = cpu.batch(s, lambda: None)
             assert_batch_equal(steps[s], want)
             _on_cuda_equal(want, b)
             _on_cuda_equal(want, gpu.batch(s, lambda: None))
+            loads += 1
     cpu.close()
     gpu.close()
+    tokens = {f"step={s} " for s in steps}
+    lines = [m.getMessage() for m in caplog.records if m.getMessage().startswith("trajstore replay")]
+    assert len(lines) == 2 * loads and all(any(t in x for t in tokens) for x in lines)  # each replayed step, logged

@@ -169,6 +169,7 @@ class Recorder:
         self._dumped = _DumpLog(cfg, self.path)
         self._key: tuple[str, str] | None = None
         self._ahead: ReadAhead | None = None  # replay: the next step, read while the caller trains
+        self._replayed: Callable[[], None] | None = None  # replay to CUDA: the last step's log line, not yet written
         if self.mode == "replay":
             self._open_replay()
 
@@ -236,14 +237,22 @@ class Recorder:
         fs = self._reader.files(step)  # StepNotFoundError past the last dumped step
         # read to cfg.device: padded fields are built there (trajstore/device_pad.py)
         b = self._read(step) if self.cfg.prefetch else self._reader.read(step, device=self.cfg.device)
-        if log.isEnabledFor(logging.INFO):  # counting the tokens of a CUDA batch waits for it
+        self._log_replayed()
+        if log.isEnabledFor(logging.INFO):
             try:  # the log line's trajectories: of the whole step (a rank's slice: not counted)
                 rows = None if self._reader._slice else sum(pq.read_metadata(f).num_rows for f in fs)
             except Exception:  # noqa: BLE001 - only for the log line
                 rows = None
-            _log_step("replay", step, fs[0], rows, _tokens(containers.unwrap(b)[0])(),
-                      sum(f.stat().st_size for f in fs))
+            tokens, size = _tokens(containers.unwrap(b)[0]), sum(f.stat().st_size for f in fs)
+            self._replayed = lambda: _log_step("replay", step, fs[0], rows, tokens(), size)
+            if self.cfg.device is None or torch.device(self.cfg.device).type != "cuda":
+                self._log_replayed()  # else at the next load or close: a CUDA count is read once the batch is there
         return b
+
+    def _log_replayed(self) -> None:
+        line, self._replayed = self._replayed, None
+        if line is not None:
+            line()
 
     def meta(self, step: int) -> dict:
         """The ``meta`` recorded with ``step`` (replay mode)."""
@@ -274,6 +283,7 @@ class Recorder:
 
     def close(self) -> None:
         """Wait for every dumped step to be on disk (and logged); stop reading ahead."""
+        self._log_replayed()
         if self._ahead is not None:
             self._ahead, ahead = None, self._ahead
             ahead.close()
