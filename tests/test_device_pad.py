@@ -96,6 +96,20 @@ def test_padded_fields_are_built_from_their_unpadded_values(tmp_path, side, pads
     assert plan.total < padded * (tokens / b["attention_mask"].numel()) + 40 * 50 * 2 + 4096
 
 
+def test_a_packed_step_read_padded_builds_its_mask_too(tmp_path):
+    g = torch.Generator().manual_seed(3)
+    cu = torch.tensor([0, 5, 5, 12, 13], dtype=torch.int32)
+    b = {"input_ids": torch.randint(0, 99, (13,), generator=g), "cu_seqlens": cu, "max_seqlen": 7,
+         "logprobs": torch.randn(13, generator=g).to(torch.bfloat16), "rewards": torch.randn(4, generator=g)}
+    with trajstore.Writer(tmp_path) as w:
+        w.append(0, b)
+    r = trajstore.Reader(tmp_path)
+    got, plan = device_read(r, 0, "padded")
+    assert_batch_equal(r.read(0, layout="padded"), got)
+    assert [(p.dtype, p.const) for p in plan.pads] == [(torch.int64, False), (torch.bfloat16, False),
+                                                       (torch.bool, True)]  # the mask: one value
+
+
 def test_numpy_fields_stay_on_the_host_filled_on_the_cpu(tmp_path):
     b = padded_batch()
     b["np_logprobs"] = b["logprobs"].float().numpy()

@@ -78,7 +78,7 @@ class Decoder:
                 out["max_seqlen"] = int(max(lengths)) if len(lengths) else 0
             else:
                 T = int(max(lengths)) if len(lengths) else 0
-                out["attention_mask"] = torch.arange(T)[None, :] < torch.as_tensor(lengths)[:, None]
+                out["attention_mask"] = self.ones(np.asarray(lengths, dtype=np.int64), T)
         self.fill_padded()
         return out
 
@@ -204,6 +204,18 @@ class Decoder:
             T = int(lengths.max()) if len(lengths) else 0
         out, jobs = tensors.decode_padded(self.c, node, self.n, T, spec.get("side") or "right", self.mask)
         self._jobs += jobs
+        return out
+
+    def ones(self, lengths: np.ndarray, T: int) -> torch.Tensor:
+        """The attention mask of a packed batch read padded (right-aligned ``lengths``); with ``defer``
+        a fill job of ones, so the caller's device builds it."""
+        if self.defer is None or not T or not len(lengths):
+            return torch.arange(T)[None, :] < torch.as_tensor(lengths)[:, None]
+        off = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=off[1:])
+        out = tensors.alloc([len(lengths), T], {"dtype": "bool"}, lazy=True)
+        src = torch.ones(int(off[-1]), dtype=torch.uint8)
+        self._jobs.append(FillJob(out, self.mask(lengths, T, "right"), src, off, 0, 0, len(lengths), None))
         return out
 
     def mask(self, lengths: np.ndarray, T: int, side: str) -> torch.Tensor:
