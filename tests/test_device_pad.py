@@ -122,6 +122,21 @@ def test_numpy_fields_stay_on_the_host_filled_on_the_cpu(tmp_path):
     assert len(plan.pads) == 5
 
 
+def test_an_output_also_seen_through_a_view_is_filled_on_the_host(tmp_path):
+    b = padded_batch()
+    with trajstore.Writer(tmp_path) as w:
+        w.append(0, b)
+    r = trajstore.Reader(tmp_path)
+    pool = torch_bridge.PinnedPool()
+    arena = torch_bridge.Arena(pool, defer=True)
+    got = r._read(0, None, None, arena)
+    got["tail"] = got["input_ids"][1:]  # a view of part of a deferred output
+    staged = torch_bridge.stage(got, pool, arena)
+    out, _ = torch_bridge.launch(staged, CPU, None)
+    assert_batch_equal(b | {"tail": b["input_ids"][1:]}, out)
+    assert len(staged.plan.pads) == 4  # input_ids filled on the host, the others built
+
+
 def test_a_cpu_device_read_fills_deferred_fields(tmp_path):
     """An arena that deferred its padded fields, handed to a CPU ``to_device``, fills them there."""
     b = padded_batch(side="left")

@@ -144,8 +144,10 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor],
             by_out.setdefault(k, []).append(j)
         else:
             rest.append(j)
+    # a tensor of the batch that views part of an output would be staged as it is: fill those on the CPU
+    part = {t.untyped_storage().data_ptr() for t in leaves if t.numel() and t.device.type == "cpu" and key(t) is None}
     for k, js in list(by_out.items()):
-        if not _whole(js):
+        if not _whole(js) or k in part:
             rest += by_out.pop(k)
     fill(rest)
     # layout: per mask group its starts and lengths, then per output its table
