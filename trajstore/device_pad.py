@@ -170,7 +170,8 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor],
         nvals = 1 if c is not None else sum(s.numel() for s in srcs) // w
         npad = sum(j.pv[1].numel() for j in js) // w if j0.pv is not None else 1
         esize = j0.src.element_size()
-        size = -(-size // math.lcm(ALIGN, w * esize)) * math.lcm(ALIGN, w * esize)  # whole rows of the buffer
+        if _small(j0, n, T, w):  # its table at whole rows of the buffer: a flat gather reads them so
+            size = -(-size // math.lcm(ALIGN, w * esize)) * math.lcm(ALIGN, w * esize)
         items.append((k, js, t, n, T, w, c, nvals, npad, size))
         size += _round((nvals + npad) * w * esize)
     flats, lines = _flats(items, ginfo, groups)
@@ -214,15 +215,19 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor],
     return index, Plan(pads, [(at, n, T) for _, n, T, at in ginfo], buf, size, [f for f, _ in flats])
 
 
+def _small(j0: FillJob, n: int, T: int, w: int) -> bool:
+    """An output built in a flat buffer (token-major, up to ``FLAT_BYTES``)."""
+    return j0.out.is_contiguous() and n * T * w * j0.src.element_size() <= FLAT_BYTES
+
+
 def _flats(items: list, ginfo: list, groups: dict) -> tuple[list[tuple[Flat, dict]], list[np.ndarray]]:
     """The flat buffers of the small outputs among ``items`` (laid out: their tables' byte offsets
     known), with ``{storage key: (flat, position)}`` each, and their line tables."""
     buckets: dict[tuple, list] = {}
     for it in items:
         k, js, t, n, T, w, c, nvals, npad, at = it
-        j0 = js[0]
-        if j0.out.is_contiguous() and n * T * w * j0.src.element_size() <= FLAT_BYTES:
-            buckets.setdefault((j0.src.dtype, w), []).append(it)
+        if _small(js[0], n, T, w):
+            buckets.setdefault((js[0].src.dtype, w), []).append(it)
     out, tables = [], []
     for (bdt, w), members in buckets.items():
         where, cols, pos = {}, [], 0
