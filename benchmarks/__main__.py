@@ -29,7 +29,7 @@ import trajstore
 from trajstore import schema
 from trajstore.store import checksums
 
-from . import encodings, scale
+from . import encodings, padded, scale
 from .writes import writer_figures
 from . import workload as W
 
@@ -342,7 +342,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write every figure here")
     ap.add_argument("--dir", help="scratch folder (default: a temporary one, removed)")
     ap.add_argument("--no-gpu", action="store_true")
-    ap.add_argument("--skip", default="", help="comma list of sections to skip: encodings,rewards,scale,s3")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: encodings,rewards,scale,s3,padded")
     ap.add_argument("--only-encodings", action="store_true",
                     help="only the encoding benchmark (benchmarks/encodings.py): columns, then whole steps")
     a = ap.parse_args(argv)
@@ -393,6 +393,8 @@ def main(argv=None) -> int:
                 rep.add(name, t * 1e3, "ms", None, "")
         if torch.cuda.is_available() and not a.no_gpu:
             gpu_figures(rep, d, raw, n, b, tmp, calibrate_sleep())
+        if "padded" not in skip:  # padded replay to CUDA against packed (issue 16); GPU rows skipped without CUDA
+            padded.run(rep, d, raw, n, repeat, torch.cuda.is_available() and not a.no_gpu)
         enc = [] if "encodings" in skip else encodings.run(P)
         if enc:
             print_encodings(enc, encodings.steps(P, repeat))

@@ -42,7 +42,7 @@ def iterate(read: Callable[[int, Arena | None], Any], steps: list[int], device: 
             _threads.serial()
         if not cuda:
             return read(step, None)
-        arena = Arena()
+        arena = Arena(defer=True)  # padded fields are built on the device (trajstore/device_pad.py)
         try:
             return stage(read(step, arena), arena=arena)
         except BaseException:
@@ -97,12 +97,13 @@ def iterate(read: Callable[[int, Arena | None], Any], steps: list[int], device: 
 
 
 class ReadAhead:
-    """Replay read-ahead: ``Reader.iter`` over ``step`` and the recorded steps after it, one step ahead."""
+    """Replay read-ahead: ``Reader.iter`` over ``step`` and the recorded steps after it, one step ahead,
+    to ``device`` (None: the CPU)."""
 
-    def __init__(self, reader: Any, step: int):
+    def __init__(self, reader: Any, step: int, device: Any = None):
         steps = reader.steps
         self.order = deque([step, *steps[bisect.bisect_right(steps, step):]])
-        self._it: Iterator[tuple[int, Any]] = reader.iter(list(self.order), prefetch=1)
+        self._it: Iterator[tuple[int, Any]] = reader.iter(list(self.order), device=device, prefetch=1)
 
     @property
     def step(self) -> int | None:

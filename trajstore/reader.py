@@ -275,7 +275,8 @@ class Reader:
         if arena is not None and (layout == "packed" or layout is None and spec.get("form") != "padded"):
             arena.reserve(flat_nbytes(table))  # the flat fields are joined straight into pinned memory
         return schema.decode(table, spec, where=str(f), columns=columns, layout=layout,
-                             alloc=None if arena is None else arena.alloc)
+                             alloc=None if arena is None else arena.alloc,
+                             defer=None if arena is None else arena.jobs)  # padded: built on the device
 
     def column(self, name: str, steps: list[int] | None = None, *, workers: int | None = None) -> dict[int, Any]:
         """One field of many steps: ``{step: value}`` for ``steps`` (default: all, in order), where

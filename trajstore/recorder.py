@@ -46,7 +46,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import torch
 
-from . import fingerprint, torch_bridge
+from . import fingerprint
 from ._text import human_bytes
 from .config import DumpReplayConfig, location
 from .errors import BatchError, ConfigError, EnvironmentMismatchError
@@ -170,6 +170,7 @@ class Recorder:
         self._dumped = _DumpLog(cfg, self.path)
         self._key: tuple[str, str] | None = None
         self._ahead: ReadAhead | None = None  # replay: the next step, read while the caller trains
+        self._replayed: Callable[[], None] | None = None  # replay to CUDA: the last step's log line, not yet written
         if self.mode == "replay":
             self._open_replay()
 
@@ -235,15 +236,24 @@ class Recorder:
             raise ConfigError(f"load(step={step}): this Recorder is in {self.mode!r} mode, not 'replay'")
         step = paths.check_step(step)
         fs = self._reader.files(step)  # StepNotFoundError past the last dumped step
-        b = self._read(step) if self.cfg.prefetch else self._reader.read(step)
-        try:  # the log line's trajectories: of the whole step (a rank's slice: not counted)
-            rows = None if self._reader._slice else sum(pq.read_metadata(source(f)).num_rows for f in fs)
-        except Exception:  # noqa: BLE001 - only for the log line
-            rows = None
-        _log_step("replay", step, fs[0], rows, _tokens(containers.unwrap(b)[0])(), sum(f.stat().st_size for f in fs))
-        if self.cfg.device is not None:
-            b = torch_bridge.to_device(b, self.cfg.device)
+        # read to cfg.device: padded fields are built there (trajstore/device_pad.py)
+        b = self._read(step) if self.cfg.prefetch else self._reader.read(step, device=self.cfg.device)
+        self._log_replayed()
+        if log.isEnabledFor(logging.INFO):
+            try:  # the log line's trajectories: of the whole step (a rank's slice: not counted)
+                rows = None if self._reader._slice else sum(pq.read_metadata(source(f)).num_rows for f in fs)
+            except Exception:  # noqa: BLE001 - only for the log line
+                rows = None
+            tokens, size = _tokens(containers.unwrap(b)[0]), sum(f.stat().st_size for f in fs)
+            self._replayed = lambda: _log_step("replay", step, fs[0], rows, tokens(), size)
+            if self.cfg.device is None or torch.device(self.cfg.device).type != "cuda":
+                self._log_replayed()  # else at the next load or close: a CUDA count is read once the batch is there
         return b
+
+    def _log_replayed(self) -> None:
+        line, self._replayed = self._replayed, None
+        if line is not None:
+            line()
 
     def meta(self, step: int) -> dict:
         """The ``meta`` recorded with ``step`` (replay mode)."""
@@ -274,6 +284,7 @@ class Recorder:
 
     def close(self) -> None:
         """Wait for every dumped step to be on disk (and logged); stop reading ahead."""
+        self._log_replayed()
         if self._ahead is not None:
             self._ahead, ahead = None, self._ahead
             ahead.close()
@@ -303,7 +314,7 @@ class Recorder:
         if ahead is None or ahead.step != step:
             if ahead is not None:
                 ahead.close()
-            ahead = ReadAhead(self._reader, step)
+            ahead = ReadAhead(self._reader, step, self.cfg.device)
         try:
             b = ahead.take()
         except BaseException:

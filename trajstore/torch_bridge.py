@@ -24,8 +24,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import device_pad
 from .errors import ConfigError
 from .format import containers
+from .format.decoder import fill
 
 __all__ = ["PinnedPool", "Arena", "Staged", "snapshot_cuda", "host_arena", "stage", "launch", "to_device",
            "as_device", "on_device", "map_tree", "map_tensors"]
@@ -205,27 +207,35 @@ def snapshot_cuda(tensors: list[torch.Tensor], pool: PinnedPool) -> tuple[list[t
 
 # ----------------------------------------------------------------------------- host -> GPU (reader)
 class Staged:
-    """A decoded batch whose torch tensors live in one pinned staging buffer."""
+    """A decoded batch whose torch tensors live in one pinned staging buffer (its padded fields to
+    build on the device, ``plan``: ``meta`` tensors in ``obj``)."""
 
     def __init__(self, obj: Any, buf: torch.Tensor | None, total: int, pool: PinnedPool,
-                 offsets: list[int] | None = None):
+                 offsets: list[int] | None = None, plan: device_pad.Plan | None = None,
+                 built: list[int] | None = None):
         self.obj, self.buf, self.total, self.pool = obj, buf, total, pool
-        self.offsets = offsets or []  # byte offset of each tensor, in map_tensors order
+        self.offsets = offsets or []  # byte offset of each staged tensor, in map_tensors order
+        self.plan, self.built = plan, built or []  # the pad of each meta tensor, in map_tensors order
 
     def release(self, event=None) -> None:
         if self.buf is not None:
             self.pool.give(self.buf, event)
             self.buf = None
+        if self.plan is not None and self.plan.buf is not None:
+            self.pool.give(self.plan.buf, event)
+            self.plan.buf = None
 
 
 class Arena:
     """Pinned staging memory a step is decoded into: ``reserve(n)`` takes a buffer from the pool,
     ``alloc(n, dtype)`` carves numpy arrays out of it (``np.empty`` once it is full), so joining
     a column's row-group chunks is the only host copy on the way to the GPU (``stage`` finds the
-    tensors already in place)."""
+    tensors already in place). ``defer``: padded fields are left for the device to build (their
+    fill jobs collect in ``jobs``, handed to ``format.decoder.decode``; ``stage`` plans them)."""
 
-    def __init__(self, pool: PinnedPool = _read_pool):
+    def __init__(self, pool: PinnedPool = _read_pool, defer: bool = False):
         self.pool, self.buf, self.used = pool, None, 0
+        self.jobs: list | None = [] if defer else None
 
     def reserve(self, nbytes: int) -> None:
         if self.buf is None and nbytes > 0:
@@ -247,43 +257,65 @@ class Arena:
         base, p = self.buf.data_ptr(), t.data_ptr()
         return base <= p and p + t.numel() * t.element_size() <= base + self.used
 
+    def fill(self) -> None:  # the deferred padded fields, on the CPU (the batch stays on the host)
+        fill(self.jobs or [])
+        self.jobs = [] if self.jobs is not None else None
+
     def release(self) -> None:
         if self.buf is not None:
             self.pool.give(self.buf, None)
             self.buf = None
+        if self.jobs is not None:
+            self.jobs = []
 
 
 def host_arena(device: Any) -> Arena | None:
-    """An :class:`Arena` to decode into when ``device`` is a CUDA device, else None."""
+    """An :class:`Arena` to decode into when ``device`` is a CUDA device (padded fields: built there)."""
     d = as_device(device)
-    return Arena() if d is not None and d.type == "cuda" else None
+    return Arena(defer=True) if d is not None and d.type == "cuda" else None
 
 
 def stage(obj: Any, pool: PinnedPool = _read_pool, arena: Arena | None = None) -> Staged:
     """Gather every torch tensor of ``obj`` into one pinned buffer: tensors decoded into ``arena``
-    stay where they are, the others are copied after them (CPU memcpy, off the GPU)."""
+    stay where they are, the others are copied after them (CPU memcpy, off the GPU). Padded fields
+    the arena deferred are planned for the device instead (``device_pad.plan``: their unpadded
+    values in a second pinned buffer), a ``meta`` tensor in their place."""
     leaves = _leaves(obj)
-    size = [t.numel() * t.element_size() for t in leaves]
-    if not leaves:
+    index: dict[int, int] = {}
+    plan = None
+    if arena is not None and arena.jobs:
+        index, plan = device_pad.plan(arena.jobs, leaves, pool.take)
+        arena.jobs = []
+    which = [index.get(device_pad.key(t), -1) if index else -1 for t in leaves]  # pad index, or -1
+    views = [t for t, b in zip(leaves, which) if b < 0]
+    size = [t.numel() * t.element_size() for t in views]
+    held = [arena is not None and arena.holds(t) for t in views]
+    if not views:
         if arena is not None:
             arena.release()
-        return Staged(obj, None, 0, pool)
-    held = [arena is not None and arena.holds(t) for t in leaves]
-    if arena is not None and arena.buf is not None and \
+        if plan is None:
+            return Staged(obj, None, 0, pool)
+        buf, end = None, 0
+    elif arena is not None and arena.buf is not None and \
             arena.used + sum(_round(n) for n, h in zip(size, held) if not h) <= arena.buf.numel():
         buf, end = arena.buf, arena.used
         arena.buf = None  # the Staged batch owns it now
     else:
         if arena is not None:
             arena.release()
-        held = [False] * len(leaves)
+        held = [False] * len(views)
         buf, end = pool.take(sum(_round(n) for n in size)), 0
     offsets: list[int] = []
-    it = iter(zip(size, held))
+    built: list[int] = []
+    it, vit = iter(which), iter(zip(size, held))
 
     def put(t: torch.Tensor) -> torch.Tensor:
         nonlocal end
-        n, h = next(it)
+        b = next(it)
+        if b >= 0:
+            built.append(b)
+            return torch.empty(t.shape, dtype=t.dtype, device="meta")
+        n, h = next(vit)
         if h:
             offsets.append(t.data_ptr() - buf.data_ptr())
             return t
@@ -294,29 +326,39 @@ def stage(obj: Any, pool: PinnedPool = _read_pool, arena: Arena | None = None) -
         return dst
 
     out = map_tensors(obj, put)
-    return Staged(out, buf, max([o + n for o, n in zip(offsets, size)]), pool, offsets)
+    return Staged(out, buf, max([o + n for o, n in zip(offsets, size)], default=0), pool, offsets, plan, built)
 
 
-def launch(staged: Staged, device: torch.device, consumer: torch.cuda.Stream) -> tuple[Any, Any]:
+def launch(staged: Staged, device: torch.device, consumer: torch.cuda.Stream | None) -> tuple[Any, Any]:
     """Start copying a staged batch to ``device``: one H2D copy on the side stream into memory
-    allocated on ``consumer``. Returns (device batch, event); ``consumer`` must wait on the event
-    before it uses (or frees) the batch. The staging buffer goes back to its pool with the event."""
-    if staged.buf is None:
+    allocated on ``consumer``, and its padded fields built there (``device_pad.run``). Returns
+    (device batch, event); ``consumer`` must wait on the event before it uses (or frees) the batch.
+    The staging buffers go back to their pool with the event. On the CPU (tests): done at once."""
+    p = staged.plan
+    if staged.buf is None and p is None:
         return staged.obj, None
-    side = side_stream(device)
+    side = side_stream(device) if device.type == "cuda" else None  # torch.cuda.stream(None): no-op
     with torch.cuda.stream(consumer):
-        gbuf = torch.empty(staged.total, dtype=torch.uint8, device=device)
-    side.wait_stream(consumer)
+        gbuf = None if staged.buf is None else torch.empty(staged.total, dtype=torch.uint8, device=device)
+        outs, flat = ([], []) if p is None else device_pad.alloc(p, device)
+    if side is not None:
+        side.wait_stream(consumer)
     with torch.cuda.stream(side):
-        gbuf.copy_(staged.buf[:staged.total], non_blocking=True)
-        ev = torch.cuda.Event()
-        ev.record(side)
-    offsets = iter(staged.offsets)
+        if gbuf is not None:
+            gbuf.copy_(staged.buf[:staged.total], non_blocking=True)
+        if p is not None:
+            device_pad.run(p, outs, flat)
+        ev = None if side is None else torch.cuda.Event()
+        if ev is not None:
+            ev.record(side)
+    offsets, built = iter(staged.offsets), iter(staged.built)
 
     def view(t: torch.Tensor) -> torch.Tensor:
+        if t.is_meta:
+            return outs[next(built)]
         off = next(offsets)
         n = t.numel() * t.element_size()
-        return gbuf[off:off + n].view(t.dtype).view(t.shape)
+        return gbuf[off:off + n].view(t.dtype).view(t.shape)  # type: ignore[index]
 
     out = map_tensors(staged.obj, view)
     staged.release(ev)
@@ -347,6 +389,7 @@ def to_device(obj: Any, device: Any, arena: Arena | None = None) -> Any:
     d = as_device(device)
     if d is None or d.type != "cuda":
         if arena is not None:
+            arena.fill()
             arena.release()
         return obj if d is None or d.type == "cpu" else on_device(map_tensors(obj, lambda t: t.to(d)), d)
     cur = torch.cuda.current_stream(d)

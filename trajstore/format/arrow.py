@@ -172,6 +172,7 @@ class Columns:
     def __init__(self, table: pa.Table, where: str, alloc: Alloc | None = None) -> None:
         self.table, self.where = table, where
         self.alloc = alloc or empty
+        self.defer: list | None = None  # fill jobs of padded outputs the caller fills (decoder.decode's defer)
         self._parts: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
     def has(self, name: str) -> bool:

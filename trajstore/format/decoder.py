@@ -28,7 +28,7 @@ from .spec import BatchNode, SeqNode, is_flat, is_token
 from .tensors import FillJob
 from .values import bits
 
-__all__ = ["decode"]
+__all__ = ["decode", "fill"]
 
 _LAYOUT_KEYS = ("cu_seqlens", "max_seqlen", "attention_mask")  # replaced by a layout conversion
 
@@ -37,8 +37,9 @@ class Decoder:
     """Decodes one step's table along its spec; ``layout`` converts a dict batch to "padded" or
     "packed" (None: as stored)."""
 
-    def __init__(self, cols: Columns, spec: BatchNode | SeqNode, layout: str | None) -> None:
-        self.c, self.spec, self.layout = cols, spec, layout
+    def __init__(self, cols: Columns, spec: BatchNode | SeqNode, layout: str | None,
+                 defer: list | None = None) -> None:
+        self.c, self.spec, self.layout, self.defer = cols, spec, layout, defer
         self.n: int = spec.get("B", 0)  # type: ignore[assignment]
         self._masks: dict = {}  # (T, side, lengths) -> [B, T] mask, shared by the padded fields
         self._jobs: list[FillJob] = []  # padded outputs still to fill
@@ -77,7 +78,7 @@ class Decoder:
                 out["max_seqlen"] = int(max(lengths)) if len(lengths) else 0
             else:
                 T = int(max(lengths)) if len(lengths) else 0
-                out["attention_mask"] = torch.arange(T)[None, :] < torch.as_tensor(lengths)[:, None]
+                out["attention_mask"] = self.ones(np.asarray(lengths, dtype=np.int64), T)
         self.fill_padded()
         return out
 
@@ -205,6 +206,18 @@ class Decoder:
         self._jobs += jobs
         return out
 
+    def ones(self, lengths: np.ndarray, T: int) -> torch.Tensor:
+        """The attention mask of a packed batch read padded (right-aligned ``lengths``); with ``defer``
+        a fill job of ones, so the caller's device builds it."""
+        if self.defer is None or not T or not len(lengths):
+            return torch.arange(T)[None, :] < torch.as_tensor(lengths)[:, None]
+        off = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=off[1:])
+        out = tensors.alloc([len(lengths), T], {"dtype": "bool"}, lazy=True)
+        src = torch.ones(int(off[-1]), dtype=torch.uint8)
+        self._jobs.append(FillJob(out, self.mask(lengths, T, "right"), src, off, 0, 0, len(lengths), None))
+        return out
+
     def mask(self, lengths: np.ndarray, T: int, side: str) -> torch.Tensor:
         """The [B, T] mask of ``lengths``, built once per step for every padded field alike."""
         key = (T, side, lengths.tobytes())
@@ -224,31 +237,40 @@ class Decoder:
         raise ConfigError(f"{self.c.where}: cannot convert to packed without a per-token field")
 
     def fill_padded(self) -> None:
-        """Fill every padded output: pad value, then the row values (numpy boolean assignment in
-        row-major order, as ``masked_scatter_`` but faster: benchmarks/RESULTS.md). Each output is
-        split into row ranges, filled on the shared thread pool."""
-        jobs, total = [], 0
-        for out, mask, src, off, pad, r0, r1, pv in self._jobs:
-            nbytes = out[r0:r1].numel() * out.element_size()
-            total += nbytes
-            k = max(1, min(r1 - r0, nbytes // (4 << 20)))
-            bounds = np.linspace(r0, r1, k + 1).astype(np.int64)
-            jobs += [(out, mask, src, off, pad, int(a), int(b), pv)
-                     for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
-        self._jobs = []
+        """Fill every padded output (``fill``), or hand the fill jobs to ``defer`` (whoever asked for
+        them fills the outputs, e.g. on a GPU: ``trajstore/device_pad.py``)."""
+        jobs, self._jobs = self._jobs, []
+        if self.defer is not None:
+            self.defer += jobs
+        else:
+            fill(jobs)
 
-        def fill(job: tuple) -> None:
-            out, mask, src, off, pad, a, b, pv = job
-            o = dt.bits_view(out[a:b]).numpy()  # numpy: one thread per job, no torch pool
-            m = mask[a:b].numpy()
-            mm = np.broadcast_to(m.reshape(m.shape + (1,) * (o.ndim - 2)), o.shape)
-            if pv is None:
-                o.fill(pad)
-            else:  # the recorded padded values
-                o[~mm] = pv[1][pv[0][a]:pv[0][b]].numpy()
-            o[mm] = src[off[a]:off[b]].numpy()  # row-major order, as masked_scatter_
 
-        run_parallel(fill, jobs, total)
+def fill(jobs: list[FillJob]) -> None:
+    """Fill padded outputs: pad value, then the row values (numpy boolean assignment in row-major
+    order, as ``masked_scatter_`` but faster: benchmarks/RESULTS.md). Each output is split into row
+    ranges, filled on the shared thread pool."""
+    pieces, total = [], 0
+    for out, mask, src, off, pad, r0, r1, pv in jobs:
+        nbytes = out[r0:r1].numel() * out.element_size()
+        total += nbytes
+        k = max(1, min(r1 - r0, nbytes // (4 << 20)))
+        bounds = np.linspace(r0, r1, k + 1).astype(np.int64)
+        pieces += [(out, mask, src, off, pad, int(a), int(b), pv)
+                   for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+
+    def one(job: tuple) -> None:
+        out, mask, src, off, pad, a, b, pv = job
+        o = dt.bits_view(out[a:b]).numpy()  # numpy: one thread per job, no torch pool
+        m = mask[a:b].numpy()
+        mm = np.broadcast_to(m.reshape(m.shape + (1,) * (o.ndim - 2)), o.shape)
+        if pv is None:
+            o.fill(pad)
+        else:  # the recorded padded values
+            o[~mm] = pv[1][pv[0][a]:pv[0][b]].numpy()
+        o[mm] = src[off[a]:off[b]].numpy()  # row-major order, as masked_scatter_
+
+    run_parallel(one, pieces, total)
 
 
 def _tensor_nodes(keys: list) -> list[dict]:
@@ -272,10 +294,14 @@ def _mask_refs(node: dict, used: set) -> None:
 
 
 def decode(table: pa.Table, spec: BatchNode | SeqNode, *, where: str, columns: list[str] | None = None,
-           layout: str | None = None, alloc: Alloc | None = None) -> Any:
+           layout: str | None = None, alloc: Alloc | None = None, defer: list | None = None) -> Any:
     """Rebuild the batch from ``table`` (already restricted to the needed columns); ``alloc(n,
-    numpy dtype)`` provides the buffers multi-chunk columns are joined into (see ``Columns``)."""
+    numpy dtype)`` provides the buffers multi-chunk columns are joined into (see ``Columns``).
+    ``defer``: a list the fill jobs of padded outputs are appended to, those outputs left unfilled
+    (the caller fills them: ``fill``, or on a device)."""
     if layout not in (None, "padded", "packed"):
         raise ConfigError(f"layout must be 'padded', 'packed' or None, got {layout!r}")
-    out = Decoder(Columns(table, where, alloc), spec, layout).batch(columns)
+    cols = Columns(table, where, alloc)
+    cols.defer = defer  # a list batch's [g, T] groups too (format/grouped.py)
+    out = Decoder(cols, spec, layout, defer).batch(columns)
     return containers.wrap(out, spec.get("wrapper"), where=where, packed=layout == "packed")

@@ -27,8 +27,9 @@ from .arrow import Columns, TableBuilder, list_array
 from .check import MISSING, Cells, Struct
 from .layout import classify, span_mask, token_mask
 from .spec import PAD_PREFIX, RUNS_PREFIX, SHAPE_PREFIX
+from .tensors import FillJob
 from .validate import MAX_DECODED_BYTES
-from .values import as_cpu, storage
+from .values import as_cpu, bits, storage
 
 __all__ = ["RunCells", "RUNS_COL", "plan", "encode_runs", "encode_cells", "decode_cells"]
 
@@ -181,6 +182,10 @@ def decode_cells(cols: Columns, node: dict, n: int, budget: int = MAX_DECODED_BY
                               f"{len(x)} values (or the rows are too large to decode)")
         m = span_mask(s, ln, T).numpy()
         a = np.empty((g, T, w), dtype=x.dtype)
+        if cols.defer is not None and node["lib"] == "torch":  # filled by the caller (trajstore/device_pad.py)
+            _defer(cols, node, i, a, m, x, ln, T, w, pv)
+            out[i] = dt.as_value(a.reshape(shp), node)
+            continue
         if pv is None:
             (_uint(a) if size == 1 else a.view(f"i{size}")).fill(node.get("pad") or 0)
         else:
@@ -192,3 +197,21 @@ def decode_cells(cols: Columns, node: dict, n: int, budget: int = MAX_DECODED_BY
         a[m] = x.reshape(int(ln.sum()), w)
         out[i] = dt.as_value(a.reshape(shp), node)
     return out
+
+
+def _defer(cols: Columns, node: dict, i: int, a: np.ndarray, m: np.ndarray, x: np.ndarray, ln: np.ndarray,
+           T: int, w: int, pv: Any) -> None:
+    """Row ``i``'s output ``a`` left unfilled, its fill job (``tensors.FillJob``) handed to ``cols.defer``."""
+    off = np.zeros(len(ln) + 1, dtype=np.int64)
+    np.cumsum(ln * w, out=off[1:])
+    pads = None
+    if pv is not None:
+        p = pv[1][pv[0][i] - pv[0][0]: pv[0][i + 1] - pv[0][0]]
+        if len(p) != (len(ln) * T - int(ln.sum())) * w:
+            raise FormatError(f"{cols.where}: column {node['pad_col']!r} row {i} does not hold the "
+                              f"padded positions of {node['col']!r}")
+        poff = np.zeros(len(ln) + 1, dtype=np.int64)
+        np.cumsum((T - ln) * w, out=poff[1:])
+        pads = (poff, bits(dt.as_value(p, node)).reshape(-1))
+    cols.defer.append(FillJob(dt.as_value(a, node), torch.from_numpy(m), bits(dt.as_value(x, node)).reshape(-1), off,
+                              node.get("pad") or 0, 0, len(ln), pads))  # type: ignore[union-attr]

@@ -183,11 +183,15 @@ def as_lib(t: torch.Tensor, node: dict) -> Any:
     return t if node["lib"] == "torch" else t.numpy()
 
 
-def alloc(shape: list[int], node: dict) -> torch.Tensor:
+def alloc(shape: list[int], node: dict, lazy: bool = False) -> torch.Tensor:
     """An uninitialized output of ``shape`` and the node's dtype, from Arrow's allocator (``empty``):
     a padded output is filled faster there than in ``np.empty`` or ``torch.empty``
-    (benchmarks/RESULTS.md)."""
-    a = empty(math.prod(shape), dt.storage_numpy(node["dtype"])).reshape(shape)
+    (benchmarks/RESULTS.md). ``lazy``: one the caller fills elsewhere (a GPU), most likely never
+    touched here: ``np.empty``, whose untouched pages cost nothing."""
+    if lazy:
+        a = np.empty(shape, dt.storage_numpy(node["dtype"]))
+    else:
+        a = empty(math.prod(shape), dt.storage_numpy(node["dtype"])).reshape(shape)
     return dt.from_storage(a, node["dtype"])
 
 
@@ -274,10 +278,10 @@ def decode_padded(cols: Columns, node: TensorNode, n: int, T: int | None, side: 
     mask = mask_for(lengths, T, side)
     last = node.get("axis") == "last"
     if last:  # [n, *trail, T], filled through its [n, T, *trail] view
-        full = alloc([n] + trail + [T], node)
+        full = alloc([n] + trail + [T], node, cols.defer is not None)
         out = full.movedim(-1, 1)
     else:
-        full = out = alloc([n, T] + trail, node)
+        full = out = alloc([n, T] + trail, node, cols.defer is not None)
     pads = _padvals(cols, node, n, lengths, T, w, parts)
     jobs = []
     for i, ((r0, v), r1) in enumerate(zip(parts, [r for r, _ in parts[1:]] + [n])):

@@ -1,0 +1,287 @@
+"""Padded fields built on the device (trajstore/device_pad.py): the builder's torch ops, run here on
+CPU tensors, give the CPU decode's batch bit for bit for every batch form; the `cuda` tests compare
+``iter(device="cuda")`` and the Recorder's replay with the CPU replay."""
+
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import trajstore
+from trajstore import device_pad, torch_bridge
+from trajstore.format import parquet
+from trajstore.testing import (assert_batch_equal, batches, group_lists, packed_batches, padded_batches,
+                               prompt_completion_batches, two_sided_batches)
+
+CPU = torch.device("cpu")
+
+
+def device_read(r, step, layout=None, columns=None):
+    """``Reader.read(step, device=...)``'s path with the CPU as the device: decode into a deferring
+    arena, stage, build. Returns (batch, plan)."""
+    pool = torch_bridge.PinnedPool()
+    arena = torch_bridge.Arena(pool, defer=True)
+    staged = torch_bridge.stage(r._read(step, columns, layout, arena), pool, arena)
+    plan = staged.plan
+    out, ev = torch_bridge.launch(staged, CPU, None)
+    assert ev is None and pool.in_use == 0  # both staging buffers went back
+    return out, plan
+
+
+def padded_batch(B=5, T=11, side="right", seed=0, pads="zero"):
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(0, T + 1, (B,), generator=g)
+    ar = torch.arange(T)[None, :]
+    m = ar < lens[:, None] if side == "right" else ar >= (T - lens)[:, None]
+    b = {"input_ids": torch.randint(0, 152_000, (B, T), generator=g).masked_fill(~m, 151_643),
+         "attention_mask": m.long(),
+         "logprobs": torch.randn(B, T, generator=g).to(torch.bfloat16).masked_fill(~m, 0.0),
+         "values": torch.randn(B, T, 3, generator=g).masked_fill(~m[..., None], -1.0),
+         "loss_mask": m.clone(),
+         "rewards": torch.randn(B, generator=g)}
+    if pads == "garbage":  # padded positions of their own: stored in __pad__ columns
+        b["logprobs"] = torch.randn(B, T, generator=g).to(torch.bfloat16)
+        b["logprobs"][~m] = torch.randn(int((~m).sum()), generator=g).to(torch.bfloat16)
+    return b
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.one_of(batches(), padded_batches(), packed_batches(), two_sided_batches(), prompt_completion_batches(),
+                 group_lists()),
+       st.sampled_from([None, "padded", "packed"]), st.booleans(), st.booleans())
+def test_device_builder_on_cpu_equals_the_padded_decode(batch, layout, many_groups, flat):
+    mp = pytest.MonkeyPatch()
+    mp.setattr(device_pad, "FLAT_BYTES", 1 << 30 if flat else 0)  # small outputs built together, or one by one
+    if many_groups:  # several row groups: one fill job per chunk
+        mp.setattr(parquet, "ROW_GROUP_BYTES", 1)
+        mp.setattr(trajstore.reader, "PARALLEL_READ_BYTES", 0)
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            with trajstore.Writer(d) as w:
+                w.append(0, batch)
+            r = trajstore.Reader(d)
+            try:
+                want = r.read(0, layout=layout)
+            except trajstore.ConfigError:
+                return  # no layout to convert
+            got, _ = device_read(r, 0, layout)
+            assert_batch_equal(want, got)
+            assert all(not t.is_meta for t in torch_bridge._leaves(got))
+    finally:
+        mp.undo()
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("pads", ["zero", "garbage"])
+def test_padded_fields_are_built_from_their_unpadded_values(tmp_path, side, pads, monkeypatch):
+    """Every torch per-token field of a padded batch is built, not staged padded: the staged bytes
+    hold the tokens (the mask of ones: one value), not the padded width."""
+    monkeypatch.setattr(parquet, "ROW_GROUP_BYTES", 256)  # several chunks per field
+    monkeypatch.setattr(trajstore.reader, "PARALLEL_READ_BYTES", 0)
+    b = padded_batch(B=40, T=50, side=side, pads=pads)
+    with trajstore.Writer(tmp_path) as w:
+        w.append(0, b)
+    r = trajstore.Reader(tmp_path)
+    got, plan = device_read(r, 0)
+    assert_batch_equal(r.read(0), got)
+    assert_batch_equal(b, got)
+    assert plan is not None and len(plan.pads) == 5
+    (mask_pad,) = [p for p in plan.pads if p.dtype == torch.int64 and p.const]
+    assert mask_pad.rows == 1  # attention_mask: ones, staged as one value
+    tokens = int(b["attention_mask"].sum())
+    padded = sum(t.numel() * t.element_size() for k, t in b.items() if k != "rewards")
+    assert plan.total < padded * (tokens / b["attention_mask"].numel()) + 40 * 50 * 2 + 4096
+
+
+def test_a_packed_step_read_padded_builds_its_mask_too(tmp_path):
+    g = torch.Generator().manual_seed(3)
+    cu = torch.tensor([0, 5, 5, 12, 13], dtype=torch.int32)
+    b = {"input_ids": torch.randint(0, 99, (13,), generator=g), "cu_seqlens": cu, "max_seqlen": 7,
+         "logprobs": torch.randn(13, generator=g).to(torch.bfloat16), "rewards": torch.randn(4, generator=g)}
+    with trajstore.Writer(tmp_path) as w:
+        w.append(0, b)
+    r = trajstore.Reader(tmp_path)
+    got, plan = device_read(r, 0, "padded")
+    assert_batch_equal(r.read(0, layout="padded"), got)
+    assert [(p.dtype, p.const) for p in plan.pads] == [(torch.int64, False), (torch.bfloat16, False),
+                                                       (torch.bool, True)]  # the mask: one value
+
+
+def test_numpy_fields_stay_on_the_host_filled_on_the_cpu(tmp_path):
+    b = padded_batch()
+    b["np_logprobs"] = b["logprobs"].float().numpy()
+    with trajstore.Writer(tmp_path) as w:
+        w.append(0, b)
+    r = trajstore.Reader(tmp_path)
+    got, plan = device_read(r, 0)
+    assert isinstance(got["np_logprobs"], np.ndarray)
+    assert_batch_equal(r.read(0), got)
+    assert len(plan.pads) == 5
+
+
+def test_an_output_also_seen_through_a_view_is_filled_on_the_host(tmp_path):
+    b = padded_batch()
+    with trajstore.Writer(tmp_path) as w:
+        w.append(0, b)
+    r = trajstore.Reader(tmp_path)
+    pool = torch_bridge.PinnedPool()
+    arena = torch_bridge.Arena(pool, defer=True)
+    got = r._read(0, None, None, arena)
+    got["tail"] = got["input_ids"][1:]  # a view of part of a deferred output
+    staged = torch_bridge.stage(got, pool, arena)
+    out, _ = torch_bridge.launch(staged, CPU, None)
+    assert_batch_equal(b | {"tail": b["input_ids"][1:]}, out)
+    assert len(staged.plan.pads) == 4  # input_ids filled on the host, the others built
+
+
+def test_a_cpu_device_read_fills_deferred_fields(tmp_path):
+    """An arena that deferred its padded fields, handed to a CPU ``to_device``, fills them there."""
+    b = padded_batch(side="left")
+    with trajstore.Writer(tmp_path) as w:
+        w.append(0, b)
+    r = trajstore.Reader(tmp_path)
+    arena = torch_bridge.Arena(torch_bridge.PinnedPool(), defer=True)
+    got = torch_bridge.to_device(r._read(0, None, None, arena), "cpu", arena)
+    assert_batch_equal(b, got)
+
+
+def test_last_axis_and_masked_fields(tmp_path):
+    """A [B, C, T] field (token axis last) and the fields of a two-sided (span) mask are built too."""
+    g = torch.Generator().manual_seed(1)
+    B, T = 4, 9
+    starts, lens = torch.tensor([0, 2, 5, 3]), torch.tensor([9, 4, 0, 6])
+    ar = torch.arange(T)[None, :]
+    m = (ar >= starts[:, None]) & (ar < (starts + lens)[:, None])
+    b = {"input_ids": torch.randint(0, 99, (B, T), generator=g).masked_fill(~m, 0), "attention_mask": m.long(),
+         "position_ids": torch.randint(0, 99, (B, 4, T), generator=g).masked_fill(~m[:, None, :], 1)}
+    with trajstore.Writer(tmp_path) as w:
+        w.append(0, b)
+        w.append(1, {"input_ids": b["input_ids"][:, :8], "attention_mask": (ar < lens[:, None]).long()[:, :8],
+                     "position_ids": b["position_ids"][..., :8]})
+    r = trajstore.Reader(tmp_path)
+    for s in (0, 1):
+        got, plan = device_read(r, s)
+        assert_batch_equal(r.read(s), got)
+        assert plan is not None and any(p.last for p in plan.pads) and len(plan.pads) == 3
+
+
+@pytest.mark.parametrize("flat", [True, False])
+def test_areal_groups_are_built_on_the_device(tmp_path, flat, monkeypatch):
+    """A list batch of AReaL [g, T] groups: each group's token cells are built from their runs, all
+    groups of a dtype by one gather (``flat``), or one by one."""
+    monkeypatch.setattr(device_pad, "FLAT_BYTES", device_pad.FLAT_BYTES if flat else 0)
+    groups = []
+    for i, side in enumerate(["right", "left", "right"]):
+        b = padded_batch(B=3 + i, T=7 + i, side=side, seed=i, pads="garbage" if i else "zero")
+        groups.append({k: v for k, v in b.items() if k != "rewards"} | {"uid": f"g{i}"})
+    groups.insert(1, None)
+    with trajstore.Writer(tmp_path) as w:
+        w.append(0, groups)
+    r = trajstore.Reader(tmp_path)
+    got, plan = device_read(r, 0)
+    assert_batch_equal(r.read(0), got)
+    assert_batch_equal(groups, got)
+    assert plan is not None and len(plan.pads) == 15 and len(plan.groups) >= 3
+    assert len(plan.flats) == (4 if flat else 0)  # int64, bool, bf16, float32 [g, T, 3]
+
+
+def test_tensordict_and_dataproto_batches(tmp_path):
+    """Containers are rebuilt around the built fields, as around the staged ones."""
+    tensordict = pytest.importorskip("tensordict")
+    b = padded_batch(side="left", pads="garbage")
+    td = tensordict.TensorDict({k: v for k, v in b.items()}, batch_size=[5])
+    dp = trajstore.format.containers.DataProtoLike(batch=td, non_tensor_batch={"uid": np.array(list("abcde"), dtype=object)},
+                                                   meta_info={"temperature": 1.0})
+    with trajstore.Writer(tmp_path) as w:
+        w.append(0, td)
+        w.append(1, dp)
+    r = trajstore.Reader(tmp_path)
+    for s in (0, 1):
+        got, plan = device_read(r, s)
+        want = r.read(s)
+        assert type(got) is type(want) and plan is not None and len(plan.pads) == 5
+        a, g = (want, got) if s == 0 else (want.batch, got.batch)
+        assert list(a.batch_size) == list(g.batch_size) and list(a.keys()) == list(g.keys())
+        assert_batch_equal(dict(a.items()), dict(g.items()))
+        assert_batch_equal(b, dict(g.items()))
+
+
+def test_the_index_math_alone():
+    """``build`` on a hand-made plan: right, left and span rows, a pad row, recorded padded values."""
+    n, T = 3, 5
+    starts, lens = np.array([0, 2, 1]), np.array([2, 3, 0])
+    vals = torch.arange(10, 15, dtype=torch.int16)  # 5 tokens
+    pv = torch.arange(100, 110, dtype=torch.int16)  # 15 - 5 = 10 padded positions
+    buf = torch.zeros(4096, dtype=torch.uint8)
+    buf[:48].view(torch.int64).copy_(torch.from_numpy(np.stack([starts, lens]).reshape(-1)))
+    buf[256:256 + 30].view(torch.int16).copy_(torch.cat([vals, pv]))
+    buf[512:512 + 12].view(torch.int16).copy_(torch.cat([vals, torch.tensor([-7], dtype=torch.int16)]))
+    plan = device_pad.Plan([device_pad.Pad((n, T), torch.int16, 1, False, 0, 256, 5, False, True),
+                            device_pad.Pad((n, T), torch.int16, 1, False, 0, 512, 5, False, False)],
+                           [(0, n, T)], None, 4096)
+    outs = [torch.empty(n, T, dtype=torch.int16) for _ in range(2)]
+    device_pad.build(plan, buf, outs, [])
+    assert outs[0].tolist() == [[10, 11, 100, 101, 102], [103, 104, 12, 13, 14], [105, 106, 107, 108, 109]]
+    assert outs[1].tolist() == [[10, 11, -7, -7, -7], [-7, -7, 12, 13, 14], [-7, -7, -7, -7, -7]]
+
+
+# ----------------------------------------------------------------------------- CUDA
+def _on_cuda_equal(cpu, gpu):
+    leaves = torch_bridge._leaves(gpu)
+    if any(t.is_cuda for t in leaves):
+        assert all(t.is_cuda for t in leaves)
+        torch.cuda.synchronize()
+    assert_batch_equal(cpu, torch_bridge.map_tensors(gpu, lambda t: t.cpu()))
+
+
+@pytest.mark.cuda
+@settings(max_examples=40, deadline=None)
+@given(st.one_of(batches(), padded_batches(), two_sided_batches(), prompt_completion_batches()),
+       st.sampled_from([None, "padded"]), st.sampled_from([0, 2, 8]))
+def test_cuda_padded_iter_equals_cpu_replay(batch, layout, prefetch):
+    with tempfile.TemporaryDirectory() as d:
+        with trajstore.Writer(d) as w:
+            for s in range(3):
+                w.append(s, batch)
+        r = trajstore.Reader(d)
+        try:
+            cpu = r.read(0, layout=layout)
+        except trajstore.ConfigError:
+            return
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):  # a consumer stream that is not the default one
+            got = list(r.iter(device="cuda", prefetch=prefetch, layout=layout))
+        s.synchronize()
+        assert [k for k, _ in got] == [0, 1, 2]
+        for _, b in got:
+            _on_cuda_equal(cpu, b)
+        _on_cuda_equal(cpu, r.read(0, layout=layout, device="cuda"))
+
+
+@pytest.mark.parametrize("dev", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_padded_replay_equals_recorder_replay(tmp_path, side, dev, caplog):
+    steps = {s: padded_batch(B=16, T=40, side=side, seed=s, pads="garbage" if s % 2 else "zero") for s in range(4)}
+    with trajstore.Recorder(trajstore.DumpReplayConfig(dump=True, path=str(tmp_path))) as rec:
+        for s, b in steps.items():
+            rec.batch(s, lambda b=b: b)
+    cpu = trajstore.Recorder(trajstore.DumpReplayConfig(replay=True, path=str(tmp_path)))
+    gpu = trajstore.Recorder(trajstore.DumpReplayConfig(replay=True, path=str(tmp_path), device=dev))
+    r = trajstore.Reader(cpu.path, cpu.split)
+    caplog.set_level("INFO", logger="trajstore.recorder")
+    loads = 0
+    for prefetch in (2, 8) if dev == "cpu" else (2, 4, 8):
+        for s, b in r.iter(device=dev, prefetch=prefetch):
+            want = cpu.batch(s, lambda: None)
+            assert_batch_equal(steps[s], want)
+            _on_cuda_equal(want, b)
+            _on_cuda_equal(want, gpu.batch(s, lambda: None))
+            loads += 1
+    cpu.close()
+    gpu.close()
+    tokens = {f"step={s} " for s in steps}
+    lines = [m.getMessage() for m in caplog.records if m.getMessage().startswith("trajstore replay")]
+    assert len(lines) == 2 * loads and all(any(t in x for t in tokens) for x in lines)  # each replayed step, logged

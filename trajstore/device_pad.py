@@ -1,0 +1,338 @@
+"""Padded fields built on the device (``Reader.read`` / ``Reader.iter`` with ``device="cuda"``).
+
+The decoder leaves a padded token field's ``[B, T, ...]`` output (and each ``[g, T, ...]`` group
+cell of an AReaL-style list batch, ``format/grouped.py``) unfilled and hands over its fill jobs
+(``format/decoder.py`` ``defer``): each row group's values (the tokens, unpadded), their row
+offsets, the ``[B, T]`` token mask of the rows, and the pad value or the recorded padded values
+(``format/tensors.py`` ``FillJob``). ``plan`` stages what the device needs into one pinned buffer:
+
+* per field, a table of rows of ``w`` elements (``w``: the elements per token): the values, then
+  one row holding the pad value, or the recorded padded values; a field whose values all hold one
+  value (an ``attention_mask`` of ones) stores that one row instead of every token's;
+* per mask (shared by the fields that follow it), each row's first token position and length.
+
+``build`` then writes every output with one gather per field from an index of ``[B, T]`` table
+rows, computed on the device from the starts and lengths: the tokens of row ``b`` at positions
+``start_b ..`` and the pad rows elsewhere, in the padded values' position order. Outputs up to
+``FLAT_BYTES`` (a list batch's groups, a small step) are built together instead, one gather per
+dtype and width into one buffer they are views of, from a table of their rows (``Flat``), so a
+batch of many groups costs a few kernels, not a few per group. Only the unpadded
+values cross PCIe; the result is the CPU decode's bit for bit (the gather moves raw bits). Torch ops
+only, on any device: on the CPU it is what the tests compare with the plain decode.
+
+A job whose output is not a torch tensor of the batch (a numpy field: it stays on the host) is
+filled on the CPU as before (``decoder.fill``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ._threads import PIECE_BYTES, run_parallel
+from .format import dtypes as dt
+from .format.decoder import fill
+from .format.tensors import FillJob
+
+__all__ = ["Pad", "Flat", "Plan", "plan", "alloc", "run", "build", "key", "CONST_PROBE", "FLAT_BYTES"]
+
+ALIGN = 256
+CONST_PROBE = 64  # values looked at before a field is scanned whole for one repeated value
+FLAT_BYTES = 4 << 20  # outputs up to this size are built together, one gather per dtype and width
+
+
+def _round(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclass
+class Pad:
+    """One padded output built on the device: ``shape``/``dtype`` of the tensor, ``w`` elements per
+    token, ``last`` (token axis last: ``[B, *trail, T]``), its mask ``group``, and its table of rows
+    in the staged buffer at byte ``at``: ``rows`` value rows (1: one repeated value) then the pad
+    row(s) (``pv``: the recorded padded values, else one pad row)."""
+
+    shape: tuple
+    dtype: torch.dtype
+    w: int
+    last: bool
+    group: int
+    at: int
+    rows: int
+    const: bool
+    pv: bool
+    flat: int = -1  # small outputs: built together, a view at position ``pos`` of flat buffer ``flat``
+    pos: int = 0
+
+
+@dataclass
+class Flat:
+    """Small outputs of one bits ``dtype`` and ``w`` (a list batch's groups, a small step), built by
+    one gather into one buffer of ``P`` positions, from the line table at byte ``at``: per row of
+    each output ([8, L] int64) its first position, width, first token, length, first value row,
+    value step (0: one repeated value), first pad row, pad step (0: one pad row)."""
+
+    dtype: torch.dtype
+    w: int
+    P: int
+    L: int
+    at: int
+
+
+@dataclass
+class Plan:
+    """What ``build`` needs: the outputs, per mask group ``(byte offset of its [2, B] int64
+    starts and lengths, B, T)`` in the staged buffer of ``total`` bytes, and the flat buffers."""
+
+    pads: list[Pad]
+    groups: list[tuple[int, int, int]]
+    buf: torch.Tensor | None
+    total: int
+    flats: list[Flat] = field(default_factory=list)
+
+
+def key(t: torch.Tensor) -> int | None:
+    """The storage a whole contiguous tensor spans, or None (a view of part of one)."""
+    if not t.numel() or not t.is_contiguous() or t.device.type != "cpu":
+        return None
+    s = t.untyped_storage()
+    return s.data_ptr() if t.data_ptr() == s.data_ptr() and t.numel() * t.element_size() == s.nbytes() else None
+
+
+def _whole(jobs: list[FillJob]) -> bool:
+    """The jobs cover the output's rows in order, each from one chunk of its values."""
+    n = jobs[0].out.shape[0]
+    return (jobs[0].r0 == 0 and jobs[-1].r1 == n and all(a.r1 == b.r0 for a, b in zip(jobs, jobs[1:]))
+            and all(j.mask is jobs[0].mask for j in jobs) and all((j.pv is None) == (jobs[0].pv is None) for j in jobs)
+            and sum(j.src.numel() for j in jobs) == int(jobs[0].off[n]))
+
+
+def _const(srcs: list[torch.Tensor], w: int) -> torch.Tensor | None:
+    """The one token value every value repeats (an ``attention_mask`` of ones), or None. Scanned in
+    pieces of ``CONST_PROBE`` values and up, so a field of varied values stops early."""
+    arrays = [s.numpy() for s in srcs if s.numel()]
+    if not arrays or w != 1:
+        return None
+    v = arrays[0][0]
+    for a in arrays:
+        i, step = 0, CONST_PROBE
+        while i < len(a):
+            if not (a[i:i + step] == v).all():
+                return None
+            i, step = i + step, min(step * 4, 1 << 20)
+    return srcs[0][:1] if srcs[0].numel() else next(s for s in srcs if s.numel())[:1]
+
+
+def plan(jobs: list[FillJob], leaves: list[torch.Tensor],
+         take: Callable[[int], torch.Tensor]) -> tuple[dict[int, int], Plan]:
+    """Stage the padded outputs among ``leaves`` (the batch's torch tensors) for ``build``: returns
+    ``{storage key: index into Plan.pads}`` and the plan, its buffer from ``take(nbytes)``. Jobs of
+    other outputs (numpy fields) are filled here, on the CPU."""
+    keys = {k: i for i, t in enumerate(leaves) if (k := key(t)) is not None}
+    by_out: dict[int, list[FillJob]] = {}
+    rest: list[FillJob] = []
+    for j in jobs:
+        if not j.out.numel():
+            continue
+        k = j.out.untyped_storage().data_ptr()
+        if k in keys and leaves[keys[k]].dtype == j.out.dtype:
+            by_out.setdefault(k, []).append(j)
+        else:
+            rest.append(j)
+    # a tensor of the batch that views part of an output would be staged as it is: fill those on the CPU
+    part = {t.untyped_storage().data_ptr() for t in leaves if t.numel() and t.device.type == "cpu" and key(t) is None}
+    for k, js in list(by_out.items()):
+        if not _whole(js) or k in part:
+            rest += by_out.pop(k)
+    fill(rest)
+    # layout: per mask group its starts and lengths, then per output its table
+    groups: dict[int, int] = {}
+    ginfo: list[tuple[np.ndarray, int, int, int]] = []
+    items, size = [], 0
+    for k, js in by_out.items():
+        j0, t = js[0], leaves[keys[k]]
+        n, T = j0.out.shape[0], j0.out.shape[1]
+        w = j0.out[0, 0].numel()
+        if id(j0.mask) not in groups:
+            m = j0.mask.numpy()
+            lens = np.diff(np.asarray(j0.off, dtype=np.int64)) // w
+            rows = np.stack([m.argmax(axis=1).astype(np.int64), lens])  # a row of no tokens: any start
+            groups[id(j0.mask)] = len(ginfo)
+            ginfo.append((rows, n, T, size))
+            size += _round(rows.nbytes)
+        srcs = [j.src for j in js]
+        c = _const(srcs, w) if js[0].pv is None else None
+        nvals = 1 if c is not None else sum(s.numel() for s in srcs) // w
+        npad = sum(j.pv[1].numel() for j in js) // w if j0.pv is not None else 1
+        esize = j0.src.element_size()
+        if _small(j0, n, T, w):  # its table at whole rows of the buffer: a flat gather reads them so
+            size = -(-size // math.lcm(ALIGN, w * esize)) * math.lcm(ALIGN, w * esize)
+        items.append((k, js, t, n, T, w, c, nvals, npad, size))
+        size += _round((nvals + npad) * w * esize)
+    flats, lines = _flats(items, ginfo, groups)
+    for (f, _), meta in zip(flats, lines):
+        f.at = size
+        size += _round(meta.nbytes)
+    buf = take(size) if size else None
+    host = None if buf is None else buf.numpy()
+    copies: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def put(at: int, a: torch.Tensor) -> None:  # queued: copied in pieces on the shared pool below
+        x = a.numpy()
+        dst = host[at:at + x.nbytes].view(x.dtype)  # type: ignore[index]
+        step = max(1, PIECE_BYTES // x.itemsize)
+        copies.extend((dst[i:i + step], x[i:i + step]) for i in range(0, len(x), step))
+
+    for rows, n, T, at in ginfo:
+        put(at, torch.from_numpy(rows).reshape(-1))
+    for (f, _), meta in zip(flats, lines):
+        put(f.at, torch.from_numpy(meta).reshape(-1))
+    index: dict[int, int] = {}
+    pads: list[Pad] = []
+    for k, js, t, n, T, w, c, nvals, npad, at in items:
+        j0 = js[0]
+        bdt = j0.src.dtype
+        o = at
+        for s in ([c] if c is not None else [j.src for j in js]):
+            put(o, s.reshape(-1))
+            o += s.numel() * s.element_size()
+        if j0.pv is None:
+            put(o, torch.from_numpy(np.full(w, j0.pad, dtype=torch.empty(0, dtype=bdt).numpy().dtype)))
+        else:
+            for j in js:
+                put(o, j.pv[1].reshape(-1))
+                o += j.pv[1].numel() * j.pv[1].element_size()
+        last = not j0.out.is_contiguous()  # the [B, T, *trail] view of a [B, *trail, T] output
+        index[k] = len(pads)
+        pads.append(Pad(tuple(t.shape), t.dtype, w, last, groups[id(j0.mask)], at, nvals, c is not None,
+                        j0.pv is not None, *_member(flats, k)))
+    run_parallel(lambda c: np.copyto(c[0], c[1]), copies, size)
+    return index, Plan(pads, [(at, n, T) for _, n, T, at in ginfo], buf, size, [f for f, _ in flats])
+
+
+def _small(j0: FillJob, n: int, T: int, w: int) -> bool:
+    """An output built in a flat buffer (token-major, up to ``FLAT_BYTES``)."""
+    return j0.out.is_contiguous() and n * T * w * j0.src.element_size() <= FLAT_BYTES
+
+
+def _flats(items: list, ginfo: list, groups: dict) -> tuple[list[tuple[Flat, dict]], list[np.ndarray]]:
+    """The flat buffers of the small outputs among ``items`` (laid out: their tables' byte offsets
+    known), with ``{storage key: (flat, position)}`` each, and their line tables."""
+    buckets: dict[tuple, list] = {}
+    for it in items:
+        k, js, t, n, T, w, c, nvals, npad, at = it
+        if _small(js[0], n, T, w):
+            buckets.setdefault((js[0].src.dtype, w), []).append(it)
+    out, tables = [], []
+    for (bdt, w), members in buckets.items():
+        where, cols, pos = {}, [], 0
+        for k, js, t, n, T, _, c, nvals, npad, at in members:
+            rows = ginfo[groups[id(js[0].mask)]][0]
+            starts, lens = rows[0], rows[1]
+            r0 = at // (w * js[0].src.element_size())  # the table's first row in the buffer's rows
+            pv = js[0].pv is not None
+            vb = r0 + (0 if c is not None else np.cumsum(lens) - lens)
+            pb = r0 + nvals + (np.cumsum(T - lens) - (T - lens) if pv else 0)
+            cols.append(np.stack(np.broadcast_arrays(
+                pos + np.arange(n) * T, T, starts, lens, vb, int(c is None), pb, int(pv))).astype(np.int64))
+            where[k] = pos
+            pos += n * T
+        meta = np.ascontiguousarray(np.concatenate(cols, axis=1))
+        out.append((Flat(bdt, w, pos, meta.shape[1], 0), where))
+        tables.append(meta)
+    return out, tables
+
+
+def _member(flats: list[tuple[Flat, dict]], k: int) -> tuple[int, int]:
+    for i, (_, where) in enumerate(flats):
+        if k in where:
+            return i, where[k]
+    return -1, 0
+
+
+def _lines(src: torch.Tensor, f: Flat) -> torch.Tensor:
+    """The table row (in rows of ``f.w`` elements of the whole buffer) of every position of a flat buffer."""
+    ix = torch.int32 if src.numel() < 2 ** 31 and f.P < 2 ** 31 else torch.int64
+    meta = src[f.at:f.at + 64 * f.L].view(torch.int64).view(8, f.L)
+    first, width, start, length, vb, vstep, pb, pstep = meta.to(ix)
+    line = torch.repeat_interleave(torch.arange(f.L, device=src.device, dtype=ix), meta[1], output_size=f.P)
+    q = torch.arange(f.P, device=src.device, dtype=ix) - first[line]  # the position in its row
+    rel = q - start[line]
+    n = length[line]
+    valid = (rel >= 0) & (rel < n)
+    k = torch.where(rel < 0, q, q - n)  # the padded position's rank in its row
+    return torch.where(valid, vb[line] + vstep[line] * rel, pb[line] + pstep[line] * k)
+
+
+def _index(src: torch.Tensor, g: tuple[int, int, int], mode: str, nvals: int) -> torch.Tensor:
+    """The ``[B * T]`` table row of every position of a group's rows (on ``src``'s device)."""
+    at, n, T = g
+    rows = src[at:at + 16 * n].view(torch.int64).view(2, n)
+    ix = torch.int32 if n * T + nvals < 2 ** 31 else torch.int64  # half the memory where it fits
+    starts, lens = rows[0].to(ix), rows[1].to(ix)
+    ar = torch.arange(T, device=src.device, dtype=ix)
+    rel = ar[None, :] - starts[:, None]
+    valid = (rel >= 0) & (rel < lens[:, None])
+    if mode == "const":  # row 0: the value, row 1: the pad
+        return (~valid).to(ix).reshape(-1)
+    vbase = torch.cumsum(lens, 0, dtype=ix) - lens
+    if mode == "pad":  # the values, then one pad row
+        return torch.where(valid, vbase[:, None] + rel, nvals).reshape(-1)
+    # the values, then the recorded padded values row by row in position order
+    pbase = torch.cumsum(T - lens, 0, dtype=ix) - (T - lens)
+    k = torch.where(rel < 0, ar[None, :], ar[None, :] - lens[:, None])
+    return torch.where(valid, vbase[:, None] + rel, nvals + pbase[:, None] + k).reshape(-1)
+
+
+def alloc(p: Plan, device: torch.device) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Uninitialized outputs of ``p`` on ``device`` (on the current stream), and the flat buffers
+    its small outputs are views of."""
+    flat = [torch.empty(f.P * f.w, dtype=f.dtype, device=device) for f in p.flats]
+    outs = [torch.empty(x.shape, dtype=x.dtype, device=device) if x.flat < 0 else
+            flat[x.flat][x.pos * x.w:(x.pos + math.prod(x.shape) // x.w) * x.w].view(x.dtype).view(x.shape)
+            for x in p.pads]
+    return outs, flat
+
+
+def build(p: Plan, src: torch.Tensor, outs: list[torch.Tensor], flat: list[torch.Tensor]) -> None:
+    """Write every output of ``p`` (``outs``, ``flat``: from ``alloc``, on ``src``'s device) from
+    ``src``, the staged buffer on the device. Temporaries are allocated on the current stream."""
+    cache: dict[tuple[int, str], torch.Tensor] = {}
+    for f, buf in zip(p.flats, flat):
+        esize = buf.element_size()
+        table = src[:src.numel() // (f.w * esize) * f.w * esize].view(f.dtype).view(-1, f.w)
+        torch.index_select(table, 0, _lines(src, f), out=buf.view(f.P, f.w))
+    for pad, out in zip(p.pads, outs):
+        if pad.flat >= 0:
+            continue
+        g = p.groups[pad.group]
+        mode = "const" if pad.const else "pv" if pad.pv else "pad"
+        key = (pad.group, mode) if mode == "const" else (pad.group, mode, pad.rows)
+        idx = cache.get(key)
+        if idx is None:
+            idx = cache[key] = _index(src, g, mode, pad.rows)
+        o = dt.bits_view(out)
+        esize = o.element_size()
+        nrows = pad.rows + (g[1] * g[2] - pad.rows if pad.pv else 1)  # pv: the positions the mask leaves out
+        table = src[pad.at:pad.at + nrows * pad.w * esize].view(o.dtype).view(nrows, pad.w)
+        n, T = g[1], g[2]
+        if pad.last:  # [B, *trail, T]: gathered token-major, then transposed into place
+            tmp = torch.index_select(table, 0, idx)
+            o.view(n, pad.w, T).copy_(tmp.view(n, T, pad.w).transpose(1, 2))
+        else:
+            torch.index_select(table, 0, idx, out=o.view(n * T, pad.w))
+
+
+def run(p: Plan, outs: list[torch.Tensor], flat: list[torch.Tensor]) -> None:
+    """Copy the staged buffer to the outputs' device and build them, on the current stream; its
+    device copy is allocated on that stream too, so it is freed in that stream's order."""
+    if p.buf is None or not outs:
+        return
+    src = torch.empty(p.total, dtype=torch.uint8, device=outs[0].device)
+    src.copy_(p.buf[:p.total], non_blocking=True)
+    build(p, src, outs, flat)
