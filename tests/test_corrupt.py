@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import trajstore
 from trajstore.store import checksums, paths
-from trajstore.format import validate as _validate
+from trajstore.format import limits as _limits
 from trajstore.errors import ChecksumError, FormatError, FormatVersionError, TrajstoreError
 from trajstore.testing import assert_batch_equal, multimodal_batches, non_tensor_batches
 
@@ -168,7 +168,7 @@ def test_mutated_bytes_are_caught_by_the_checksum(dump, step, m):
 @given(step=st.integers(0, len(BATCHES) - 1), m=mutations, columns=st.booleans())
 def test_mutated_bytes_never_crash_the_decoder(dump, step, m, columns, monkeypatch):
     """verify=False: the decoder alone raises a TrajstoreError naming the file, or returns a batch."""
-    monkeypatch.setattr(_validate, "MAX_DECODED_BYTES", 256 << 20)
+    monkeypatch.setattr(_limits, "MAX_DECODED_BYTES", 256 << 20)
     f = dump / "train" / paths.step_name(step)
     with _Restore(f) as r:
         new = mutate(r.orig, m)
@@ -254,7 +254,7 @@ def _resign(f, doc):
 @given(step=st.integers(0, len(BATCHES) - 1), data=st.data())
 def test_lying_specs_raise_a_trajstore_error(dump, step, data, monkeypatch):
     """A re-signed file whose description lies: a TrajstoreError naming the file, or a batch."""
-    monkeypatch.setattr(_validate, "MAX_DECODED_BYTES", 256 << 20)
+    monkeypatch.setattr(_limits, "MAX_DECODED_BYTES", 256 << 20)
     f = dump / "train" / paths.step_name(step)
     with _Restore(f) as r:
         doc = DOCS.setdefault(step, json.loads(pq.ParquetFile(f).schema_arrow.metadata[b"trajstore"]))
