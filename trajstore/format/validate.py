@@ -165,6 +165,8 @@ class _Checker:
         kind = node.get("kind")
         if kind == "sample" and "axis" in node:
             raise _Bad(f"sample field {node.get('col')!r} has a token axis")
+        if kind == "sample":  # its values, whatever their encoding compresses them to in the file
+            self.add(self.n * w * size, f"field {node.get('col')!r} of {self.n} rows of {trail}")
         if kind == "sample" and not trail:
             self.tcol(node, "col", name, listed=False)
             return
@@ -211,6 +213,7 @@ class _Checker:
             raise _Bad(f"the counts of a segmented tensor are not {self.n} ints >= 0")
         if w >= 1 << 62 or sum(counts) * max(w, 1) >= 1 << 62:
             raise _Bad(f"a segmented tensor of {sum(counts)} rows of {node['trail']} is too large")
+        self.add(sum(counts) * w * dt.storage_numpy(name).itemsize, f"a segmented tensor of {sum(counts)} rows")
         self.tcol(node, "col", name)
 
     def group(self, node: dict) -> dict | None:
