@@ -91,7 +91,7 @@ class Reader:
     def _open_lone(self) -> None:
         f = self.path
         with foreign_errors(f, "reading it as a Parquet file", then="it is damaged or not a trajstore step file"):
-            kv = pq.read_metadata(source(f), **limits.THRIFT_LIMITS).metadata or {}
+            kv = pq.ParquetFile(source(f), **limits.THRIFT_LIMITS).metadata.metadata or {}
         try:
             doc = validate.load_doc(kv[b"trajstore"], str(f))
             step, split = doc["step"], doc["split"]

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow.parquet as pq
 
-from .errors import FormatError, MissingDependencyError
-from .format import containers
+from .errors import FormatError, MissingDependencyError, foreign_errors
+from .format import containers, limits
 from .format.grouped import RUNS_COL
 from .format.rows import rows
 from .shard_read import ranks
@@ -180,8 +180,8 @@ def _group_select(f: str) -> str | None:
     rows are trajectories already). Reads the footer's spec only; a file the spec lies about fails
     in DuckDB (a FormatError)."""
     try:
-        doc = json.loads((pq.read_metadata(f).metadata or {}).get(b"trajstore", b"{}"))
-    except (OSError, ValueError, RecursionError):
+        doc = json.loads((pq.ParquetFile(f, **limits.THRIFT_LIMITS).metadata.metadata or {}).get(b"trajstore", b"{}"))
+    except (*foreign_errors.MAPPED, ValueError, RecursionError):
         return None  # DuckDB's own read of the file reports it
     spec = doc.get("batch") if isinstance(doc, dict) else None
     elem = spec.get("elem") if isinstance(spec, dict) and spec.get("t") == "seq" else None
