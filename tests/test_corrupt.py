@@ -193,6 +193,50 @@ def test_mutated_bytes_never_crash_the_decoder(dump, step, m, columns, monkeypat
             _count("bytes_unverified_wrong_batch")  # what verify=True (the default) exists for
 
 
+def _entry_points(d):
+    """Every way a user reaches a step: the Reader's calls, `info`, `verify`, `sql`, `export`, a
+    Recorder's replay (issue 17: each raises a TrajstoreError, never a foreign exception)."""
+    from trajstore.inspection.describe import describe
+    from trajstore.inspection.traces import traces
+    from trajstore.tables import duckdb_connect
+
+    r = trajstore.Reader(d)
+    rec = trajstore.Recorder(trajstore.DumpReplayConfig(replay=True, prefetch=False, path=str(d)))
+    return [lambda: r.read(0), lambda: r.meta(0), lambda: r.info(0), lambda: r.column("rewards", [0]),
+            lambda: next(iter(r.iter([0]))), lambda: describe(d), lambda: trajstore.verify(d, deep=True),
+            lambda: duckdb_connect(d).execute("SELECT count(*) FROM train").fetchall(),
+            lambda: traces(r, 0), lambda: rec.load(0)]
+
+
+@settings(max_examples=25 * SCALE, deadline=None)
+@given(m=mutations)
+def test_mutated_bytes_every_entry_point(dump, m, monkeypatch):
+    """A damaged step 0 through every entry point: a TrajstoreError (naming the file where it is
+    about the file) or a result; never pyarrow's, the OS's or the JSON parser's own exception."""
+    import duckdb
+
+    monkeypatch.setattr(_limits, "MAX_DECODED_BYTES", 256 << 20)
+    f = dump / "train" / paths.step_name(0)
+    with _Restore(f) as r:
+        new = mutate(r.orig, m)
+        assume(new != r.orig)
+        f.write_bytes(new)
+        try:
+            calls = _entry_points(dump)
+        except TrajstoreError:
+            return
+        for i, call in enumerate(calls):
+            try:
+                call()
+            except duckdb.Error:
+                _count("entry_points:duckdb_query")  # the CLI reports a failed query as a TrajstoreError
+            except TrajstoreError as e:
+                assert i == 7 or f.name in str(e), f"error does not name the file: {e}"  # 7: the dump's SQL views
+                _count("entry_points:error")
+            else:
+                _count("entry_points:result")
+
+
 # ----------------------------------------------------------------------------- spec-level lies
 def _paths(node, path=()):
     yield path
@@ -300,6 +344,11 @@ CASES = {
     "unknown_dtype": (0, lambda d: _keys(d)["input_ids"].update(dtype="complex64"), FormatError, "dtype"),
     "bf16_as_numpy": (0, lambda d: _keys(d)["logprobs"].update(lib="numpy"), FormatError, "bfloat16"),
     "huge_T": (0, lambda d: d["batch"].update(T=2**40), FormatError, "over the limit"),
+    # no values per token, but a [B, T] mask to build: counted (issue 17)
+    "zero_width_huge_T": (0, lambda d: (d["batch"].update(T=2**33), _keys(d)["topk"].update(trail=[0])),
+                          FormatError, "over the limit.*TRAJSTORE_MAX_DECODED_BYTES"),
+    "huge_sample_trail": (0, lambda d: _keys(d)["rewards"].update(trail=[2**36]), FormatError,
+                          "over the limit.*TRAJSTORE_MAX_DECODED_BYTES"),
     "negative_T": (0, lambda d: d["batch"].update(T=-1), FormatError, "T is -1"),
     "negative_trail": (0, lambda d: _keys(d)["topk"].update(trail=[-1]), FormatError, "trail"),
     "huge_trail": (0, lambda d: _keys(d)["input_ids"].update(trail=[2**40]), FormatError, "limit"),
