@@ -239,6 +239,17 @@ def test_depth_limit_is_the_same_for_writer_and_reader(tmp_path, form):
     assert torch.equal(x, torch.ones(2))
 
 
+def test_dimension_limit_is_the_same_for_writer_and_reader(tmp_path):
+    """A field of 32 dimensions reads back; 33 are refused at append (a sample field's shape past its
+    first dimension used to be committed at 33, then refused by the reader)."""
+    x = torch.arange(6.0).reshape([2, 3] + [1] * (limits.MAX_DIMS - 2))
+    with trajstore.Writer(tmp_path / "d") as w:
+        w.append(0, {"x": x})
+        with pytest.raises(BatchError, match=f"'x' has {limits.MAX_DIMS + 1} dimensions.*limit of {limits.MAX_DIMS}"):
+            w.append(1, {"x": x[..., None]})
+    assert torch.equal(trajstore.Reader(tmp_path / "d")[0]["x"], x)
+
+
 # ----------------------------------------------------------------------------- foreign errors
 @pytest.fixture
 def small_dump(tmp_path):

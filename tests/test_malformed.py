@@ -86,6 +86,8 @@ BATCHES = {
     # one level deeper than a reader accepts (format/limits.py; the boundary: tests/test_hostile_decode.py)
     "fields_nested_too_deep": (lambda: with_(g=_nested(65, torch.zeros(B))), BatchError,
                                "'g(\\.k)+' nests 65 levels.*limit of 64"),
+    "too_many_dimensions": (lambda: with_(x=torch.zeros([B] + [1] * 32)), BatchError,
+                            "'x' has 33 dimensions.*limit of 32"),
     "rows_nested_too_deep": (lambda: [{"ids": torch.zeros(2), "g": _nested(64, torch.zeros(2))}, None], BatchError,
                              "'g(\\.k)+' nests 65 levels.*limit of 64"),
 }

@@ -28,7 +28,7 @@ from ..integrations import trl
 from . import layout
 from .arrow import ColumnNames
 from .layout import Layout
-from .limits import MAX_SPEC_DEPTH
+from .limits import MAX_DIMS, MAX_SPEC_DEPTH
 from .spec import SHAPE_PREFIX, where
 from .typed import check_np_dtype, needs_typed
 from .values import check_json, check_str, describe, has_tensor, is_tensorlike
@@ -204,6 +204,9 @@ class _Walk:
     def tensor(self, v: Any, path: tuple) -> Tensor:
         lib, name = describe(v, path)
         lay, shape = self.lay, list(v.shape)
+        if len(shape) > MAX_DIMS:  # the reader's limit on a shape in the spec (format/limits.py)
+            raise BatchError(f"field {where(path)!r} has {len(shape)} dimensions, over the limit of {MAX_DIMS} "
+                             "a reader accepts (trajstore/format/limits.py); reshape it")
         t = Tensor(path, v, lib, name, None)
         if not shape or (lay.form == "packed" and path == ("cu_seqlens",)):
             t.role = GLOBAL
