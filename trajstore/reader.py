@@ -93,7 +93,7 @@ class Reader:
         with foreign_errors(f, "reading it as a Parquet file", then="it is damaged or not a trajstore step file"):
             kv = pq.ParquetFile(source(f), **limits.THRIFT_LIMITS).metadata.metadata or {}
         try:
-            doc = validate.load_doc(kv[b"trajstore"], str(f))
+            doc = limits.load_doc(kv[b"trajstore"], str(f))
             step, split = doc["step"], doc["split"]
         except (KeyError, TypeError, IndexError):
             raise FormatError(f"{f}: not a trajstore step file (no trajstore metadata with its step and split); "
@@ -202,14 +202,14 @@ class Reader:
         raw = kv.get(b"trajstore")
         if raw is None:
             raise FormatError(f"{f}: Parquet file without trajstore metadata; it was not written by trajstore")
-        doc = validate.load_doc(raw, str(f))  # its size bounded first (format/limits.py)
+        doc = limits.load_doc(raw, str(f))  # its size bounded first (format/limits.py)
         if not isinstance(doc, dict) or not isinstance(doc.get("batch"), dict):
             raise FormatError(f"{f}: trajstore metadata has no batch spec")
         check_version(doc.get("format_version"), str(f), "the step")
         if doc.get("step") != step:
             raise FormatError(f"{f}: the file says it holds step {doc.get('step')!r}, its name says {step}")
         if check:
-            validate.check_pages(pf.metadata, str(f))
+            limits.check_pages(pf.metadata, str(f))
             with foreign_errors(f, "reading its Arrow schema", then="the step is damaged"):
                 arrow_schema = pf.schema_arrow
             validate.check(doc, arrow_schema, pf.metadata.num_rows, str(f))
@@ -339,7 +339,7 @@ class Reader:
         pf, doc, f = sf.pf, sf.doc, sf.path
         spec = doc["batch"]
         node = dict(spec["keys"]).get(name) if is_dict_batch(spec) else None
-        validate.check_pages(pf.metadata, str(f))
+        limits.check_pages(pf.metadata, str(f))
         if is_plain_sample(node):
             with foreign_errors(f, "reading field {!r} of step {}", name, step, then="the step is damaged"):
                 return read_sample(pf, node, doc, f)

@@ -12,17 +12,23 @@ A decode allocates at most ``MAX_DECODED_BYTES`` (environment variable
 pages hold, and that is bounded before anything is allocated: the Parquet row groups' uncompressed
 sizes (what pyarrow decompresses), padded outputs and their ``[B, T]`` masks, inline tensors,
 fixed-width strings, one Python object per row of every per-trajectory node, the description's
-JSON. Over it: ``FormatError`` naming the file and this knob (``over``).
+JSON. Over it: ``FormatError`` naming the file and this knob (``over``). ``check_pages`` bounds
+what pyarrow decompresses and ``load_doc`` the description's JSON; ``format/validate.py`` the rest
+of what the description says, ``format/decoder.py`` (``Decoder.charge``) a layout conversion's.
 """
 
 from __future__ import annotations
 
+import json
 import os
 
-from ..errors import ConfigError, FormatError
+import pyarrow.parquet as pq
+
+from ..errors import ConfigError, FormatError, foreign_errors
 
 __all__ = ["KNOB", "MAX_DECODED_BYTES", "MAX_SPEC_DEPTH", "MAX_VALUE_DEPTH", "MAX_DIMS", "MAX_META_BYTES",
-           "ROW_OBJECT_BYTES", "STRUCT_ROW_BYTES", "JSON_EXPANSION", "THRIFT_LIMITS", "over", "decoded_limit"]
+           "ROW_OBJECT_BYTES", "STRUCT_ROW_BYTES", "JSON_EXPANSION", "THRIFT_LIMITS", "over", "decoded_limit",
+           "check_pages", "load_doc"]
 
 KNOB = "TRAJSTORE_MAX_DECODED_BYTES"
 
@@ -67,3 +73,28 @@ def over(where: object, nbytes: int, what: str) -> FormatError:
     """The error for a decode of ``nbytes`` (``what``) over the limit, naming the file and the knob."""
     return FormatError(f"{where}: decoding {what} would allocate {nbytes} bytes, over the limit of "
                        f"{MAX_DECODED_BYTES} bytes; set {KNOB} to raise it if the file is trusted")
+
+
+def check_pages(md: pq.FileMetaData, where: str) -> None:
+    """Raise FormatError before pyarrow decompresses a file whose row groups say they hold more
+    than the decode limit once decompressed (a few KB of zstd can hold GBs of zeros). The
+    row-group totals are read, not each column chunk's metadata: pyarrow aborts the process (a C++
+    exception through its Python accessors) on some damaged column-chunk metadata. They bound a
+    read of any of the file's columns."""
+    with foreign_errors(where, "reading its Parquet footer"):
+        total = sum(max(0, md.row_group(i).total_byte_size) for i in range(md.num_row_groups))
+        total += 8 * max(0, md.num_rows) * max(0, md.num_columns)  # a list column's offsets
+    if total > MAX_DECODED_BYTES:
+        raise over(where, total, f"its {md.num_row_groups} row group(s) of {md.num_rows} rows "
+                   "(the uncompressed sizes its Parquet footer gives)")
+
+
+def load_doc(raw: bytes, where: str) -> object:
+    """A step's trajstore description (footer key ``trajstore``) parsed, its size bounded first."""
+    if len(raw) * JSON_EXPANSION > MAX_DECODED_BYTES:
+        raise over(where, len(raw) * JSON_EXPANSION, f"its description ({len(raw)} bytes of JSON)")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        raise FormatError(f"{where}: trajstore metadata is not valid JSON ({str(e)[:200]}); "
+                          "the file is damaged or was not written by trajstore") from None

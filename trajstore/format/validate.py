@@ -5,8 +5,8 @@ indices out of range).  ``check`` walks the spec once, checks every node's types
 ranges against the Parquet schema and row count, and bounds the memory the decode will
 allocate beyond the data itself (padded outputs and their masks, inline tensors, fixed-width
 strings, a Python object per row of each per-trajectory node) by ``limits.MAX_DECODED_BYTES``
-(``TRAJSTORE_MAX_DECODED_BYTES``); ``check_pages`` bounds what pyarrow decompresses, ``load_doc``
-the description's JSON, both before they are allocated. The envelope's parts (shards, wrappers,
+(``TRAJSTORE_MAX_DECODED_BYTES``; ``limits.check_pages`` bounds what pyarrow decompresses,
+``limits.load_doc`` the description's JSON). The envelope's parts (shards, wrappers,
 struct key orders) are checked in ``format/validate_envelope.py``. Everything raises FormatError
 naming the file.
 """
@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import math
 import re
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from ..errors import FormatError, foreign_errors
+from ..errors import FormatError
 from . import dtypes as dt
 from . import limits
 from .limits import MAX_SPEC_DEPTH as MAX_DEPTH
@@ -396,28 +394,3 @@ def check(doc: dict, schema: pa.Schema, num_rows: int, where: str) -> None:
         raise FormatError(f"{where}: the file's description nests too deeply; "
                           "the file is damaged or was not written by trajstore") from None
 
-
-def check_pages(md: pq.FileMetaData, where: str) -> None:
-    """Raise FormatError before pyarrow decompresses a file whose row groups say they hold more
-    than the decode limit once decompressed (a few KB of zstd can hold GBs of zeros). The
-    row-group totals are read, not each column chunk's metadata: pyarrow aborts the process (a C++
-    exception through its Python accessors) on some damaged column-chunk metadata. They bound a
-    read of any of the file's columns."""
-    with foreign_errors(where, "reading its Parquet footer"):
-        total = sum(max(0, md.row_group(i).total_byte_size) for i in range(md.num_row_groups))
-        total += 8 * max(0, md.num_rows) * max(0, md.num_columns)  # a list column's offsets
-    if total > limits.MAX_DECODED_BYTES:
-        raise limits.over(where, total, f"its {md.num_row_groups} row group(s) of {md.num_rows} rows "
-                          "(the uncompressed sizes its Parquet footer gives)")
-
-
-def load_doc(raw: bytes, where: str) -> object:
-    """A step's trajstore description (footer key ``trajstore``) parsed, its size bounded first."""
-    if len(raw) * limits.JSON_EXPANSION > limits.MAX_DECODED_BYTES:
-        raise limits.over(where, len(raw) * limits.JSON_EXPANSION,
-                          f"its description ({len(raw)} bytes of JSON)")
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError) as e:
-        raise FormatError(f"{where}: trajstore metadata is not valid JSON ({str(e)[:200]}); "
-                          "the file is damaged or was not written by trajstore") from None
