@@ -459,6 +459,10 @@ MANIFESTS = {
     "version_bool": (b'{"format": "trajstore", "format_version": true}', FormatError, "positive int"),
     "version_zero": (b'{"format": "trajstore", "format_version": 0}', FormatError, "positive int"),
     "deep": (b"[" * 100000 + b"]" * 100000, FormatError, "manifest"),
+    "environment_list": (b'{"format": "trajstore", "format_version": 2, "environment": [1]}', FormatError,
+                         "environment.*not an object"),
+    "environment_str": (b'{"format": "trajstore", "format_version": 2, "environment": "x"}', FormatError,
+                        "environment.*not an object"),
 }
 
 
@@ -468,10 +472,17 @@ def test_manifest_that_lies(tmp_path, name):
         w.append(0, BATCHES[1])
     content, exc, msg = MANIFESTS[name]
     (tmp_path / "trajstore.json").write_bytes(content)
-    for open_ in (trajstore.Reader, trajstore.Writer, trajstore.verify):
+    for open_ in (trajstore.Reader, trajstore.Writer, trajstore.verify, _describe,
+                  lambda p: trajstore.Recorder(trajstore.DumpReplayConfig(replay=True, path=str(p)))):
         with pytest.raises(exc, match=msg) as e:
             open_(tmp_path)
         assert "trajstore.json" in str(e.value)
+
+
+def _describe(p):
+    from trajstore.inspection.describe import describe
+
+    return describe(p)
 
 
 def test_manifest_is_a_directory(tmp_path):
