@@ -21,6 +21,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import trajstore
 from trajstore import cli
@@ -28,6 +30,7 @@ from trajstore.errors import BatchError, FormatError, TrajstoreError
 from trajstore.format import limits
 from trajstore.inspection.describe import describe
 from trajstore.store import checksums, paths
+from trajstore.testing import assert_batch_equal
 
 CAP = 4 << 30  # the child's address space
 GROWTH = 96 << 20  # what a refused read may add to the child's peak RSS
@@ -210,8 +213,8 @@ def test_grouped_rows_count_their_masks(tmp_path, monkeypatch):
 
 
 # ----------------------------------------------------------------------------- one set of limits
-def _nest(depth: int):
-    v = torch.ones(2)
+def _nest(depth: int, v=None):
+    v = torch.ones(2) if v is None else v
     for _ in range(depth - 1):
         v = {"k": v}
     return v
@@ -237,6 +240,25 @@ def test_depth_limit_is_the_same_for_writer_and_reader(tmp_path, form):
     for _ in range(deepest - 1):
         x = x["k"]
     assert torch.equal(x, torch.ones(2))
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(depth=st.integers(limits.MAX_SPEC_DEPTH - 2, limits.MAX_SPEC_DEPTH + 2) | st.integers(1, limits.MAX_SPEC_DEPTH),
+       dims=st.integers(limits.MAX_DIMS - 1, limits.MAX_DIMS + 2) | st.integers(1, limits.MAX_DIMS),
+       form=st.sampled_from(["dict", "list"]))
+def test_what_append_accepts_reads_back(tmp_path_factory, depth, dims, form):
+    """Fields at any depth, tensors of any rank: append refuses (BatchError) or the step reads back."""
+    leaf = torch.arange(2.0).reshape([2] + [1] * (dims - 1))
+    batch = {"x": _nest(depth, leaf)} if form == "dict" else [{"ids": torch.ones(2), "x": _nest(depth, leaf)}]
+    d = tmp_path_factory.mktemp("any")
+    with trajstore.Writer(d) as w:
+        try:
+            w.append(0, batch)
+        except BatchError as e:
+            assert "over the limit" in str(e)
+            return
+    got = trajstore.Reader(d)[0]
+    assert_batch_equal(got, batch)
 
 
 def test_dimension_limit_is_the_same_for_writer_and_reader(tmp_path):
