@@ -176,7 +176,7 @@ def decode_cells(cols: Columns, node: dict, n: int, budget: int | None = None) -
         g, T = (shp[0], shp[1]) if len(shp) >= 2 else (0, 0)
         w = math.prod(shp[2:])
         s, ln = np.asarray(r[:g], dtype=np.int64), np.asarray(r[g:], dtype=np.int64)
-        budget -= g * T * (w * size + 2) + 8 * T  # the row, its mask and the mask's inverse, arange(T)
+        budget -= g * T * (w * size + 4) + 8 * T  # the row, its span mask (two comparisons), its inverse, arange(T)
         if len(shp) < 2 or len(r) != 2 * g or bool((s < 0).any() or (ln < 0).any() or (s + ln > T).any()) \
                 or int(ln.sum()) * w != len(x) or budget < 0:
             if budget < 0 and len(shp) >= 2:

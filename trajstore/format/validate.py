@@ -195,7 +195,8 @@ class _Checker:
         if spec.get("form") == "masked":
             if g is None or g.get("side") is None:
                 raise _Bad(f"token field {node['col']!r} of a masked batch names no mask group with a side")
-            self.add(self.n * g["W"] * (w * size + 1) + 8 * g["W"],
+            masks = 3 if g.get("side") == "span" else 1  # a span's mask is built from two comparisons
+            self.add(self.n * g["W"] * (w * size + masks) + 8 * g["W"],
                      f"field {node['col']!r} padded to [{self.n}, {g['W']}]")
 
     def segments(self, node: dict) -> None:
