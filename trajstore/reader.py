@@ -91,7 +91,8 @@ class Reader:
     def _open_lone(self) -> None:
         f = self.path
         with foreign_errors(f, "reading it as a Parquet file", then="it is damaged or not a trajstore step file"):
-            kv = pq.ParquetFile(source(f), **limits.THRIFT_LIMITS).metadata.metadata or {}
+            with pq.ParquetFile(source(f), **limits.THRIFT_LIMITS) as pf:
+                kv = pf.metadata.metadata or {}
         try:
             doc = limits.load_doc(kv[b"trajstore"], str(f))
             step, split = doc["step"], doc["split"]

@@ -180,7 +180,8 @@ def _group_select(f: str) -> str | None:
     rows are trajectories already). Reads the footer's spec only; a file the spec lies about fails
     in DuckDB (a FormatError)."""
     try:
-        doc = json.loads((pq.ParquetFile(f, **limits.THRIFT_LIMITS).metadata.metadata or {}).get(b"trajstore", b"{}"))
+        with pq.ParquetFile(f, **limits.THRIFT_LIMITS) as pf:
+            doc = json.loads((pf.metadata.metadata or {}).get(b"trajstore", b"{}"))
     except (*foreign_errors.MAPPED, ValueError, RecursionError):
         return None  # DuckDB's own read of the file reports it
     spec = doc.get("batch") if isinstance(doc, dict) else None
