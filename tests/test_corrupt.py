@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import trajstore
 from trajstore.store import checksums, paths
-from trajstore.format import validate as _validate
+from trajstore.format import limits as _limits
 from trajstore.errors import ChecksumError, FormatError, FormatVersionError, TrajstoreError
 from trajstore.testing import assert_batch_equal, multimodal_batches, non_tensor_batches
 
@@ -168,7 +168,7 @@ def test_mutated_bytes_are_caught_by_the_checksum(dump, step, m):
 @given(step=st.integers(0, len(BATCHES) - 1), m=mutations, columns=st.booleans())
 def test_mutated_bytes_never_crash_the_decoder(dump, step, m, columns, monkeypatch):
     """verify=False: the decoder alone raises a TrajstoreError naming the file, or returns a batch."""
-    monkeypatch.setattr(_validate, "MAX_DECODED_BYTES", 256 << 20)
+    monkeypatch.setattr(_limits, "MAX_DECODED_BYTES", 256 << 20)
     f = dump / "train" / paths.step_name(step)
     with _Restore(f) as r:
         new = mutate(r.orig, m)
@@ -191,6 +191,50 @@ def test_mutated_bytes_never_crash_the_decoder(dump, step, m, columns, monkeypat
             _count("bytes_unverified_same_batch")
         except AssertionError:
             _count("bytes_unverified_wrong_batch")  # what verify=True (the default) exists for
+
+
+def _entry_points(d):
+    """Every way a user reaches a step: the Reader's calls, `info`, `verify`, `sql`, `export`, a
+    Recorder's replay (issue 17: each raises a TrajstoreError, never a foreign exception)."""
+    from trajstore.inspection.describe import describe
+    from trajstore.inspection.traces import traces
+    from trajstore.tables import duckdb_connect
+
+    r = trajstore.Reader(d)
+    rec = trajstore.Recorder(trajstore.DumpReplayConfig(replay=True, prefetch=False, path=str(d)))
+    return [lambda: r.read(0), lambda: r.meta(0), lambda: r.info(0), lambda: r.column("rewards", [0]),
+            lambda: next(iter(r.iter([0]))), lambda: describe(d), lambda: trajstore.verify(d, deep=True),
+            lambda: duckdb_connect(d).execute("SELECT count(*) FROM train").fetchall(),
+            lambda: traces(r, 0), lambda: rec.load(0)]
+
+
+@settings(max_examples=25 * SCALE, deadline=None)
+@given(m=mutations)
+def test_mutated_bytes_every_entry_point(dump, m, monkeypatch):
+    """A damaged step 0 through every entry point: a TrajstoreError (naming the file where it is
+    about the file) or a result; never pyarrow's, the OS's or the JSON parser's own exception."""
+    import duckdb
+
+    monkeypatch.setattr(_limits, "MAX_DECODED_BYTES", 256 << 20)
+    f = dump / "train" / paths.step_name(0)
+    with _Restore(f) as r:
+        new = mutate(r.orig, m)
+        assume(new != r.orig)
+        f.write_bytes(new)
+        try:
+            calls = _entry_points(dump)
+        except TrajstoreError:
+            return
+        for i, call in enumerate(calls):
+            try:
+                call()
+            except duckdb.Error:
+                _count("entry_points:duckdb_query")  # the CLI reports a failed query as a TrajstoreError
+            except TrajstoreError as e:
+                assert i == 7 or f.name in str(e), f"error does not name the file: {e}"  # 7: the dump's SQL views
+                _count("entry_points:error")
+            else:
+                _count("entry_points:result")
 
 
 # ----------------------------------------------------------------------------- spec-level lies
@@ -254,7 +298,7 @@ def _resign(f, doc):
 @given(step=st.integers(0, len(BATCHES) - 1), data=st.data())
 def test_lying_specs_raise_a_trajstore_error(dump, step, data, monkeypatch):
     """A re-signed file whose description lies: a TrajstoreError naming the file, or a batch."""
-    monkeypatch.setattr(_validate, "MAX_DECODED_BYTES", 256 << 20)
+    monkeypatch.setattr(_limits, "MAX_DECODED_BYTES", 256 << 20)
     f = dump / "train" / paths.step_name(step)
     with _Restore(f) as r:
         doc = DOCS.setdefault(step, json.loads(pq.ParquetFile(f).schema_arrow.metadata[b"trajstore"]))
@@ -300,6 +344,11 @@ CASES = {
     "unknown_dtype": (0, lambda d: _keys(d)["input_ids"].update(dtype="complex64"), FormatError, "dtype"),
     "bf16_as_numpy": (0, lambda d: _keys(d)["logprobs"].update(lib="numpy"), FormatError, "bfloat16"),
     "huge_T": (0, lambda d: d["batch"].update(T=2**40), FormatError, "over the limit"),
+    # no values per token, but a [B, T] mask to build: counted (issue 17)
+    "zero_width_huge_T": (0, lambda d: (d["batch"].update(T=2**33), _keys(d)["topk"].update(trail=[0])),
+                          FormatError, "over the limit.*TRAJSTORE_MAX_DECODED_BYTES"),
+    "huge_sample_trail": (0, lambda d: _keys(d)["rewards"].update(trail=[2**36]), FormatError,
+                          "over the limit.*TRAJSTORE_MAX_DECODED_BYTES"),
     "negative_T": (0, lambda d: d["batch"].update(T=-1), FormatError, "T is -1"),
     "negative_trail": (0, lambda d: _keys(d)["topk"].update(trail=[-1]), FormatError, "trail"),
     "huge_trail": (0, lambda d: _keys(d)["input_ids"].update(trail=[2**40]), FormatError, "limit"),
@@ -410,6 +459,10 @@ MANIFESTS = {
     "version_bool": (b'{"format": "trajstore", "format_version": true}', FormatError, "positive int"),
     "version_zero": (b'{"format": "trajstore", "format_version": 0}', FormatError, "positive int"),
     "deep": (b"[" * 100000 + b"]" * 100000, FormatError, "manifest"),
+    "environment_list": (b'{"format": "trajstore", "format_version": 2, "environment": [1]}', FormatError,
+                         "environment.*not an object"),
+    "environment_str": (b'{"format": "trajstore", "format_version": 2, "environment": "x"}', FormatError,
+                        "environment.*not an object"),
 }
 
 
@@ -419,10 +472,17 @@ def test_manifest_that_lies(tmp_path, name):
         w.append(0, BATCHES[1])
     content, exc, msg = MANIFESTS[name]
     (tmp_path / "trajstore.json").write_bytes(content)
-    for open_ in (trajstore.Reader, trajstore.Writer, trajstore.verify):
+    for open_ in (trajstore.Reader, trajstore.Writer, trajstore.verify, _describe,
+                  lambda p: trajstore.Recorder(trajstore.DumpReplayConfig(replay=True, path=str(p)))):
         with pytest.raises(exc, match=msg) as e:
             open_(tmp_path)
         assert "trajstore.json" in str(e.value)
+
+
+def _describe(p):
+    from trajstore.inspection.describe import describe
+
+    return describe(p)
 
 
 def test_manifest_is_a_directory(tmp_path):

@@ -28,6 +28,13 @@ def with_(**kw):
     return b
 
 
+def _nested(depth, leaf):
+    """``leaf`` inside ``depth - 1`` dicts: a field at spec depth ``depth``."""
+    for _ in range(depth - 1):
+        leaf = {"k": leaf}
+    return leaf
+
+
 class _Opaque:
     pass
 
@@ -76,6 +83,13 @@ BATCHES = {
     "list_batch_of_ints": (lambda: [1, 2, 3], UnsupportedTypeError, "list batch must hold one dict"),
     "batch_is_tensor": (lambda: torch.zeros(3), UnsupportedTypeError, "batch of type Tensor"),
     "batch_is_str": (lambda: "rollout", UnsupportedTypeError, "batch of type str"),
+    # one level deeper than a reader accepts (format/limits.py; the boundary: tests/test_hostile_decode.py)
+    "fields_nested_too_deep": (lambda: with_(g=_nested(65, torch.zeros(B))), BatchError,
+                               "'g(\\.k)+' nests 65 levels.*limit of 64"),
+    "too_many_dimensions": (lambda: with_(x=torch.zeros([B] + [1] * 32)), BatchError,
+                            "'x' has 33 dimensions.*limit of 32"),
+    "rows_nested_too_deep": (lambda: [{"ids": torch.zeros(2), "g": _nested(64, torch.zeros(2))}, None], BatchError,
+                             "'g(\\.k)+' nests 65 levels.*limit of 64"),
 }
 
 

@@ -17,7 +17,7 @@ import trajstore
 from _dumps import check_inspection, write
 from test_corrupt import _Restore, _resign, spec_lies
 from trajstore.errors import BatchError, ConfigError, FormatError, TrajstoreError
-from trajstore.format import validate as _validate
+from trajstore.format import limits as _limits
 from trajstore.format.rows import to_numpy
 from trajstore.store import paths
 from trajstore.tables import step_rows
@@ -169,7 +169,7 @@ def test_lying_segments_raise_format_error(dump, name):
 @settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_any_lie_raises_a_trajstore_error_or_decodes(dump, data, monkeypatch):
-    monkeypatch.setattr(_validate, "MAX_DECODED_BYTES", 256 << 20)
+    monkeypatch.setattr(_limits, "MAX_DECODED_BYTES", 256 << 20)
     f = dump / "train" / paths.step_name(0)
     with _Restore(f):
         doc = _doc(f)

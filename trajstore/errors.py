@@ -31,6 +31,7 @@ Nothing else is translated, so a bug of trajstore's own surfaces as itself.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import warnings
@@ -173,9 +174,11 @@ class foreign_errors:
     or ``TypeError`` of ours is a bug, not a damaged file)."""
 
     __slots__ = ("where", "doing", "args", "then")
-    # pyarrow's ArrowIOError is OSError; a damaged footer can hold names that are not UTF-8, which
-    # pyarrow decodes with Python's codec (UnicodeDecodeError)
-    MAPPED = (pa.ArrowException, OSError, UnicodeDecodeError)
+    # pyarrow's ArrowIOError is OSError (its zstd and thrift errors are ArrowException or OSError;
+    # ArrowMemoryError is an ArrowException); a damaged footer can hold names that are not UTF-8, which
+    # pyarrow decodes with Python's codec (UnicodeDecodeError); JSONDecodeError: the JSON parser's
+    # own error on a document read from a file (any other ValueError is ours, and not mapped)
+    MAPPED = (pa.ArrowException, OSError, UnicodeDecodeError, json.JSONDecodeError)
 
     def __init__(self, where: object, doing: str = "reading it", *args: object,
                  then: str = "the file is damaged or was not written by trajstore"):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import bisect
-import json
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +15,7 @@ import pyarrow.parquet as pq
 from . import _threads, schema, shard_read, tables, torch_bridge
 from .format import containers
 from .format import typed
-from .format import validate
+from .format import limits, validate
 from .format.arrow import flat_nbytes
 from .format.parquet import read_sample
 from .format.spec import is_dict_batch, is_plain_sample, is_token
@@ -85,11 +84,12 @@ class Reader:
     def _open_lone(self) -> None:
         f = self.path
         with foreign_errors(f, "reading it as a Parquet file", then="it is damaged or not a trajstore step file"):
-            kv = pq.read_metadata(source(f)).metadata or {}
+            with pq.ParquetFile(source(f), **limits.THRIFT_LIMITS) as pf:
+                kv = pf.metadata.metadata or {}
         try:
-            doc = json.loads(kv[b"trajstore"])
+            doc = limits.load_doc(kv[b"trajstore"], str(f))
             step, split = doc["step"], doc["split"]
-        except (KeyError, TypeError, ValueError, RecursionError):
+        except (KeyError, TypeError, IndexError):
             raise FormatError(f"{f}: not a trajstore step file (no trajstore metadata with its step and split); "
                               "open a dump folder, or a step file written by trajstore") from None
         if type(step) is not int or step < 0 or type(split) is not str:
@@ -315,10 +315,13 @@ class Reader:
         pf, doc, f = sf.pf, sf.doc, sf.path
         spec = doc["batch"]
         node = dict(spec["keys"]).get(name) if is_dict_batch(spec) else None
+        limits.check_pages(pf.metadata, str(f))
         if is_plain_sample(node):
             with foreign_errors(f, "reading field {!r} of step {}", name, step, then="the step is damaged"):
                 return read_sample(pf, node, doc, f)
-        validate.check(doc, pf.schema_arrow, pf.metadata.num_rows, str(f))
+        with foreign_errors(f, "reading its Arrow schema", then="the step is damaged"):
+            arrow_schema = pf.schema_arrow
+        validate.check(doc, arrow_schema, pf.metadata.num_rows, str(f))
         batch = self._decode(sf, step, [name], None)
         if isinstance(batch, list | tuple):
             return [None if e is None else e.get(name) for e in batch]
@@ -371,7 +374,7 @@ def _read_columns(pf: pq.ParquetFile, src: Any, cols: list[str] | None) -> pa.Ta
         # pre_buffer=False: the column chunks are read as they are decoded, not gathered first,
         # which is faster on a step of many row groups (benchmarks/RESULTS.md)
         return pq.read_table(src, columns=cols, use_threads=threads, pre_buffer=False,
-                             page_checksum_verification=True)
+                             page_checksum_verification=True, **limits.THRIFT_LIMITS)
     return pf.read(columns=cols, use_threads=threads)
 
 

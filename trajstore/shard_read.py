@@ -20,13 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from .errors import ConfigError, FormatError, StepNotFoundError
 from .format import containers, shards, typed
 from .format.shard_join import Joiner, merge_meta
 from .store import paths
-from .store.fs import source
+
 
 __all__ = ["BALANCES", "check_slice", "files", "logical", "shard", "column", "meta", "incomplete",
            "check_whole", "ranks"]
@@ -160,7 +159,8 @@ def ranks(r: Any, step: int) -> list[int] | None:
     if r._lone is not None or step not in r._listing.shards:
         return None
     if r._slice is None:
-        return [k for k, f in enumerate(files(r, step)) for _ in range(pq.read_metadata(source(f)).num_rows)]
+        rows = [r._open(step, check=False, f=f).pf.metadata.num_rows for f in files(r, step)]  # footers, guarded
+        return [k for k, n in enumerate(rows) for _ in range(n)]
     _, table, _ = logical(r, step, None, None)
     col = table.column(shards.RANK_COLUMN) if shards.RANK_COLUMN in table.column_names else None
     return None if col is None else col.to_pylist()

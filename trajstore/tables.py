@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow.parquet as pq
 
-from .errors import FormatError, MissingDependencyError
+from .errors import FormatError, MissingDependencyError, foreign_errors
+from .format import limits
 from .format.spec import RUNS_COL
 from .store import paths, remote
 from .store.fs import is_remote, resolve, source
@@ -204,8 +205,9 @@ def _group_select(f: str) -> str | None:
     rows are trajectories already). Reads the footer's spec only; a file the spec lies about fails
     in DuckDB (a FormatError)."""
     try:
-        doc = json.loads((pq.read_metadata(source(f)).metadata or {}).get(b"trajstore", b"{}"))
-    except (OSError, ValueError, RecursionError):
+        with pq.ParquetFile(source(f), **limits.THRIFT_LIMITS) as pf:
+            doc = json.loads((pf.metadata.metadata or {}).get(b"trajstore", b"{}"))
+    except (*foreign_errors.MAPPED, ValueError, RecursionError):
         return None  # DuckDB's own read of the file reports it
     spec = doc.get("batch") if isinstance(doc, dict) else None
     elem = spec.get("elem") if isinstance(spec, dict) and spec.get("t") == "seq" else None

@@ -29,6 +29,7 @@ from ..integrations import trl
 from . import layout
 from .arrow import ColumnNames
 from .layout import Layout
+from .limits import MAX_DIMS, MAX_SPEC_DEPTH
 from .spec import SHAPE_PREFIX, where
 from .typed import check_np_dtype, needs_typed
 from .values import check_json, check_str, describe, has_tensor, is_tensorlike
@@ -174,6 +175,8 @@ class _Walk:
         self.suspects: list[str] = []  # names of per-token-looking fields of another width than the mask
 
     def field(self, v: Any, path: tuple) -> Any:
+        if len(path) > MAX_SPEC_DEPTH:  # a field at depth len(path): what the reader accepts (validate)
+            raise _too_deep(path)
         if is_tensorlike(v):
             return self.tensor(v, path)
         if isinstance(v, Mapping):
@@ -204,6 +207,9 @@ class _Walk:
     def tensor(self, v: Any, path: tuple) -> Tensor:
         lib, name = describe(v, path)
         lay, shape = self.lay, list(v.shape)
+        if len(shape) > MAX_DIMS:  # the reader's limit on a shape in the spec (format/limits.py)
+            raise BatchError(f"field {where(path)!r} has {len(shape)} dimensions, over the limit of {MAX_DIMS} "
+                             "a reader accepts (trajstore/format/limits.py); reshape it")
         t = Tensor(path, v, lib, name, None)
         if not shape or (lay.form == "packed" and path == ("cu_seqlens",)):
             t.role = GLOBAL
@@ -255,6 +261,8 @@ class _Walk:
 
     def elems(self, path: tuple, elems: list) -> Any:
         """Per-row values (one per trajectory) of one field: cells, columns or nested dicts."""
+        if len(path) + 1 > MAX_SPEC_DEPTH:  # a per-row node sits one level below its field
+            raise _too_deep(path, len(path) + 1)
         rows = _Rows(path, elems)
         present = rows.present
         if not present:
@@ -316,6 +324,11 @@ class _Walk:
 
 def _on_gpu(v: Any) -> bool:
     return isinstance(v, torch.Tensor) and v.device.type != "cpu"
+
+
+def _too_deep(path: tuple, depth: int | None = None) -> BatchError:
+    return BatchError(f"field {where(path)[:200]!r} nests {depth or len(path)} levels deep, over the limit of "
+                      f"{MAX_SPEC_DEPTH} a reader accepts (trajstore/format/limits.py); flatten it")
 
 
 def _list_batch_error(batch: list | tuple) -> UnsupportedTypeError:

@@ -19,7 +19,7 @@ import torch
 
 from .._threads import run_parallel
 from ..errors import ConfigError, FormatError
-from . import containers
+from . import containers, limits
 from . import dtypes as dt
 from . import sequences, tensors, typed
 from .arrow import Alloc, Columns
@@ -43,6 +43,14 @@ class Decoder:
         self.n: int = spec.get("B", 0)  # type: ignore[assignment]
         self._masks: dict = {}  # (T, side, lengths) -> [B, T] mask, shared by the padded fields
         self._jobs: list[FillJob] = []  # padded outputs still to fill
+        self._spent = 0  # bytes of padded outputs and masks allocated so far (limits.MAX_DECODED_BYTES)
+
+    def charge(self, nbytes: int, what: str) -> None:
+        """Count a padded output (or mask) before it is allocated: over the decode limit, FormatError.
+        ``validate.check`` bounded those the file describes; a layout conversion's are known here."""
+        self._spent += nbytes
+        if self._spent > limits.MAX_DECODED_BYTES:
+            raise limits.over(self.c.where, self._spent, what)
 
     # -- dict batches
     def batch(self, keys: list[str] | None) -> Any:
@@ -78,6 +86,7 @@ class Decoder:
                 out["max_seqlen"] = int(max(lengths)) if len(lengths) else 0
             else:
                 T = int(max(lengths)) if len(lengths) else 0
+                self.charge(len(lengths) * T + 8 * T, f"the attention mask of [{len(lengths)}, {T}]")
                 out["attention_mask"] = self.ones(np.asarray(lengths, dtype=np.int64), T)
         self.fill_padded()
         return out
@@ -193,7 +202,7 @@ class Decoder:
                 return tensors.decode_flat(self.c, node, self.n)
             W = spec["masks"][i]["W"]
             out, jobs = tensors.decode_padded(self.c, node, self.n, W, spec["masks"][i]["side"],
-                                              lambda lengths, T, side: self.group_mask(i, lengths, T))
+                                              lambda lengths, T, side: self.group_mask(i, lengths, T), self.charge)
             self._jobs += jobs
             return out
         if want == "packed":
@@ -202,7 +211,8 @@ class Decoder:
         if T is None and empty:
             lengths = self.lengths([])
             T = int(lengths.max()) if len(lengths) else 0
-        out, jobs = tensors.decode_padded(self.c, node, self.n, T, spec.get("side") or "right", self.mask)
+        out, jobs = tensors.decode_padded(self.c, node, self.n, T, spec.get("side") or "right", self.mask,
+                                          self.charge)
         self._jobs += jobs
         return out
 

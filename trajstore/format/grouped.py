@@ -27,8 +27,8 @@ from .arrow import Columns, TableBuilder, list_array
 from .check import MISSING, Cells, Struct
 from .layout import classify, span_mask, token_mask
 from .spec import PAD_PREFIX, RUNS_PREFIX, SHAPE_PREFIX
+from . import limits
 from .tensors import FillJob
-from .validate import MAX_DECODED_BYTES
 from .values import as_cpu, bits, storage
 
 __all__ = ["RunCells", "RUNS_COL", "plan", "encode_runs", "encode_cells", "decode_cells"]
@@ -150,11 +150,13 @@ def encode_cells(enc: TableBuilder, node: dict, p: RunCells) -> None:
     enc.needs(3)
 
 
-def decode_cells(cols: Columns, node: dict, n: int, budget: int = MAX_DECODED_BYTES) -> list:
+def decode_cells(cols: Columns, node: dict, n: int, budget: int | None = None) -> list:
     """The rows of a token cell column with runs: each grouped row rebuilt at its full shape, its
     runs' values at their positions and the pad value (or ``pad_col`` values) elsewhere. A row
     MUST hold exactly its runs' values and its runs MUST lie within the row's width; the padded
-    outputs together MUST stay within ``budget`` bytes."""
+    outputs and their masks together MUST stay within ``budget`` bytes (default: the decode limit,
+    ``limits.MAX_DECODED_BYTES``), checked before each is allocated."""
+    budget = limits.MAX_DECODED_BYTES if budget is None else budget
     off, v = cols.list_parts(node["col"], node["dtype"])
     shapes, runs = cols.pylist(node["shape_col"]), cols.pylist(node["runs"])
     pv = cols.list_parts(node["pad_col"], node["dtype"]) if "pad_col" in node else None
@@ -175,11 +177,14 @@ def decode_cells(cols: Columns, node: dict, n: int, budget: int = MAX_DECODED_BY
         g, T = (shp[0], shp[1]) if len(shp) >= 2 else (0, 0)
         w = math.prod(shp[2:])
         s, ln = np.asarray(r[:g], dtype=np.int64), np.asarray(r[g:], dtype=np.int64)
-        budget -= math.prod(shp) * size
+        budget -= g * T * (w * size + 4) + 8 * T  # the row, its span mask (two comparisons), its inverse, arange(T)
         if len(shp) < 2 or len(r) != 2 * g or bool((s < 0).any() or (ln < 0).any() or (s + ln > T).any()) \
                 or int(ln.sum()) * w != len(x) or budget < 0:
+            if budget < 0 and len(shp) >= 2:
+                raise limits.over(cols.where, limits.MAX_DECODED_BYTES - budget,
+                                  f"the grouped rows of column {node['col']!r} (row {i}: {shp})")
             raise FormatError(f"{where} row {i}: its runs {r[:8]} do not fit its shape {shp} and "
-                              f"{len(x)} values (or the rows are too large to decode)")
+                              f"{len(x)} values")
         m = span_mask(s, ln, T).numpy()
         a = np.empty((g, T, w), dtype=x.dtype)
         if cols.defer is not None and node["lib"] == "torch":  # filled by the caller (trajstore/device_pad.py)

@@ -258,9 +258,11 @@ class FillJob(NamedTuple):
 
 
 def decode_padded(cols: Columns, node: TensorNode, n: int, T: int | None, side: str,
-                  mask_for: Callable[[np.ndarray, int, str], torch.Tensor]) -> tuple[Any, list[FillJob]]:
+                  mask_for: Callable[[np.ndarray, int, str], torch.Tensor],
+                  charge: Callable[[int, str], None] | None = None) -> tuple[Any, list[FillJob]]:
     """A token field padded to ``[n, T, *trail]`` (``T`` None: the longest row): the output, still
-    unfilled, and its fill jobs, scattered straight from each row group's values (no joined copy)."""
+    unfilled, and its fill jobs, scattered straight from each row group's values (no joined copy).
+    ``charge(nbytes, what)`` is told what the output and its mask take before they are allocated."""
     trail = node["trail"]
     w = max(1, math.prod(trail))
     off, parts = cols.chunks(node["col"], node["dtype"])
@@ -275,6 +277,9 @@ def decode_padded(cols: Columns, node: TensorNode, n: int, T: int | None, side: 
     if longest > T:
         raise FormatError(f"{cols.where}: column {node['col']!r} has a row of {longest} "
                           f"tokens, longer than the padded length {T}")
+    if charge is not None:  # the output, its [n, T] bool mask and the mask's arange(T)
+        charge(n * T * (math.prod(trail) * dt.storage_numpy(node["dtype"]).itemsize + 1) + 8 * T,
+               f"field {node['col']!r} padded to [{n}, {T}]")
     mask = mask_for(lengths, T, side)
     last = node.get("axis") == "last"
     if last:  # [n, *trail, T], filled through its [n, T, *trail] view

@@ -39,11 +39,12 @@ import numpy as np
 
 from ..errors import BatchError, FormatError, UnsupportedTypeError
 from . import dtypes as dt
+from .limits import MAX_VALUE_DEPTH
 from .values import check_tensor, is_tensor
 
 __all__ = ["needs_typed", "check_np_dtype", "encode", "decode", "version", "step_meta", "STORABLE", "MAX_DEPTH"]
 
-MAX_DEPTH = 200
+MAX_DEPTH = MAX_VALUE_DEPTH  # format/limits.py: one set for writer and reader
 TAG = "$t"
 STORABLE = ("None, bool, int, float, str, bytes, list, tuple, dict, a numpy scalar or array, "
             "or a torch tensor")

@@ -3,9 +3,12 @@
 A file is input: its spec may lie (wrong column names or types, negative or huge shapes,
 indices out of range).  ``check`` walks the spec once, checks every node's types and
 ranges against the Parquet schema and row count, and bounds the memory the decode will
-allocate beyond the data itself (padded outputs, inline tensors, fixed-width strings) by
-``MAX_DECODED_BYTES`` (environment variable ``TRAJSTORE_MAX_DECODED_BYTES``, default 16 GiB).
-Everything raises FormatError naming the file.
+allocate beyond the data itself (padded outputs and their masks, inline tensors, fixed-width
+strings, a Python object per row of each per-trajectory node) by ``limits.MAX_DECODED_BYTES``
+(``TRAJSTORE_MAX_DECODED_BYTES``; ``limits.check_pages`` bounds what pyarrow decompresses,
+``limits.load_doc`` the description's JSON). The envelope's parts (shards, wrappers,
+struct key orders) are checked in ``format/validate_envelope.py``. Everything raises FormatError
+naming the file.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ from __future__ import annotations
 import base64
 import binascii
 import math
-import os
 import re
 
 import numpy as np
@@ -21,17 +23,17 @@ import pyarrow as pa
 
 from ..errors import FormatError
 from . import dtypes as dt
-from . import typed
+from . import limits
+from .limits import MAX_SPEC_DEPTH as MAX_DEPTH
+from .validate_envelope import Bad as _Bad
+from .validate_envelope import check_orders, longest, shape as _shape, shard, typed_doc as _typed, wrapper
 
-MAX_DECODED_BYTES = int(os.environ.get("TRAJSTORE_MAX_DECODED_BYTES", 16 << 30))
-MAX_DEPTH = 64
-MAX_DIMS = 32
 _NP_STR = re.compile(r"^[<>|=]?(O|U\d{1,9}|S\d{1,9}|[Mm]8(\[\d{0,4}[a-zA-Z]{1,2}\])?|c(8|16))$")
 _LIBS = ("torch", "numpy", "np_scalar")
 
 
-class _Bad(Exception):
-    pass
+class _Over(Exception):
+    """A decode over ``limits.MAX_DECODED_BYTES``: ``(nbytes, what)``."""
 
 
 def _int(v, what: str, lo: int = 0) -> int:
@@ -40,26 +42,10 @@ def _int(v, what: str, lo: int = 0) -> int:
     return v
 
 
-def _shape(v, what: str) -> list[int]:
-    if type(v) is not list or len(v) > MAX_DIMS:
-        raise _Bad(f"{what} is {v!r}, expected a list of at most {MAX_DIMS} sizes")
-    for x in v:
-        _int(x, f"a size in {what}")
-    return v
-
-
 def _str(v, what: str) -> str:
     if type(v) is not str:
         raise _Bad(f"{what} is {v!r}, expected a string")
     return v
-
-
-def _typed(doc, what: str):
-    """A typed document (format/typed.py) decoded: its size bounds what it allocates."""
-    try:
-        return typed.decode(doc, what)
-    except FormatError as e:
-        raise _Bad(str(e).split("; the file")[0]) from None
 
 
 class _Checker:
@@ -74,9 +60,8 @@ class _Checker:
 
     def add(self, nbytes: int, what: str) -> None:
         self.bytes += nbytes
-        if self.bytes > MAX_DECODED_BYTES:
-            raise _Bad(f"decoding {what} would allocate {self.bytes} bytes, over the limit of "
-                       f"{MAX_DECODED_BYTES} (set TRAJSTORE_MAX_DECODED_BYTES to raise it if the file is trusted)")
+        if self.bytes > limits.MAX_DECODED_BYTES:
+            raise _Over(self.bytes, what)
 
     def col(self, node: dict, key: str, expect) -> str:
         name = _str(node.get(key), f"column name {key!r}")
@@ -158,7 +143,7 @@ class _Checker:
             raise _Bad(f"unknown node type {t!r}")
 
     def orders(self, node: dict) -> None:
-        _check_orders(self, node)
+        check_orders(self, node)
 
     def keys(self, node: dict, depth: int, child=None) -> None:
         keys = node.get("keys")
@@ -178,6 +163,8 @@ class _Checker:
         kind = node.get("kind")
         if kind == "sample" and "axis" in node:
             raise _Bad(f"sample field {node.get('col')!r} has a token axis")
+        if kind == "sample":  # its values, whatever their encoding compresses them to in the file
+            self.add(self.n * w * size, f"field {node.get('col')!r} of {self.n} rows of {trail}")
         if kind == "sample" and not trail:
             self.tcol(node, "col", name, listed=False)
             return
@@ -202,12 +189,15 @@ class _Checker:
                 raise _Bad(f"a token field with its token axis last in a file of format version {self.version} "
                            "(it needs 3)")
         self.pad(node, name, size)
-        if spec.get("form") == "padded":
-            self.add(self.n * spec["T"] * w * size, f"field {node['col']!r} padded to [{self.n}, {spec['T']}]")
+        if spec.get("form") == "padded":  # the output, its [B, T] bool mask and the mask's arange(T)
+            T = spec["T"]
+            self.add(self.n * T * (w * size + 1) + 8 * T, f"field {node['col']!r} padded to [{self.n}, {T}]")
         if spec.get("form") == "masked":
             if g is None or g.get("side") is None:
                 raise _Bad(f"token field {node['col']!r} of a masked batch names no mask group with a side")
-            self.add(self.n * g["W"] * (w * size + 1), f"field {node['col']!r} padded to [{self.n}, {g['W']}]")
+            masks = 3 if g.get("side") == "span" else 1  # a span's mask is built from two comparisons
+            self.add(self.n * g["W"] * (w * size + masks) + 8 * g["W"],
+                     f"field {node['col']!r} padded to [{self.n}, {g['W']}]")
 
     def segments(self, node: dict) -> None:
         """A segmented tensor (format version 3): counts of one run of rows per trajectory."""
@@ -222,6 +212,7 @@ class _Checker:
             raise _Bad(f"the counts of a segmented tensor are not {self.n} ints >= 0")
         if w >= 1 << 62 or sum(counts) * max(w, 1) >= 1 << 62:
             raise _Bad(f"a segmented tensor of {sum(counts)} rows of {node['trail']} is too large")
+        self.add(sum(counts) * w * dt.storage_numpy(name).itemsize, f"a segmented tensor of {sum(counts)} rows")
         self.tcol(node, "col", name)
 
     def group(self, node: dict) -> dict | None:
@@ -318,6 +309,9 @@ class _Checker:
         self.rows(node, "none")
         self.rows(node, "missing")
         t = node.get("t")
+        # one Python object per row (a dict for a struct, a tensor for a cell), whatever the file holds
+        self.add(self.n * (limits.STRUCT_ROW_BYTES if t in ("struct", "cell") else limits.ROW_OBJECT_BYTES),
+                 f"{self.n} rows of a per-trajectory {t} field")
         if t == "empty":
             return
         if t == "cell":
@@ -348,86 +342,6 @@ class _Checker:
             raise _Bad(f"unknown element type {t!r}")
 
 
-def _check_orders(ch: "_Checker", node: dict) -> None:
-    """A struct's ``orders`` (version 3): ``[[row, [key index...]], ...]``, rows unique, each a
-    permutation of the indices of the keys present in that row (not ``missing`` there)."""
-    if type(ch.version) is int and ch.version < 3:
-        raise _Bad(f"a struct with per-row key orders in a file of format version {ch.version} (it needs 3)")
-    orders, kids = node["orders"], [c for _, c in node["keys"]]
-    if type(orders) is not list:
-        raise _Bad("a struct's 'orders' is not a list")
-    none, rows = set(node.get("none", ())), set()
-    for o in orders:
-        if type(o) is not list or len(o) != 2 or type(o[0]) is not int or not 0 <= o[0] < ch.n or o[0] in rows \
-                or o[0] in none or type(o[1]) is not list:
-            raise _Bad(f"a struct key order {str(o)[:60]} is not a [row, [key index, ...]] of a row with a dict")
-        rows.add(o[0])
-        present = [j for j, c in enumerate(kids) if o[0] not in c.get("missing", ())]
-        if any(type(j) is not int for j in o[1]) or sorted(o[1]) != present:  # ints first: sorted() of None fails
-            raise _Bad(f"the key order of row {o[0]} is not an order of the keys the row holds")
-
-
-def _longest(cu: dict) -> int:
-    """The longest row of a packed batch's inline ``cu_seqlens`` (checked like the encoder does)."""
-    if len(cu["shape"]) != 1 or not cu["dtype"].startswith(("int", "uint")):
-        raise _Bad("cu_seqlens is not a 1-D integer tensor")
-    c = np.frombuffer(base64.b64decode(cu["data"]), dt.storage_numpy(cu["dtype"])).astype(np.int64)
-    d = np.diff(c)
-    if not len(c) or c[0] != 0 or bool((d < 0).any()):
-        raise _Bad("cu_seqlens does not start at 0 and never decrease")
-    return int(d.max(initial=0))
-
-
-def _td_tag(tag, keys: dict, depth: int = 0) -> None:
-    """A TensorDict's tag (format/containers.py) that fits the fields ``keys`` it wraps."""
-    if type(tag) is not dict or depth > MAX_DEPTH:
-        raise _Bad("a TensorDict wrapper is not an object")
-    _shape(tag.get("batch_size"), "TensorDict batch_size")
-    nested, non_tensor = tag.get("nested", {}), tag.get("non_tensor", {})
-    if type(nested) is not dict or type(non_tensor) is not dict:
-        raise _Bad("a TensorDict wrapper's nested / non_tensor entries are not objects")
-    for k, sub in nested.items():
-        node = keys.get(k)
-        if type(node) is not dict or node.get("t") != "group":
-            raise _Bad(f"the TensorDict wrapper nests field {k!r}, which is not a group of fields")
-        _td_tag(sub, dict(node["keys"]), depth + 1)
-    if any(v not in ("stack", "data") for v in non_tensor.values()):
-        raise _Bad("a TensorDict wrapper's non-tensor entry is neither 'stack' nor 'data'")
-
-
-def _wrapper(w, keys: dict) -> None:
-    """The container tag of a dict batch (an unknown type is left to ``containers.wrap``)."""
-    if type(w) is not dict:
-        raise _Bad("wrapper is not an object")
-    if w.get("type") == "tensordict":
-        _td_tag(w, keys)
-    elif w.get("type") == "dataproto":
-        names = w.get("non_tensor_keys")
-        if type(names) is not list or any(type(k) is not str for k in names):
-            raise _Bad("a DataProto wrapper's non_tensor_keys is not a list of names")
-        if "meta_info_t" in w:
-            if "meta_info" in w or type(_typed(w["meta_info_t"], "meta_info")) is not dict:
-                raise _Bad("a DataProto wrapper's typed meta_info is not a dict")
-        elif type(w.get("meta_info")) is not dict or type(w.get("cls", "")) is not str:
-            raise _Bad("a DataProto wrapper's meta_info or class name is malformed")
-        if w.get("td") is not None:
-            _td_tag(w["td"], {k: v for k, v in keys.items() if k not in names})
-
-
-def _shard(doc: dict, schema: pa.Schema) -> None:
-    """The envelope of one rank's shard of a logical step (docs/FORMAT.md section 1, format version 3):
-    ``{"shard": {"rank": r, "world_size": N}}`` and an int32 ``rank`` column."""
-    sh = doc["shard"]
-    if type(sh) is not dict or set(sh) != {"rank", "world_size"} or type(sh["rank"]) is not int \
-            or type(sh["world_size"]) is not int or not 0 <= sh["rank"] < sh["world_size"]:
-        raise _Bad(f"shard {sh!r} is not {{'rank': r, 'world_size': N}} with 0 <= r < N")
-    if type(doc.get("format_version")) is int and doc["format_version"] < 3:
-        raise _Bad(f"a shard file of format version {doc['format_version']} (it needs 3)")
-    i = schema.get_field_index("rank")
-    if i < 0 or schema.field(i).type != pa.int32():
-        raise _Bad("a shard file without its int32 'rank' column")
-
-
 def check(doc: dict, schema: pa.Schema, num_rows: int, where: str) -> None:
     """Raise FormatError unless ``doc`` (a step's trajstore metadata) fits the file."""
     try:
@@ -438,7 +352,7 @@ def check(doc: dict, schema: pa.Schema, num_rows: int, where: str) -> None:
         if not isinstance(doc.get("meta", {}), dict):
             raise _Bad("meta is not an object")
         if "shard" in doc:
-            _shard(doc, schema)
+            shard(doc, schema)
         ch = _Checker(schema, n, spec, doc.get("format_version"))
         t = spec.get("t")
         if t == "batch":
@@ -461,9 +375,9 @@ def check(doc: dict, schema: pa.Schema, num_rows: int, where: str) -> None:
             keys = dict(spec["keys"])
             cu = keys.get("cu_seqlens")
             if form == "packed" and isinstance(cu, dict) and cu.get("t") == "gtensor":
-                ch.add(n * _longest(cu), "the attention mask of a padded conversion")
+                ch.add(n * longest(cu), "the attention mask of a padded conversion")
             if spec.get("wrapper") is not None:
-                _wrapper(spec["wrapper"], keys)
+                wrapper(spec["wrapper"], keys)
         elif t == "seq":
             if spec.get("container") not in ("list", "tuple"):
                 raise _Bad(f"a list batch has container {spec.get('container')!r}")
@@ -475,6 +389,9 @@ def check(doc: dict, schema: pa.Schema, num_rows: int, where: str) -> None:
     except _Bad as e:
         raise FormatError(f"{where}: the file's description does not fit its contents: {e}; "
                           "the file is damaged or was not written by trajstore") from None
+    except _Over as e:
+        raise limits.over(where, *e.args) from None
     except RecursionError:
         raise FormatError(f"{where}: the file's description nests too deeply; "
                           "the file is damaged or was not written by trajstore") from None
+

@@ -20,12 +20,13 @@ if TYPE_CHECKING:
 
 from ..errors import BatchError, UnsupportedTypeError
 from . import dtypes as dt
+from .limits import MAX_VALUE_DEPTH
 from .spec import where
 
 __all__ = ["is_tensor", "is_tensorlike", "describe", "check_tensor", "as_cpu", "storage", "bits", "has_tensor",
            "check_str", "check_json", "dumps", "MAX_JSON_DEPTH"]
 
-MAX_JSON_DEPTH = 200
+MAX_JSON_DEPTH = MAX_VALUE_DEPTH  # format/limits.py: one set for writer and reader
 
 
 def is_tensor(x: Any) -> bool:

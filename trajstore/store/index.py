@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 
 from ..errors import FormatError
 from ..format import dtypes as dt
-from ..format import validate
+from ..format import limits
 from ..format.dtypes import as_value
 from ..format.spec import is_dict_batch, is_plain_sample
 from . import files, paths
@@ -250,7 +250,7 @@ class _Segment:
                 raise FormatError(f"steps {nums[0]}..{nums[-1]} are not increasing or not the range its name says")
             counts = np.array([e[1] for e in steps], dtype=np.int64)
             n = pf.metadata.num_rows
-            if int(counts.sum()) != n or n * 8 * (2 + len(fs)) > validate.MAX_DECODED_BYTES:
+            if int(counts.sum()) != n or n * 8 * (2 + len(fs)) > limits.MAX_DECODED_BYTES:
                 raise FormatError(f"it holds {n} rows, its steps add up to {int(counts.sum())}")
             self.schema = pf.schema_arrow
             starts = np.cumsum(counts) - counts

@@ -248,6 +248,9 @@ def read_manifest(root: Path) -> dict:
     if not isinstance(doc, dict) or doc.get("format") != "trajstore":
         raise FormatError(f"{f}: not a trajstore manifest (missing \"format\": \"trajstore\")")
     check_version(doc.get("format_version"), str(f), "the manifest", MANIFEST_VERSION)
+    if not isinstance(doc.get("environment", {}), dict):
+        raise FormatError(f"{f}: the manifest's \"environment\" is {type(doc['environment']).__name__}, not an "
+                          "object; the dump is damaged (restore trajstore.json, or set it to {})")
     return doc
 
 

@@ -7,7 +7,6 @@ without the decoding modules (and without torch, docs/CLI.md)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -15,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import FormatError, foreign_errors
-from ..format import validate
+from ..format import limits, validate
 from ..format.spec import check_version
 from . import checksums
 from .fs import source
@@ -39,20 +38,20 @@ def open_step(f: Path, step: int, verify: bool = False, check: bool = True) -> S
     callers that check the one node they decode."""
     with foreign_errors(f, "reading it as a Parquet file", then="the step is damaged"):
         src = pa.BufferReader(checksums.read_verified(f, step)) if verify else source(f)
-        pf = pq.ParquetFile(src, memory_map=False, page_checksum_verification=True)
+        pf = pq.ParquetFile(src, memory_map=False, page_checksum_verification=True, **limits.THRIFT_LIMITS)
         kv = pf.metadata.metadata or {}  # the footer's key-value pairs (no Arrow schema build)
     raw = kv.get(b"trajstore")
     if raw is None:
         raise FormatError(f"{f}: Parquet file without trajstore metadata; it was not written by trajstore")
-    try:
-        doc = json.loads(raw)
-    except (ValueError, RecursionError) as e:
-        raise FormatError(f"{f}: trajstore metadata is not valid JSON ({e})") from None
+    doc = limits.load_doc(raw, str(f))  # its size bounded first (format/limits.py)
     if not isinstance(doc, dict) or not isinstance(doc.get("batch"), dict):
         raise FormatError(f"{f}: trajstore metadata has no batch spec")
     check_version(doc.get("format_version"), str(f), "the step")
     if doc.get("step") != step:
         raise FormatError(f"{f}: the file says it holds step {doc.get('step')!r}, its name says {step}")
     if check:
-        validate.check(doc, pf.schema_arrow, pf.metadata.num_rows, str(f))
+        limits.check_pages(pf.metadata, str(f))
+        with foreign_errors(f, "reading its Arrow schema", then="the step is damaged"):
+            arrow_schema = pf.schema_arrow
+        validate.check(doc, arrow_schema, pf.metadata.num_rows, str(f))
     return StepFile(pf, src, doc, f)
