@@ -38,7 +38,9 @@ GROWTH = 96 << 20  # what a refused read may add to the child's peak RSS
 _CHILD = textwrap.dedent("""
     import json, resource, sys
     resource.setrlimit(resource.RLIMIT_AS, ({cap}, {cap}))
+    import pandas, torch  # loaded before the first peak: the package root loads them lazily
     import trajstore
+    import trajstore.reader
     from trajstore.format import limits
     from trajstore.inspection.describe import describe
 
