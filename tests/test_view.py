@@ -308,11 +308,13 @@ def test_field_choice_follows_the_definitions():
         data.pick(["a", "b"], [], set(), ("a", "c"))
 
 
-def test_run_page_shows_index_rewards_first_then_every_curve(dumps, monkeypatch):
-    """Steps still being read are ``pending``: their rewards come from the column index at once, the
-    other curves once the server's thread has read them."""
+def test_run_page_steps_without_index_are_pending_then_read(dumps, monkeypatch, tmp_path):
+    """Steps the column index does not cover are ``pending`` until the server's thread has read
+    them from their files; indexed steps are answered at once; both give the same curves."""
     from trajstore.view import pages
 
+    shutil.copytree(dumps["packed"], tmp_path / "d")
+    shutil.rmtree(tmp_path / "d" / "_trajstore" / "train" / "index")
     gate = threading.Event()
     real = pages.data.read
 
@@ -321,14 +323,14 @@ def test_run_page_shows_index_rewards_first_then_every_curve(dumps, monkeypatch)
         return real(*a, **kw)
 
     monkeypatch.setattr(pages.data, "read", slow)
-    v = View(dumps["packed"])
+    assert View(dumps["packed"]).run(wait=0)["pending"] == 0  # indexed: no file read
+    v = View(tmp_path / "d")
     first = v.run(wait=0)
-    assert first["pending"] == 4 and first["series"]["length_mean"] == [None] * 4
+    assert first["pending"] == 4 and all(x == [None] * 4 for x in first["series"].values())
     gate.set()
     full = v.run()
     assert full["pending"] == 0 and None not in full["series"]["length_mean"]
-    for m in ("reward_mean", "reward_std", "reward_min", "reward_max"):
-        assert first["series"][m] == pytest.approx(full["series"][m], rel=1e-12)
+    assert full["series"] == View(dumps["packed"]).run()["series"]
 
 
 def test_cli_view_export_and_missing_extra(dumps, tmp_path):

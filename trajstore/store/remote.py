@@ -219,6 +219,9 @@ class NoIndex:
     def values(self, name: str, steps: list[int], shards: dict | None = None) -> dict:
         return {}
 
+    def arrays(self, keys: list, steps: list[int], shards: dict | None = None) -> dict:
+        return {}
+
 
 def dataset(files: list[RemotePath]) -> Any:
     """The step files of one split as one ``pyarrow.dataset`` (what DuckDB scans for ``trajstore sql``):
