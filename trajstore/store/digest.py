@@ -102,7 +102,8 @@ def absdiff(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray],
     (oa, va), (ob, vb) = a, b
     if oa[-1] - oa[0] != ob[-1] - ob[0] or not np.array_equal(np.diff(oa), np.diff(ob)):
         return None
-    d = np.abs(va.astype(np.float64)[oa[0]:oa[-1]] - vb.astype(np.float64)[ob[0]:ob[-1]])
+    with np.errstate(all="ignore"):  # inf - inf: NaN, as intended
+        d = np.abs(va.astype(np.float64)[oa[0]:oa[-1]] - vb.astype(np.float64)[ob[0]:ob[-1]])
     rel = oa - oa[0]
     used = mask is not None and np.array_equal(np.diff(mask[0]), np.diff(oa))
     keep = keep_of(mask[1][mask[0][0]:mask[0][-1]]) if used else np.ones(len(d), bool)
