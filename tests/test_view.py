@@ -475,3 +475,27 @@ def test_run_curves_from_the_index_equal_the_files_for_any_batch(tmp_path_factor
                 for b in batches.values()}) == 1
     if kind == "padded" and same:
         assert reads == []  # every step from the index
+
+
+def test_digest_blocks_change_no_value(monkeypatch):
+    """``store/digest.py`` works over blocks of whole rows: any block size gives the same bits."""
+    from trajstore.store import digest
+
+    rng = np.random.default_rng(7)
+    lens = rng.integers(0, 40, 60)
+    offs = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    n = int(offs[-1])
+    a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n)
+    a[::17] = np.inf
+    m, v = rng.integers(0, 2, n).astype(np.int32), rng.integers(-5, 9, n).astype(np.int16)
+
+    def run():
+        return [*digest.absdiff((offs, a), (offs, b), (offs, m))[:2], *digest.extremes(offs, v, m != 0),
+                digest.count(offs, m != 0)]
+
+    want = run()
+    for block in (1, 5, 64):
+        monkeypatch.setattr(digest, "BLOCK", block)
+        got = run()
+        assert all(x.tobytes() == y.tobytes() for x, y in zip(got, want)), block
+    assert want[1].tolist() == [float((m[offs[i]:offs[i + 1]] != 0).sum()) for i in range(60)]

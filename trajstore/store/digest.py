@@ -68,10 +68,26 @@ def seg(offs: np.ndarray, vals: np.ndarray, fn: Any, fill: float) -> np.ndarray:
     return out
 
 
+BLOCK = 1 << 18  # tokens per block of the row-wise passes below (cache-sized temporaries)
+
+
+def _blocks(offs: np.ndarray) -> Any:
+    """``(first, end)`` row ranges of whole rows holding about ``BLOCK`` tokens each (a row's result
+    depends on its own tokens only, so blocks change no value, only the memory touched)."""
+    n, i = len(offs) - 1, 0
+    while i < n:
+        j = min(max(int(np.searchsorted(offs, offs[i] + BLOCK, side="right")) - 1, i + 1), n)
+        yield i, j
+        i = j
+
+
 def count(offs: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """The true values of each row of the bool tokens ``m``."""
-    nz = np.flatnonzero(m[offs[0]:offs[-1]])
-    return np.diff(np.searchsorted(nz, offs - offs[0])).astype(np.float64)
+    """The true values of each row of the bool tokens ``m`` (float64)."""
+    out = np.zeros(len(offs) - 1, dtype=np.float64)
+    for i, j in _blocks(offs):
+        o = offs[i:j + 1]
+        out[i:j] = np.diff(np.searchsorted(np.flatnonzero(m[o[0]:o[-1]]), o - o[0]))
+    return out
 
 
 def keep_of(m: np.ndarray) -> np.ndarray:
@@ -86,9 +102,13 @@ def extremes(offs: np.ndarray, v: np.ndarray, keep: np.ndarray | None) -> tuple[
     else:
         n = count(offs, keep)
         big = np.iinfo(v.dtype) if v.dtype.kind in "iu" else None
-        top, bot = (big.min, big.max) if big else (-np.inf, np.inf)
-        hi = seg(offs, np.where(keep, v, np.asarray(top, v.dtype)), np.maximum, np.nan)
-        lo = seg(offs, np.where(keep, v, np.asarray(bot, v.dtype)), np.minimum, np.nan)
+        top, bot = (np.asarray(x, v.dtype) for x in ((big.min, big.max) if big else (-np.inf, np.inf)))
+        hi, lo = np.empty(len(n)), np.empty(len(n))
+        for i, j in _blocks(offs):
+            o = offs[i:j + 1]
+            vv, kk, r = v[o[0]:o[-1]], keep[o[0]:o[-1]], o - o[0]
+            hi[i:j] = seg(r, np.where(kk, vv, top), np.maximum, np.nan)
+            lo[i:j] = seg(r, np.where(kk, vv, bot), np.minimum, np.nan)
     hi[n == 0] = np.nan
     lo[n == 0] = np.nan
     return hi, lo
@@ -96,18 +116,26 @@ def extremes(offs: np.ndarray, v: np.ndarray, keep: np.ndarray | None) -> tuple[
 
 def absdiff(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray],
             mask: tuple[np.ndarray, np.ndarray] | None) -> tuple[np.ndarray, np.ndarray, bool] | None:
-    """Per row: the sum of ``|a - b|`` (float64) and the tokens summed, over the tokens of ``mask``
-    where its rows are as long as ``a``'s; and whether the mask was applied. None when ``a`` and
-    ``b`` have rows of different lengths."""
+    """Per row: the sum of ``|float64(a) - float64(b)|`` (float64, ``numpy.add.reduceat`` of the row)
+    and the tokens summed (float64), over the tokens of ``mask`` where its rows are as long as
+    ``a``'s; and whether the mask was applied. None when ``a`` and ``b`` have rows of different lengths."""
     (oa, va), (ob, vb) = a, b
-    if oa[-1] - oa[0] != ob[-1] - ob[0] or not np.array_equal(np.diff(oa), np.diff(ob)):
+    lens = np.diff(oa)
+    if not np.array_equal(lens, np.diff(ob)):
         return None
-    with np.errstate(all="ignore"):  # inf - inf: NaN, as intended
-        d = np.abs(va.astype(np.float64)[oa[0]:oa[-1]] - vb.astype(np.float64)[ob[0]:ob[-1]])
-    rel = oa - oa[0]
-    used = mask is not None and np.array_equal(np.diff(mask[0]), np.diff(oa))
-    keep = keep_of(mask[1][mask[0][0]:mask[0][-1]]) if used else np.ones(len(d), bool)
-    return seg(rel, np.where(keep, d, 0.0), np.add, 0.0), count(rel, keep), used
+    used = mask is not None and np.array_equal(np.diff(mask[0]), lens)
+    sums, cnt = np.zeros(len(lens)), lens.astype(np.float64)
+    for i, j in _blocks(oa):
+        r = oa[i:j + 1] - oa[i]
+        with np.errstate(all="ignore"):  # inf - inf: NaN, as intended
+            d = np.subtract(va[oa[i]:oa[j]], vb[ob[i]:ob[j]], dtype=np.float64)  # each side as float64 first
+            np.abs(d, out=d)
+        if used:
+            kk = keep_of(mask[1][mask[0][i]:mask[0][j]])
+            np.copyto(d, 0.0, where=~kk)
+            cnt[i:j] = count(r, kk)
+        sums[i:j] = seg(r, d, np.add, 0.0)
+    return sums, cnt, used
 
 
 def derive(doc: dict, table: pa.Table) -> dict[tuple, np.ndarray]:
@@ -117,11 +145,11 @@ def derive(doc: dict, table: pa.Table) -> dict[tuple, np.ndarray]:
     if not fast(doc):
         return {}
     keys = doc["batch"]["keys"]
-    toks = [k for k, n in keys if is_token(n) and n.get("trail") == []]
-    col = {k: rows(table.column(n["col"])) for k, n in keys if k in toks}
-    mask = next((m for m in MASKS if m in col), None)
-    ver = next((v for v in VERSIONS if v in col), None)
-    pairs = [p for p in PAIRS if p[0] in col and p[1] in col]
+    toks = {k: n for k, n in keys if is_token(n) and n.get("trail") == []}
+    mask = next((m for m in MASKS if m in toks), None)
+    ver = next((v for v in VERSIONS if v in toks), None)
+    pairs = [p for p in PAIRS if p[0] in toks and p[1] in toks]
+    col = {k: rows(table.column(toks[k]["col"])) for k in {mask, ver, *(x for p in pairs for x in p)} - {None}}
     out: dict[tuple, np.ndarray] = {}
     first = next((k for k in [mask, ver, *(pairs[0] if pairs else ())] if k), None)
     if first is not None:
