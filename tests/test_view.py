@@ -389,7 +389,7 @@ def _series(path, use_index: bool) -> tuple[dict, list]:
         reads.append(s)
         return real(r, s, *a, **kw)
 
-    off = mock.patch.object(Index, "arrays", lambda *a, **k: {}) if not use_index else nullcontext()
+    off = mock.patch.object(Index, "table", lambda *a, **k: ([], None, [])) if not use_index else nullcontext()
     with off, mock.patch.object(pages.data, "read", spy):
         got = View(path).run()
     return got, reads
@@ -417,7 +417,7 @@ def test_a_pair_asked_for_without_digests_is_read_from_the_files(dumps, pair):
     assert got["fields"]["pair"] == list(pair) and calls == got["steps"]  # no digest of that pair
     from trajstore.store.segments import Index
     from unittest import mock
-    with mock.patch.object(Index, "arrays", lambda *a, **k: {}):
+    with mock.patch.object(Index, "table", lambda *a, **k: ([], None, [])):
         assert View(dumps["padded"]).run(pair=pair)["series"] == got["series"]
 
 

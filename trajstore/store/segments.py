@@ -122,7 +122,7 @@ class _Segment:
         self.pos = {s: i for i, s in enumerate(nums)}
         self.idents = [tuple(e[2:]) for e in steps]
         self.starts, self.counts = starts.tolist(), counts.tolist()
-        self._cols: dict[Key, pa.Array] = {}
+        self._cols: dict[Key, np.ndarray] = {}
 
     def _file(self) -> pq.ParquetFile:
         return pq.ParquetFile(pa.BufferReader(self._buf), page_checksum_verification=True)
@@ -137,15 +137,19 @@ class _Segment:
             raise FormatError(f"column {col!r} holds {len(arr)} values ({arr.null_count} null) for {n} rows")
         return arr.combine_chunks()
 
-    def raw(self, key: Key, step: int) -> np.ndarray:
-        """``step``'s values of ``key`` (a field: as ``format.parquet.read_sample`` decodes it before
-        ``as_value``; a digest: int64 or float64) as a numpy copy."""
+    def column(self, key: Key) -> np.ndarray:
+        """All values of ``key`` (read-only numpy, cached)."""
         a = self._cols.get(key)
         if a is None:
             col, typ, old = self.cols[key]
-            a = self._cols[key] = self._read(self._file(), col, typ, sum(self.counts), old)
+            a = self._cols[key] = self._read(self._file(), col, typ, sum(self.counts), old).to_numpy(zero_copy_only=False)
+        return a
+
+    def raw(self, key: Key, step: int) -> np.ndarray:
+        """``step``'s values of ``key`` (a field: as ``format.parquet.read_sample`` decodes it before
+        ``as_value``; a digest: int64 or float64) as a numpy copy."""
         i = self.pos[step]
-        v = a.slice(self.starts[i], self.counts[i]).to_numpy(zero_copy_only=False)
+        v = self.column(key)[self.starts[i]:self.starts[i] + self.counts[i]]
         c = v.copy()  # owned by the result: an in-place change must not reach the cache
         c.flags.writeable = v.flags.writeable  # as from the step file (Arrow views are read-only)
         return c
@@ -171,13 +175,50 @@ class Index:
         """``{step: ([numpy array per key], node of keys[0] if a field)}`` for the steps of ``steps``
         for which one segment (one per shard) holds every key of ``keys``, as ``values`` says."""
         try:
-            return self._gather(keys, steps, shards or {})
+            got = self._pick(keys, steps, shards or {})
+            out = {}
+            for s, segs in got.items():
+                vals = [[seg.raw(k, s) for seg in segs] for k in keys]
+                out[s] = ([v[0] if len(v) == 1 else np.concatenate(v) for v in vals],  # shards in rank order
+                          segs[0].nodes.get(keys[0]) if isinstance(keys[0], str) else None)
+            return out
         except Exception as e:  # noqa: BLE001 - the index is advisory: fall back to the files
             rlog.warning("trajstore: the index of %s is not used (%s: %s); reading the step files",
                          self.dir, type(e).__name__, e)
             return {}
 
-    def _gather(self, keys: list[Key], steps: list[int], shards: dict[int, int]) -> dict[int, tuple]:
+    def table(self, keys: list[Key], steps: list[int], shards: dict[int, int] | None = None
+              ) -> tuple[list[int], np.ndarray, list[np.ndarray]]:
+        """The steps (in order) of ``steps`` that ``arrays`` would give, the row bounds of each
+        (``[n + 1]``), and each key's values of those steps' rows joined (new arrays): ``arrays`` of
+        many steps at once, without a Python object per step and key."""
+        try:
+            got = self._pick(keys, steps, shards or {})
+            runs: list[list] = []  # [segment, first row, rows]: steps next to each other in a segment, merged
+            found, counts = [], []
+            for s in sorted(got):
+                n = 0
+                for seg in got[s]:
+                    i = seg.pos[s]
+                    if runs and runs[-1][0] is seg and runs[-1][1] + runs[-1][2] == seg.starts[i]:
+                        runs[-1][2] += seg.counts[i]
+                    else:
+                        runs.append([seg, seg.starts[i], seg.counts[i]])
+                    n += seg.counts[i]
+                found.append(s)
+                counts.append(n)
+            bounds = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
+            cols = [np.concatenate([seg.column(k)[a:a + n] for seg, a, n in runs]) if runs
+                    else np.zeros(0) for k in keys]
+            return found, bounds, cols
+        except Exception as e:  # noqa: BLE001 - see arrays
+            rlog.warning("trajstore: the index of %s is not used (%s: %s); reading the step files",
+                         self.dir, type(e).__name__, e)
+            return [], np.zeros(1, np.int64), [np.zeros(0) for _ in keys]
+
+    def _pick(self, keys: list[Key], steps: list[int], shards: dict[int, int]) -> dict[int, list[_Segment]]:
+        """``{step: [segment, ...]}`` (one per shard, in rank order) holding ``keys`` of ``step``'s
+        current file(s), their columns read, for the steps of ``steps`` the index covers."""
         found = []
         for d in self.dirs:
             try:
@@ -195,26 +236,36 @@ class Index:
             if i == len(want) or want[i] > hi:
                 continue  # covers none of the steps asked for
             seg = self._segment(n, lo, hi)
-            if seg is not None and all(k in seg.cols for k in keys):
+            if seg is not None and all(k in seg.cols for k in keys) and self._load(n, seg, keys):
                 for s in seg.pos.keys() & want[i:bisect.bisect_right(want, hi)]:
                     cand.setdefault((s, seg.shard), []).append((n, seg))
-        node = lambda seg: seg.nodes.get(keys[0]) if isinstance(keys[0], str) else None  # noqa: E731
-        out: dict[int, tuple] = {}
+        fields = [k for k in keys if isinstance(k, str)]
+        out: dict[int, list[_Segment]] = {}
         for s in want:
             if s in shards:
                 got = [self._one(keys, s, cand.get((s, (r, shards[s]))), paths.shard_name(s, r, shards[s]))
                        for r in range(shards[s])]
-                if all(g is not None for g in got) and all(node(g[1]) == node(got[0][1]) for g in got):
-                    out[s] = ([np.concatenate([g[0][k] for g in got]) for k in range(len(keys))],  # rank order
-                              node(got[0][1]))
+                if all(g is not None for g in got) and all(g.nodes.get(k) == got[0].nodes.get(k)
+                                                           for g in got for k in fields):
+                    out[s] = got
                 continue
-            got = self._one(keys, s, cand.get((s, None)), paths.step_name(s))
-            if got is not None:
-                out[s] = (got[0], node(got[1]))
+            got1 = self._one(keys, s, cand.get((s, None)), paths.step_name(s))
+            if got1 is not None:
+                out[s] = [got1]
         return out
 
-    def _one(self, keys: list[Key], s: int, cand: list | None, file: str) -> tuple[list, _Segment] | None:
-        """``keys`` of step ``s`` from the first of ``cand`` that indexes ``file`` as it is now."""
+    def _load(self, n: str, seg: _Segment, keys: list[Key]) -> bool:
+        """Read (and check) the columns of ``keys`` of segment ``n``; False (forgotten) if damaged."""
+        try:
+            for k in keys:
+                seg.column(k)
+            return True
+        except Exception as e:  # noqa: BLE001 - a damaged column: forget the segment
+            self._bad(n, e)
+            return False
+
+    def _one(self, keys: list[Key], s: int, cand: list | None, file: str) -> _Segment | None:
+        """The first of ``cand`` that indexes ``file`` as it is now (its columns of ``keys`` read)."""
         if not cand:
             return None
         try:
@@ -222,12 +273,8 @@ class Index:
         except OSError:
             return None  # gone: the step file path says so
         for n, seg in cand:
-            if seg.idents[seg.pos[s]] != ident or self._segs.get(n) is not seg:
-                continue  # rewritten since it was indexed, or the segment turned out damaged
-            try:
-                return [seg.raw(k, s) for k in keys], seg
-            except Exception as e:  # noqa: BLE001 - a damaged column: forget the segment
-                self._bad(n, e)
+            if seg.idents[seg.pos[s]] == ident and self._segs.get(n) is seg:
+                return seg  # else: rewritten since it was indexed, or the segment turned out damaged
         return None
 
     def _segment(self, n: str, lo: int, hi: int) -> _Segment | None:

@@ -275,7 +275,7 @@ def index_keys(f: Fields) -> list:
 
 
 def from_index(f: Fields, got: list[np.ndarray]) -> dict[str, np.ndarray]:
-    """``run_traj`` of a step from the values of ``index_keys(f)`` (in that order)."""
+    """``run_traj`` of a step (or ``join`` of several) from the values of ``index_keys(f)`` (in that order)."""
     it = iter(got)
     rew = next(it).astype(np.float64) if f.reward else None
     tokens = next(it).astype(np.int64)

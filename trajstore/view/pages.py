@@ -132,15 +132,13 @@ class View:
     def _indexed(self, r: Reader, f: data.Fields, steps: list[int]) -> dict[int, dict]:
         """The metrics of the steps of ``steps`` whose per-trajectory figures the split's column index
         holds (the others are left out)."""
-        keys = data.index_keys(f)
         try:
-            got = r._index.arrays(keys, steps, r._listing.shards)
+            have, bounds, cols = r._index.table(data.index_keys(f), steps, r._listing.shards)
         except (TrajstoreError, OSError):
             return {}
-        have = [s for s in steps if s in got]
         if not have:
             return {}
-        ms = data.metrics(*data.join([data.from_index(f, got[s][0]) for s in have]))
+        ms = data.metrics(data.from_index(f, cols), bounds)
         return {s: {m: ms[m][g] for m in data.METRICS} for g, s in enumerate(have)}
 
     # -- step page
