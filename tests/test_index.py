@@ -486,3 +486,20 @@ def test_rotation_deletes_segments_whose_steps_are_gone(tmp_path, monkeypatch):
     assert spy.steps == []
     for s in kept:
         _same(got[s], _batch(s)["rewards"], f"step {s}")
+
+
+def test_failing_digests_leave_the_fields_indexed(tmp_path, caplog, monkeypatch):
+    from trajstore.store import digest
+
+    def boom(*a, **k):
+        raise RuntimeError("digest bug")
+
+    monkeypatch.setattr(digest, "derive", boom)
+    with caplog.at_level(logging.WARNING, "trajstore.writer"):
+        _write(tmp_path, range(2))
+    assert "no run-page digests" in caplog.text
+    meta = json.loads(pq.read_schema(_idx(tmp_path) / _segments(tmp_path)[0]).metadata[index.KEY])
+    assert [k for k, _ in meta["fields"]] == ["rewards", "seq_len"] and "derived" not in meta
+    with _Spy() as spy:
+        got = trajstore.Reader(tmp_path).column("rewards")
+    assert spy.steps == [] and torch.equal(got[1], _batch(1)["rewards"])

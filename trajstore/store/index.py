@@ -111,7 +111,12 @@ class Collector:
                 if a.type != dt.arrow_type(node["dtype"]) or a.null_count or len(a) != table.num_rows:
                     return None
                 cols[node["col"]] = pa.array(a.to_numpy(zero_copy_only=False).copy(), type=a.type)
-            dig = digest.derive(doc, table)
+            try:
+                dig = digest.derive(doc, table)
+            except Exception as e:  # noqa: BLE001 - the fields are still indexed
+                wlog.warning("trajstore: step %d of %s: no run-page digests in the index (%s: %s)", step,
+                             self.dir, type(e).__name__, e)
+                dig = {}
             names = [f"{DERIVED}{i}" for i in range(len(dig))]
             if set(names) & set(cols):
                 dig, names = {}, []  # a field column named like a digest column: no digests
