@@ -3,6 +3,7 @@
 the step files wherever the index is missing, stale or damaged."""
 
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -45,6 +46,11 @@ def _idx(path, split="train"):
 def _segments(path, split="train"):
     d = _idx(path, split)
     return sorted(n for n in os.listdir(d) if index.SEGMENT_RE.match(n)) if d.exists() else []
+
+
+def _rehash(f):
+    """Record ``f``'s SHA-256 in its sidecar, as a writer of the segment would (a consistent forgery)."""
+    f.with_suffix(".sha256").write_text(f"{hashlib.sha256(f.read_bytes()).hexdigest()}  {f.name}\n")
 
 
 def _write(path, steps, **kw):
@@ -162,10 +168,13 @@ def test_index_written_on_close_and_used(tmp_path):
     _write(tmp_path, range(5))
     assert len(_segments(tmp_path)) == 1 and _segments(tmp_path)[0].startswith("steps_00000000-00000004.")
     t = pq.read_table(_idx(tmp_path) / _segments(tmp_path)[0])
-    assert t.column_names == ["step", "row", "rewards", "seq_len"]
+    assert t.column_names == ["step", "row", "rewards", "seq_len", "~0"]
     assert (t.schema.field("step").type, t.schema.field("row").type) == (pa.int64(), pa.int32())
     meta = json.loads(t.schema.metadata[index.KEY])
     assert meta["version"] == 1 and meta["split"] == "train"
+    assert meta["derived"] == [["~0", "tokens", []]] and t.column("~0").to_pylist() == [5] * 20
+    assert (_idx(tmp_path) / _segments(tmp_path)[0]).with_suffix(".sha256").read_text() == \
+        f"{hashlib.sha256((_idx(tmp_path) / _segments(tmp_path)[0]).read_bytes()).hexdigest()}  {_segments(tmp_path)[0]}\n"
     assert [k for k, _ in meta["fields"]] == ["rewards", "seq_len"] and len(meta["steps"]) == 5
     st_ = os.stat(tmp_path / "train" / paths.step_name(3))
     assert meta["steps"][3] == [3, 4, st_.st_ino, st_.st_size, st_.st_mtime_ns]
@@ -230,8 +239,10 @@ def test_overwrite_in_one_writer_keeps_the_last_version(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "no-metadata", "wrong-rows",
-                                    "wrong-steps", "newer-version", "other-split", "wrong-type", "bad-node"])
+                                    "wrong-steps", "newer-version", "other-split", "wrong-type", "bad-node",
+                                    "bad-derived", "derived-clash", "no-checksum", "bad-checksum"])
 def test_damaged_segment_is_ignored(tmp_path, caplog, damage):
+    """Damage of any kind, also where its checksum is recomputed to match (its structure is checked)."""
     _write(tmp_path, range(3))
     f = _idx(tmp_path) / _segments(tmp_path)[0]
     raw = f.read_bytes()
@@ -258,10 +269,20 @@ def test_damaged_segment_is_ignored(tmp_path, caplog, damage):
             t = t.set_column(2, "rewards", t.column("rewards").cast(pa.float64()))
         elif damage == "bad-node":
             meta["fields"][0][1]["trail"] = [2]
-        if damage != "no-metadata":
+        elif damage == "bad-derived":
+            meta["derived"][0][1] = "mean"
+        elif damage == "derived-clash":
+            meta["derived"][0][0] = "rewards"
+        if damage not in ("no-metadata", "no-checksum", "bad-checksum"):
             t = t.replace_schema_metadata({index.KEY: json.dumps(meta)})
         f.unlink()
         pq.write_table(t, f)
+    if damage == "no-checksum":
+        f.with_suffix(".sha256").unlink()
+    elif damage == "bad-checksum":
+        f.with_suffix(".sha256").write_text("0" * 64 + "  x\n")
+    elif damage not in ("truncated", "garbage", "empty"):
+        _rehash(f)
     r = trajstore.Reader(tmp_path)
     with caplog.at_level(logging.WARNING, "trajstore.reader"), _Spy() as spy:
         got = r.column("rewards")
@@ -273,13 +294,51 @@ def test_damaged_segment_is_ignored(tmp_path, caplog, damage):
     assert len(warned) == 1 and f.name in warned[0], caplog.messages
 
 
-def test_forged_values_show_the_index_is_used_and_verify_ignores_it(tmp_path):
+def test_falsified_segment_is_ignored_even_with_its_size_and_mtime(tmp_path, caplog):
+    """Issue 17: a segment whose values were falsified in place (same inode, size and mtime; its
+    step files untouched) fails its checksum: ``Reader.column`` returns the step files' values."""
+    _write(tmp_path, range(3))
+    f = _idx(tmp_path) / _segments(tmp_path)[0]
+    st0, raw = os.stat(f), f.read_bytes()
+    t = pq.read_table(f)
+    t = t.set_column(2, "rewards", pa.array(np.full(t.num_rows, 42.0, np.float32)))
+    meta = dict(t.schema.metadata)
+
+    def forge(pad: int, extra: int) -> bytes:  # parquet key-value padding: one byte a character
+        buf = pa.BufferOutputStream()
+        with pq.ParquetWriter(buf, t.schema, compression="zstd", write_page_checksum=True) as w:
+            w.write_table(t)
+            w.add_key_value_metadata({"pad": "x" * pad, "p2": "y" * extra})
+        return buf.getvalue().to_pybytes()
+
+    short = len(raw) - len(forge(0, 0))  # a forgery of exactly the segment's size
+    assert short > 0
+    forged = next(x for p in range(max(short - 4, 0), short + 1) for e in range(3)
+                  if len(x := forge(p, e)) == len(raw))
+    assert len(forged) == len(raw) and forged != raw
+    with open(f, "r+b") as fh:  # in place: the same inode
+        fh.write(forged)
+    os.utime(f, ns=(st0.st_atime_ns, st0.st_mtime_ns))
+    st1 = os.stat(f)
+    assert (st1.st_ino, st1.st_size, st1.st_mtime_ns) == (st0.st_ino, st0.st_size, st0.st_mtime_ns)
+    assert pq.read_table(f).column("rewards").to_pylist()[:4] == [42.0] * 4  # a valid segment, false values
+    with caplog.at_level(logging.WARNING, "trajstore.reader"), _Spy() as spy:
+        got = trajstore.Reader(tmp_path).column("rewards")
+    assert spy.steps == [0, 1, 2] and "SHA-256" in caplog.text and f.name in caplog.text
+    for s in range(3):
+        _same(got[s], _batch(s)["rewards"], f"step {s}")
+
+
+def test_forged_segment_with_its_checksum_is_trusted_and_verify_ignores_it(tmp_path):
+    """A forger who also rewrites the segment's checksum is trusted, as with step files and their
+    checksums (docs/RELIABILITY.md); ``verify=True`` reads the (checked) step files instead."""
     _write(tmp_path, range(3))
     f = _idx(tmp_path) / _segments(tmp_path)[0]
     t = pq.read_table(f)
     t = t.set_column(2, "rewards", pa.array(np.full(t.num_rows, 42.0, np.float32)))
     f.unlink()
-    pq.write_table(t, f)  # consistent, recorded identities still match: trusted (it is advisory)
+    pq.write_table(t, f)
+    _rehash(f)
     assert torch.equal(trajstore.Reader(tmp_path).column("rewards")[1], torch.full((4,), 42.0))
     got = trajstore.Reader(tmp_path, verify=True).column("rewards")
     for s in range(3):
@@ -398,7 +457,8 @@ def test_other_readers_ignore_the_index(tmp_path):
     assert d["splits"]["train"]["steps"]["count"] == 3 and list(d["splits"]) == ["train"]
     assert len(r.to_pandas()) == 12
     trajstore.Writer(tmp_path).close()  # reopening cleans the dead writer's temporary
-    assert os.listdir(_idx(tmp_path)) == _segments(tmp_path)
+    assert sorted(os.listdir(_idx(tmp_path))) == sorted(_segments(tmp_path) + [
+        n[: -len("index")] + "sha256" for n in _segments(tmp_path)])
 
 
 def test_sql_view_ignores_the_index(tmp_path):
@@ -426,3 +486,20 @@ def test_rotation_deletes_segments_whose_steps_are_gone(tmp_path, monkeypatch):
     assert spy.steps == []
     for s in kept:
         _same(got[s], _batch(s)["rewards"], f"step {s}")
+
+
+def test_failing_digests_leave_the_fields_indexed(tmp_path, caplog, monkeypatch):
+    from trajstore.store import digest
+
+    def boom(*a, **k):
+        raise RuntimeError("digest bug")
+
+    monkeypatch.setattr(digest, "derive", boom)
+    with caplog.at_level(logging.WARNING, "trajstore.writer"):
+        _write(tmp_path, range(2))
+    assert "no run-page digests" in caplog.text
+    meta = json.loads(pq.read_schema(_idx(tmp_path) / _segments(tmp_path)[0]).metadata[index.KEY])
+    assert [k for k, _ in meta["fields"]] == ["rewards", "seq_len"] and "derived" not in meta
+    with _Spy() as spy:
+        got = trajstore.Reader(tmp_path).column("rewards")
+    assert spy.steps == [] and torch.equal(got[1], _batch(1)["rewards"])

@@ -251,7 +251,7 @@ def test_column_index_of_shards(tmp_path, monkeypatch):
     """Each rank's writer indexes its own shards (segments of their own, never replacing another's); a
     logical step's value comes from the index only when every shard is indexed and current."""
     d = write_shards(tmp_path / "d", steps=(0, 1, 2))
-    segs = sorted((d / "_trajstore" / "train" / "index").iterdir())
+    segs = sorted((d / "_trajstore" / "train" / "index").glob("*.index"))
     assert len(segs) == 4 and len({s.name for s in segs}) == 4  # one per rank
     r = trajstore.Reader(d)
     want = {s: r.read(s, columns=["rewards"])["rewards"] for s in r.steps}
@@ -261,7 +261,7 @@ def test_column_index_of_shards(tmp_path, monkeypatch):
     assert all(torch.equal(col[s], want[s]) for s in want)
     with trajstore.Writer(d, rank=3, world_size=4, overwrite=True) as w:  # rank 3 rewrites step 1: not indexed
         w.append(1, shard_batch(1, 3, SIZES[3]) | {"rewards": torch.zeros(SIZES[3])})
-    for seg in (d / "_trajstore" / "train" / "index").iterdir():
+    for seg in (d / "_trajstore" / "train" / "index").glob("*.index"):
         if seg not in segs:
             seg.unlink()  # the new segment of step 1 gone: its value must come from the files
     r = trajstore.Reader(d)

@@ -308,11 +308,13 @@ def test_field_choice_follows_the_definitions():
         data.pick(["a", "b"], [], set(), ("a", "c"))
 
 
-def test_run_page_shows_index_rewards_first_then_every_curve(dumps, monkeypatch):
-    """Steps still being read are ``pending``: their rewards come from the column index at once, the
-    other curves once the server's thread has read them."""
+def test_run_page_steps_without_index_are_pending_then_read(dumps, monkeypatch, tmp_path):
+    """Steps the column index does not cover are ``pending`` until the server's thread has read
+    them from their files; indexed steps are answered at once; both give the same curves."""
     from trajstore.view import pages
 
+    shutil.copytree(dumps["packed"], tmp_path / "d")
+    shutil.rmtree(tmp_path / "d" / "_trajstore" / "train" / "index")
     gate = threading.Event()
     real = pages.data.read
 
@@ -321,14 +323,14 @@ def test_run_page_shows_index_rewards_first_then_every_curve(dumps, monkeypatch)
         return real(*a, **kw)
 
     monkeypatch.setattr(pages.data, "read", slow)
-    v = View(dumps["packed"])
+    assert View(dumps["packed"]).run(wait=0)["pending"] == 0  # indexed: no file read
+    v = View(tmp_path / "d")
     first = v.run(wait=0)
-    assert first["pending"] == 4 and first["series"]["length_mean"] == [None] * 4
+    assert first["pending"] == 4 and all(x == [None] * 4 for x in first["series"].values())
     gate.set()
     full = v.run()
     assert full["pending"] == 0 and None not in full["series"]["length_mean"]
-    for m in ("reward_mean", "reward_std", "reward_min", "reward_max"):
-        assert first["series"][m] == pytest.approx(full["series"][m], rel=1e-12)
+    assert full["series"] == View(dumps["packed"]).run()["series"]
 
 
 def test_cli_view_export_and_missing_extra(dumps, tmp_path):
@@ -370,3 +372,130 @@ def test_non_finite_values_and_clashing_names(tmp_path):
     assert [x["length"] for x in step["rows"]] == [float(n) for n in r.read(0)["attention_mask"].sum(1).tolist()]
     assert run["series"]["reward_mean"] == [None]  # inf in the mean; NaN left out
     assert tr["tokens"][0]["logprob"] == "-inf"
+
+
+# ----------------------------------------------------------------------------- run page from the column index
+def _series(path, use_index: bool) -> tuple[dict, list]:
+    """The run page's JSON of ``path`` with or without the column index, and the steps read from files."""
+    from contextlib import nullcontext
+    from unittest import mock
+
+    from trajstore.store.segments import Index
+    from trajstore.view import pages
+
+    reads, real = [], pages.data.read
+
+    def spy(r, s, *a, **kw):
+        reads.append(s)
+        return real(r, s, *a, **kw)
+
+    off = mock.patch.object(Index, "table", lambda *a, **k: ([], None, [])) if not use_index else nullcontext()
+    with off, mock.patch.object(pages.data, "read", spy):
+        got = View(path).run()
+    return got, reads
+
+
+@pytest.mark.parametrize("kind", ["padded", "packed", "lists", "shards"])
+def test_run_curves_from_the_index_are_the_curves_from_the_files(dumps, kind):
+    got, reads = _series(dumps[kind], True)
+    want, file_reads = _series(dumps[kind], False)
+    assert got == want and got["pending"] == 0
+    assert file_reads == got["steps"]
+    # every step of a padded or packed dict was answered by the index (lists of trajectories keep no digests)
+    assert reads == (got["steps"] if kind == "lists" else [])
+
+
+@pytest.mark.parametrize("pair", [("logprobs", "old_logprobs"), ("old_logprobs", "input_ids")])
+def test_a_pair_asked_for_without_digests_is_read_from_the_files(dumps, pair):
+    v = View(dumps["padded"])
+    with pytest.MonkeyPatch.context() as mp:
+        from trajstore.view import pages
+        calls = []
+        real = pages.data.read
+        mp.setattr(pages.data, "read", lambda r, s, *a, **k: calls.append(s) or real(r, s, *a, **k))
+        got = v.run(pair=pair)
+    assert got["fields"]["pair"] == list(pair) and calls == got["steps"]  # no digest of that pair
+    from trajstore.store.segments import Index
+    from unittest import mock
+    with mock.patch.object(Index, "table", lambda *a, **k: ([], None, [])):
+        assert View(dumps["padded"]).run(pair=pair)["series"] == got["series"]
+
+
+def _run_batch(draw, kind: str) -> dict:
+    """A generated batch with the run page's fields (some left out): a logprob pair, versions, masks."""
+    from trajstore.testing import padded_batches, prompt_completion_batches, tensors, two_sided_batches
+
+    if kind == "padded":
+        b = draw(padded_batches(max_batch=4))
+        m = b["attention_mask"].bool()
+        b["old_logprobs"] = draw(tensors(tuple(m.shape), [torch.float32, torch.bfloat16, torch.float16])) \
+            .masked_fill(~m, 0.0)
+    elif kind == "two_sided":
+        b = draw(two_sided_batches(max_batch=4))
+        rm = b["response_mask"].bool()
+        b["logprobs"] = draw(tensors(tuple(rm.shape), [torch.float32])).masked_fill(~rm, 0.0)
+        b["rollout_logprobs"] = draw(tensors(tuple(rm.shape), [torch.float32, torch.bfloat16])).masked_fill(~rm, 0.0)
+        b["versions"] = draw(tensors(tuple(rm.shape), [torch.int64, torch.int16])).masked_fill(~rm, 0)
+        b["rewards"] = draw(tensors((rm.shape[0],), [torch.float32, torch.float64]))
+    else:
+        b = draw(prompt_completion_batches(max_batch=4))
+    for k in ("loss_mask", "versions", "old_logprobs", "rewards"):
+        if k in b and draw(st.integers(0, 4)) == 0:
+            del b[k]
+    return b
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                 HealthCheck.too_slow])
+@given(kind=st.sampled_from(["padded", "two_sided", "prompt_completion"]), n=st.integers(1, 3),
+       how=st.sampled_from(["padded", "packed", "shards"]), data=st.data())
+def test_run_curves_from_the_index_equal_the_files_for_any_batch(tmp_path_factory, kind, n, how, data):
+    from hypothesis import assume
+
+    batches = {s: _run_batch(data.draw, kind) for s in range(n)}
+    d = tmp_path_factory.mktemp("ix")
+    r = write(d / "a", batches)
+    if how == "packed":
+        try:
+            r = write(d / "b", {s: r.read(s, layout="packed") for s in r.steps})
+        except trajstore.TrajstoreError:
+            assume(False)  # not every batch has a packed form that writes back
+    elif how == "shards":
+        assume(kind != "prompt_completion" and all(len(b["attention_mask"]) >= 2 for b in batches.values()))
+        for rank in range(2):
+            with trajstore.Writer(d / "b", rank=rank, world_size=2) as w:
+                for s, b in batches.items():
+                    B = len(b["attention_mask"])
+                    w.append(s, _select(b, list(range(B // 2)) if rank == 0 else list(range(B // 2, B))))
+        r = trajstore.Reader(d / "b")
+    got, reads = _series(r.path, True)
+    want, _ = _series(r.path, False)
+    assert got == want
+    same = len({tuple(sorted((k, str(getattr(v, "dtype", type(v)))) for k, v in b.items()))
+                for b in batches.values()}) == 1
+    if kind == "padded" and same:
+        assert reads == []  # every step from the index
+
+
+def test_digest_blocks_change_no_value(monkeypatch):
+    """``store/digest.py`` works over blocks of whole rows: any block size gives the same bits."""
+    from trajstore.store import digest
+
+    rng = np.random.default_rng(7)
+    lens = rng.integers(0, 40, 60)
+    offs = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    n = int(offs[-1])
+    a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n)
+    a[::17] = np.inf
+    m, v = rng.integers(0, 2, n).astype(np.int32), rng.integers(-5, 9, n).astype(np.int16)
+
+    def run():
+        return [*digest.absdiff((offs, a), (offs, b), (offs, m))[:2], *digest.extremes(offs, v, m != 0),
+                digest.count(offs, m != 0)]
+
+    want = run()
+    for block in (1, 5, 64):
+        monkeypatch.setattr(digest, "BLOCK", block)
+        got = run()
+        assert all(x.tobytes() == y.tobytes() for x, y in zip(got, want)), block
+    assert want[1].tolist() == [float((m[offs[i]:offs[i + 1]] != 0).sum()) for i in range(60)]

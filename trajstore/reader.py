@@ -22,7 +22,7 @@ from .format.spec import is_dict_batch, is_plain_sample, is_token
 from .prefetch import iterate
 from .store import paths, remote, stepfile
 from .store.fs import is_remote, resolve, source
-from .store.index import Index
+from .store.segments import Index
 from .errors import (ConfigError, DumpNotFoundError, FormatError, StepNotFoundError,
                      foreign_errors)
 

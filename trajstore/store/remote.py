@@ -225,6 +225,12 @@ class NoIndex:
     def values(self, name: str, steps: list[int], shards: dict | None = None) -> dict:
         return {}
 
+    def arrays(self, keys: list, steps: list[int], shards: dict | None = None) -> dict:
+        return {}
+
+    def table(self, keys: list, steps: list[int], shards: dict | None = None) -> tuple:
+        return [], None, []
+
 
 def dataset(files: list[RemotePath]) -> Any:
     """The step files of one split as one ``pyarrow.dataset`` (what DuckDB scans for ``trajstore sql``):

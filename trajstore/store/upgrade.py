@@ -52,8 +52,9 @@ def upgrade_layout(root: str | Path) -> list[str]:
         if old.is_dir():
             (side / index.SIDE_DIR).mkdir(exist_ok=True)
             for n in sorted(os.listdir(old)):
-                if index.SEGMENT_RE.match(n) and n.endswith(".parquet"):
-                    os.replace(old / n, side / index.SIDE_DIR / (n[: -len("parquet")] + "index"))
+                if index.SEGMENT_RE.match(n) and n.endswith(".parquet") or index.SUM_RE.match(n):
+                    to = n[: -len("parquet")] + "index" if n.endswith(".parquet") else n  # a checksum keeps its name
+                    os.replace(old / n, side / index.SIDE_DIR / to)
                     moved.append(f"{s}/{index.DIR}/{n}")
             index.clean_temp(d)
             fsync_dir(side / index.SIDE_DIR)

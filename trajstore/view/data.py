@@ -15,7 +15,10 @@ Definitions (also in README.md and docs/CLI.md):
 
 A step appended as a padded or packed dict is read column by column straight from its file(s) (only
 the columns a page needs; one row group for a trajectory); any other form (lists of trajectories,
-several masks, nested fields) is decoded and cut by ``format.rows`` (``tables.step_rows``).
+several masks, nested fields) is decoded and cut by ``format.rows`` (``tables.step_rows``). The run
+page takes a step's per-trajectory figures (``run_traj``) from the split's column index instead where
+it holds them: the Writer computes them there with the functions of ``store/digest.py`` that
+``run_traj`` uses on the step's file, so both give the same curves, bit for bit.
 """
 
 from __future__ import annotations
@@ -24,18 +27,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from ..errors import ConfigError
 from ..format.spec import is_dict_batch, is_plain_sample, is_token
+from ..store.digest import MASKS, PAIRS, VERSIONS, absdiff, count, extremes, keep_of, seg
+from ..store.digest import fast as _fast
+from ..store.digest import lists as _lists
 from ..tables import step_rows
 
 REWARDS = ("rewards", "reward", "scores")
-MASKS = ("loss_mask", "response_mask", "completion_mask", "action_mask")
-VERSIONS = ("versions", "version")
 TOKENS = ("input_ids", "tokens", "token_ids", "sequences")
-PAIRS = (("old_logprobs", "rollout_logprobs"), ("logprobs", "rollout_logprobs"),
-         ("old_logprobs", "logprobs"), ("logprobs", "ref_logprobs"))
 METRICS = ("reward_mean", "reward_std", "reward_min", "reward_max", "length_mean", "length_p95", "tokens",
            "version_lag", "logprob_mismatch")
 
@@ -125,20 +126,6 @@ def fields_of(reader: Any, step: int, pair: tuple[str, str] | None = None) -> Fi
     if _fast(doc):
         return pick(*_spec_fields(doc["batch"]), pair)
     return pick(*_row_fields(step_rows(reader, step)), pair)
-
-
-def _fast(doc: dict) -> bool:
-    spec = doc["batch"]
-    if not (is_dict_batch(spec) and spec.get("form") in ("padded", "packed", "plain")):
-        return False
-    old = doc.get("format_version", 1) < 3  # bf16/fp16 were stored as their bits before version 3
-    return not (old and any(isinstance(n, dict) and n.get("dtype") in ("bfloat16", "float16") for _, n in spec["keys"]))
-
-
-def _lists(a: Any) -> tuple[np.ndarray, np.ndarray]:
-    a = a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a
-    offs = a.offsets.to_numpy().astype(np.int64)
-    return offs, a.values.to_numpy(zero_copy_only=False)
 
 
 def read(reader: Any, step: int, toks: list[str], scal: list[str], row: int | None = None) -> Cols:
@@ -234,42 +221,6 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def _seg(offs: np.ndarray, vals: np.ndarray, fn: Any, fill: float) -> np.ndarray:
-    """``fn`` (np.minimum / np.maximum / np.add) over each row's values, as float64; ``fill`` for empty
-    rows. Min and max run in the values' own dtype (no float copy of a step's tokens)."""
-    out = np.full(len(offs) - 1, fill, dtype=np.float64)
-    lens = np.diff(offs)
-    ne = lens > 0
-    if ne.any():
-        v = vals[offs[0]:offs[-1]]
-        if fn is np.add and v.dtype.kind != "f":
-            v = v.astype(np.int64)
-        out[ne] = fn.reduceat(v, (offs[:-1] - offs[0])[ne])
-    return out
-
-
-def _count(offs: np.ndarray, m: np.ndarray) -> np.ndarray:
-    """The true values of each row of the bool tokens ``m``."""
-    nz = np.flatnonzero(m[offs[0]:offs[-1]])
-    return np.diff(np.searchsorted(nz, offs - offs[0])).astype(np.float64)
-
-
-def _extremes(offs: np.ndarray, v: np.ndarray, keep: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """Max and min of each row's values where ``keep`` (NaN for a row with none)."""
-    if keep is None:
-        n = np.diff(offs).astype(np.float64)
-        hi, lo = _seg(offs, v, np.maximum, np.nan), _seg(offs, v, np.minimum, np.nan)
-    else:
-        n = _count(offs, keep)
-        big = np.iinfo(v.dtype) if v.dtype.kind in "iu" else None
-        top, bot = (big.min, big.max) if big else (-np.inf, np.inf)
-        hi = _seg(offs, np.where(keep, v, np.asarray(top, v.dtype)), np.maximum, np.nan)
-        lo = _seg(offs, np.where(keep, v, np.asarray(bot, v.dtype)), np.minimum, np.nan)
-    hi[n == 0] = np.nan
-    lo[n == 0] = np.nan
-    return hi, lo
-
-
 def per_traj(c: Cols, f: Fields) -> dict[str, np.ndarray]:
     """reward, length, version (max), version min (response tokens) of each trajectory (NaN: none)."""
     out = {"reward": np.asarray([np.nan if v is None else float(v) for v in c.scal.get(f.reward, [None] * c.n)]
@@ -277,28 +228,72 @@ def per_traj(c: Cols, f: Fields) -> dict[str, np.ndarray]:
     keep = None
     if f.mask in c.tok:
         offs, m = c.tok[f.mask]
-        keep = m if m.dtype == bool else m != 0
-        out["length"] = _count(offs, keep)
+        keep = keep_of(m)
+        out["length"] = count(offs, keep)
     else:
         out["length"] = c.counts.astype(np.float64)
     if f.versions in c.tok:
         offs, v = c.tok[f.versions]
         ok = keep is not None and len(keep) == len(v) and np.array_equal(offs, c.tok[f.mask][0])
-        out["version"], out["version_min"] = _extremes(offs, v, keep if ok else None)
+        out["version"], out["version_min"] = extremes(offs, v, keep if ok else None)
     return out
 
 
-def concat(parts: list[Cols]) -> tuple[Cols, np.ndarray]:
-    """Several steps' columns as one (rows in order) and the row bounds of each step (``[G + 1]``)."""
-    bounds = np.concatenate([[0], np.cumsum([p.n for p in parts])]).astype(np.int64)
-    out = Cols(int(bounds[-1]), np.concatenate([p.counts for p in parts]) if parts else np.zeros(0, np.int64))
-    for k in set().union(*(p.tok for p in parts)) if parts else ():
-        if all(k in p.tok for p in parts):
-            lens = np.concatenate([np.diff(p.tok[k][0]) for p in parts])
-            vals = np.concatenate([p.tok[k][1][p.tok[k][0][0]:p.tok[k][0][-1]] for p in parts])
-            out.tok[k] = (np.concatenate([[0], np.cumsum(lens)]), vals)
-    for k in set().union(*(p.scal for p in parts)) if parts else ():
-        out.scal[k] = [v for p in parts for v in p.scal.get(k, [None] * p.n)]
+def run_traj(c: Cols, f: Fields) -> dict[str, np.ndarray]:
+    """What ``metrics`` needs of each trajectory of one step: ``per_traj``'s figures, ``tokens`` (int64)
+    and ``lp_sum`` / ``lp_n`` (the logprob pair's masked ``|a - b|`` sum and token count), NaN where
+    the step has no such value. ``View`` builds the same from the column index (``store/digest.py``)."""
+    t = per_traj(c, f)
+    t["tokens"] = c.counts.astype(np.int64)
+    nan = np.full(c.n, np.nan)
+    t.setdefault("version", nan)
+    t.setdefault("version_min", nan)
+    t["lp_sum"] = t["lp_n"] = nan
+    if f.pair and f.pair[0] in c.tok and f.pair[1] in c.tok:
+        got = absdiff(c.tok[f.pair[0]], c.tok[f.pair[1]], c.tok.get(f.mask) if f.mask else None)
+        if got is not None:
+            t["lp_sum"], t["lp_n"] = got[0], got[1]
+    return t
+
+
+def index_keys(f: Fields) -> list:
+    """The column-index entries whose values make a step's ``run_traj`` (``from_index``): the reward
+    field, then the digests of ``store/digest.py`` for the fields ``f`` names."""
+    need = needs(f, True)
+    keys: list = [f.reward] if f.reward else []
+    keys.append(("tokens", (need[0],) if need else ()))  # as ``read`` counts a step's tokens
+    if f.mask:
+        keys.append(("length", (f.mask,)))
+    if f.versions:
+        by = (f.versions, f.mask) if f.mask else (f.versions,)
+        keys += [("version_max", by), ("version_min", by)]
+    if f.pair:
+        by = (*f.pair, f.mask) if f.mask else tuple(f.pair)
+        keys += [("absdiff", by), ("absdiff_n", by)]
+    return keys
+
+
+def from_index(f: Fields, got: list[np.ndarray]) -> dict[str, np.ndarray]:
+    """``run_traj`` of a step (or ``join`` of several) from the values of ``index_keys(f)`` (in that order)."""
+    it = iter(got)
+    rew = next(it).astype(np.float64) if f.reward else None
+    tokens = next(it).astype(np.int64)
+    n = len(tokens)
+    nan = np.full(n, np.nan)
+    t = {"reward": nan if rew is None else rew, "tokens": tokens,
+         "length": next(it).astype(np.float64) if f.mask else tokens.astype(np.float64)}
+    t["version"], t["version_min"] = (next(it), next(it)) if f.versions else (nan, nan)
+    t["lp_sum"], t["lp_n"] = (next(it), next(it).astype(np.float64)) if f.pair else (nan, nan)
+    return t
+
+
+def join(parts: list[dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Several steps' ``run_traj`` as one (rows in order) and the row bounds of each step (``[G + 1]``)."""
+    bounds = np.concatenate([[0], np.cumsum([len(p["tokens"]) for p in parts])]).astype(np.int64)
+    keys = ("reward", "length", "tokens", "version", "version_min", "lp_sum", "lp_n")
+    out = {k: np.concatenate([p[k] for p in parts]) if parts else np.zeros(0) for k in keys}
+    if not parts:
+        out["tokens"] = np.zeros(0, np.int64)
     return out, bounds
 
 
@@ -320,52 +315,37 @@ def _pct(x: np.ndarray, bounds: np.ndarray, q: float) -> np.ndarray:
     return out
 
 
-def metrics(c: Cols, f: Fields, bounds: np.ndarray) -> dict[str, list]:
-    """The run-page metrics (``METRICS``) of each step of ``c`` (rows ``bounds[g]:bounds[g + 1]``):
-    a list per metric, None where the step has no such value."""
+def metrics(t: dict[str, np.ndarray], bounds: np.ndarray) -> dict[str, list]:
+    """The run-page metrics (``METRICS``) of each step of ``t`` (``join``'s ``run_traj`` of several
+    steps, rows ``bounds[g]:bounds[g + 1]``): a list per metric, None where the step has no such value."""
     G = len(bounds) - 1
     n = np.diff(bounds)
     gid = np.repeat(np.arange(G), n)
-    t = per_traj(c, f)
     out: dict[str, np.ndarray] = {}
     rew = t["reward"]
     ok = ~np.isnan(rew)
-    rn = _seg(bounds, ok, np.add, 0.0)
+    rn = seg(bounds, ok, np.add, 0.0)
     with np.errstate(all="ignore"):
-        mean = _seg(bounds, np.where(ok, rew, 0.0), np.add, 0.0) / rn
+        mean = seg(bounds, np.where(ok, rew, 0.0), np.add, 0.0) / rn
         dev = np.where(ok, rew - mean[gid], 0.0) if len(rew) else rew
         out["reward_mean"] = mean
-        out["reward_std"] = np.sqrt(_seg(bounds, dev * dev, np.add, 0.0) / rn)
-        out["reward_min"] = np.where(rn > 0, _seg(bounds, np.where(ok, rew, np.inf), np.minimum, np.nan), np.nan)
-        out["reward_max"] = np.where(rn > 0, _seg(bounds, np.where(ok, rew, -np.inf), np.maximum, np.nan), np.nan)
+        out["reward_std"] = np.sqrt(seg(bounds, dev * dev, np.add, 0.0) / rn)
+        out["reward_min"] = np.where(rn > 0, seg(bounds, np.where(ok, rew, np.inf), np.minimum, np.nan), np.nan)
+        out["reward_max"] = np.where(rn > 0, seg(bounds, np.where(ok, rew, -np.inf), np.maximum, np.nan), np.nan)
         ln = t["length"]
-        out["length_mean"] = _seg(bounds, ln, np.add, 0.0) / np.where(n > 0, n, np.nan)
+        out["length_mean"] = seg(bounds, ln, np.add, 0.0) / np.where(n > 0, n, np.nan)
         out["length_p95"] = _pct(ln, bounds, 95)
-        out["tokens"] = _seg(bounds, c.counts, np.add, 0.0)
-        out["version_lag"] = np.full(G, np.nan)
-        if "version" in t:
-            top = _seg(bounds, np.nan_to_num(t["version"], nan=-np.inf), np.maximum, -np.inf)
-            lag = np.where(np.isnan(t["version_min"]), -np.inf, top[gid] - t["version_min"]) if len(gid) else gid
-            out["version_lag"] = _seg(bounds, lag, np.maximum, -np.inf)
-        out["logprob_mismatch"] = np.full(G, np.nan)
-        if f.pair and f.pair[0] in c.tok and f.pair[1] in c.tok:
-            (oa, a), (ob, b) = c.tok[f.pair[0]], c.tok[f.pair[1]]
-            if len(a) == len(b) and np.array_equal(np.diff(oa), np.diff(ob)):
-                d = np.abs(a.astype(np.float64)[oa[0]:oa[-1]] - b.astype(np.float64)[ob[0]:ob[-1]])
-                rel = oa - oa[0]
-                keep = np.ones(len(d), bool)
-                if f.mask in c.tok and np.array_equal(np.diff(c.tok[f.mask][0]), np.diff(oa)):
-                    mo, mv = c.tok[f.mask]
-                    keep = mv[mo[0]:mo[-1]] != 0
-                rs = _seg(rel, np.where(keep, d, 0.0), np.add, 0.0)
-                rc = _count(rel, keep)
-                out["logprob_mismatch"] = _seg(bounds, rs, np.add, 0.0) / _seg(bounds, rc, np.add, 0.0)
+        out["tokens"] = seg(bounds, t["tokens"], np.add, 0.0)
+        top = seg(bounds, np.nan_to_num(t["version"], nan=-np.inf), np.maximum, -np.inf)
+        lag = np.where(np.isnan(t["version_min"]), -np.inf, top[gid] - t["version_min"]) if len(gid) else gid
+        out["version_lag"] = seg(bounds, lag, np.maximum, -np.inf)
+        out["logprob_mismatch"] = seg(bounds, t["lp_sum"], np.add, 0.0) / seg(bounds, t["lp_n"], np.add, 0.0)
     return {k: [None if not np.isfinite(x) else float(x) for x in v] for k, v in out.items()}
 
 
 def step_stats(c: Cols, f: Fields) -> dict[str, float | None]:
     """The run-page metrics of one step."""
-    return {k: v[0] for k, v in metrics(c, f, np.asarray([0, c.n])).items()}
+    return {k: v[0] for k, v in metrics(run_traj(c, f), np.asarray([0, c.n])).items()}
 
 
 def needs(f: Fields, run: bool) -> list[str]:

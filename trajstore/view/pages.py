@@ -59,10 +59,10 @@ class View:
 
     # -- run page
     def run(self, split: str | None = None, pair: tuple[str, str] | None = None, wait: float | None = None) -> dict:
-        """The run page's curves. The metrics of steps not read yet are computed on a thread of their
-        own (``CHUNK`` steps at a time); this waits ``wait`` seconds for them (None: until all are in)
-        and says how many are ``pending``; their rewards come from the split's column index at once
-        where it holds them."""
+        """The run page's curves. Each step's metrics come from the split's column index where it holds
+        the step's digests (``store/digest.py``), else from its file, read on a thread of their own
+        (``CHUNK`` steps at a time); this waits ``wait`` seconds for those (None: until all are in)
+        and says how many are ``pending``."""
         r = self.reader(split)
         with self._lock:
             r.refresh()
@@ -72,6 +72,10 @@ class View:
         with self._lock:
             done = self._cache.setdefault(key, {})
             todo = [s for s in steps if s not in done]
+        if todo:
+            done.update(self._indexed(r, f, todo))
+        with self._lock:
+            todo = [s for s in steps if s not in done]
             job = self._jobs.get(key)
             if todo and (job is None or not job.is_alive()):
                 job = self._jobs[key] = threading.Thread(target=self._work, args=(r.split, f, todo, done),
@@ -80,13 +84,12 @@ class View:
         if todo and job is not None:
             job.join(wait)
         series: dict[str, list] = {m: [] for m in data.METRICS}
-        quick = self._rewards(r, f, [s for s in steps if s not in done])
         pending = 0
         for s in steps:
             st = done.get(s)
             if st is None:
                 pending += 1
-                st = quick.get(s, {})
+                st = {}
             for m in data.METRICS:
                 series[m].append(st.get(m))
         missing = [{"step": s, "why": "skipped", "detail": why} for s, why in sorted(r.skipped.items())]
@@ -107,7 +110,7 @@ class View:
         toks, scal = data.needs(f, True), [f.reward] if f.reward else []
         def one(s: int) -> Any:
             try:
-                return data.read(r, s, toks, scal)
+                return data.run_traj(data.read(r, s, toks, scal), f)
             except (TrajstoreError, OSError) as e:
                 return e
 
@@ -115,34 +118,28 @@ class View:
             for lo in range(0, len(todo), CHUNK):
                 chunk = todo[lo:lo + CHUNK]
                 parts, got = [], []
-                for s, c in zip(chunk, ex.map(one, chunk)):
-                    if isinstance(c, data.Cols):
-                        parts.append(c)
+                for s, t in zip(chunk, ex.map(one, chunk)):
+                    if isinstance(t, dict):
+                        parts.append(t)
                         got.append(s)
                     else:
-                        errors[s] = f"{type(c).__name__}: {c}"
+                        errors[s] = f"{type(t).__name__}: {t}"
                         done[s] = dict.fromkeys(data.METRICS)
-                c, bounds = data.concat(parts)
-                ms = data.metrics(c, f, bounds)
+                ms = data.metrics(*data.join(parts))
                 for g, s in enumerate(got):
                     done[s] = {m: ms[m][g] for m in data.METRICS}
 
-    def _rewards(self, r: Reader, f: data.Fields, steps: list[int]) -> dict[int, dict]:
-        """Reward metrics of ``steps`` from the split's column index alone (steps it lacks are left out)."""
-        if not steps or not f.reward:
-            return {}
+    def _indexed(self, r: Reader, f: data.Fields, steps: list[int]) -> dict[int, dict]:
+        """The metrics of the steps of ``steps`` whose per-trajectory figures the split's column index
+        holds (the others are left out)."""
         try:
-            got = r._index.values(f.reward, steps, r._listing.shards)
+            have, bounds, cols = r._index.table(data.index_keys(f), steps, r._listing.shards)
         except (TrajstoreError, OSError):
             return {}
-        out = {}
-        for s, v in got.items():
-            x = np.asarray(v, dtype=np.float64).reshape(-1)
-            x = x[~np.isnan(x)]
-            if len(x):
-                out[s] = {"reward_mean": float(x.mean()), "reward_std": float(x.std()), "reward_min": float(x.min()),
-                          "reward_max": float(x.max())}
-        return out
+        if not have:
+            return {}
+        ms = data.metrics(data.from_index(f, cols), bounds)
+        return {s: {m: ms[m][g] for m in data.METRICS} for g, s in enumerate(have)}
 
     # -- step page
     def step(self, split: str | None, step: int) -> dict:
