@@ -16,6 +16,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import trajstore  # noqa: E402
+import trajstore.writer  # noqa: E402  (the package root loads its modules lazily)
 from test_ranks import (SIZES, logical_trajectories, same, shard_batch, token_partition,  # noqa: E402
                         trajectories)
 
