@@ -108,16 +108,20 @@ def _whole(jobs: list[FillJob]) -> bool:
     """The jobs cover the output's rows in order, each from one chunk of its values."""
     n = jobs[0].out.shape[0]
     return (jobs[0].r0 == 0 and jobs[-1].r1 == n and all(a.r1 == b.r0 for a, b in zip(jobs, jobs[1:]))
-            and all(j.mask is jobs[0].mask for j in jobs) and all((j.pv is None) == (jobs[0].pv is None) for j in jobs)
+            and all(j.mask is jobs[0].mask and j.starts is jobs[0].starts for j in jobs)
+            and all((j.pv is None) == (jobs[0].pv is None) for j in jobs)
             and sum(j.src.numel() for j in jobs) == int(jobs[0].off[n]))
 
 
 def _const(srcs: list[torch.Tensor], w: int) -> torch.Tensor | None:
     """The one token value every value repeats (an ``attention_mask`` of ones), or None. Scanned in
     pieces of ``CONST_PROBE`` values and up, so a field of varied values stops early."""
-    arrays = [s.numpy() for s in srcs if s.numel()]
-    if not arrays or w != 1:
+    if w != 1 or not any(s.numel() for s in srcs):
         return None
+    if all(s.stride(0) == 0 for s in srcs if s.numel()):  # one value, repeated (format/tensors.py mask_of_ones)
+        v0 = next(s for s in srcs if s.numel())[:1]
+        return v0 if all(bool((s[:1] == v0).all()) for s in srcs if s.numel()) else None
+    arrays = [s.numpy() for s in srcs if s.numel()]
     v = arrays[0][0]
     for a in arrays:
         i, step = 0, CONST_PROBE
@@ -151,18 +155,21 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor],
             rest += by_out.pop(k)
     fill(rest)
     # layout: per mask group its starts and lengths, then per output its table
-    groups: dict[int, int] = {}
+    groups: dict[Any, int] = {}
     ginfo: list[tuple[np.ndarray, int, int, int]] = []
     items, size = [], 0
     for k, js in by_out.items():
         j0, t = js[0], leaves[keys[k]]
         n, T = j0.out.shape[0], j0.out.shape[1]
         w = j0.out[0, 0].numel()
-        if id(j0.mask) not in groups:
-            m = j0.mask.numpy()
-            lens = np.diff(np.asarray(j0.off, dtype=np.int64)) // w
-            rows = np.stack([m.argmax(axis=1).astype(np.int64), lens])  # a row of no tokens: any start
-            groups[id(j0.mask)] = len(ginfo)
+        lens = np.diff(np.asarray(j0.off, dtype=np.int64)) // w
+        # a mask group: the same mask, or (no mask) the same starts and lengths
+        gk = id(j0.mask) if j0.mask is not None else (T, j0.starts.tobytes(), lens.tobytes())
+        if gk not in groups:
+            # each row's first token: as the decoder knows it (right or left side), else from the mask
+            first = j0.starts if j0.starts is not None else j0.mask.numpy().argmax(axis=1)
+            rows = np.stack([np.asarray(first, np.int64), lens])  # a row of no tokens: any start
+            groups[gk] = len(ginfo)
             ginfo.append((rows, n, T, size))
             size += _round(rows.nbytes)
         srcs = [j.src for j in js]
@@ -172,9 +179,9 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor],
         esize = j0.src.element_size()
         if _small(j0, n, T, w):  # its table at whole rows of the buffer: a flat gather reads them so
             size = -(-size // math.lcm(ALIGN, w * esize)) * math.lcm(ALIGN, w * esize)
-        items.append((k, js, t, n, T, w, c, nvals, npad, size))
+        items.append((k, js, t, n, T, w, c, nvals, npad, size, groups[gk]))
         size += _round((nvals + npad) * w * esize)
-    flats, lines = _flats(items, ginfo, groups)
+    flats, lines = _flats(items, ginfo)
     for (f, _), meta in zip(flats, lines):
         f.at = size
         size += _round(meta.nbytes)
@@ -194,7 +201,7 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor],
         put(f.at, torch.from_numpy(meta).reshape(-1))
     index: dict[int, int] = {}
     pads: list[Pad] = []
-    for k, js, t, n, T, w, c, nvals, npad, at in items:
+    for k, js, t, n, T, w, c, nvals, npad, at, gi in items:
         j0 = js[0]
         bdt = j0.src.dtype
         o = at
@@ -209,7 +216,7 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor],
                 o += j.pv[1].numel() * j.pv[1].element_size()
         last = not j0.out.is_contiguous()  # the [B, T, *trail] view of a [B, *trail, T] output
         index[k] = len(pads)
-        pads.append(Pad(tuple(t.shape), t.dtype, w, last, groups[id(j0.mask)], at, nvals, c is not None,
+        pads.append(Pad(tuple(t.shape), t.dtype, w, last, gi, at, nvals, c is not None,
                         j0.pv is not None, *_member(flats, k)))
     run_parallel(lambda c: np.copyto(c[0], c[1]), copies, size)
     return index, Plan(pads, [(at, n, T) for _, n, T, at in ginfo], buf, size, [f for f, _ in flats])
@@ -220,19 +227,19 @@ def _small(j0: FillJob, n: int, T: int, w: int) -> bool:
     return j0.out.is_contiguous() and n * T * w * j0.src.element_size() <= FLAT_BYTES
 
 
-def _flats(items: list, ginfo: list, groups: dict) -> tuple[list[tuple[Flat, dict]], list[np.ndarray]]:
+def _flats(items: list, ginfo: list) -> tuple[list[tuple[Flat, dict]], list[np.ndarray]]:
     """The flat buffers of the small outputs among ``items`` (laid out: their tables' byte offsets
     known), with ``{storage key: (flat, position)}`` each, and their line tables."""
     buckets: dict[tuple, list] = {}
     for it in items:
-        k, js, t, n, T, w, c, nvals, npad, at = it
+        k, js, t, n, T, w, c, nvals, npad, at, gi = it
         if _small(js[0], n, T, w):
             buckets.setdefault((js[0].src.dtype, w), []).append(it)
     out, tables = [], []
     for (bdt, w), members in buckets.items():
         where, cols, pos = {}, [], 0
-        for k, js, t, n, T, _, c, nvals, npad, at in members:
-            rows = ginfo[groups[id(js[0].mask)]][0]
+        for k, js, t, n, T, _, c, nvals, npad, at, gi in members:
+            rows = ginfo[gi][0]
             starts, lens = rows[0], rows[1]
             r0 = at // (w * js[0].src.element_size())  # the table's first row in the buffer's rows
             pv = js[0].pv is not None

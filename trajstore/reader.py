@@ -19,6 +19,7 @@ from .format import limits, validate
 from .format.arrow import flat_nbytes
 from .format.parquet import read_sample
 from .format.spec import is_dict_batch, is_plain_sample, is_token
+from .format.tensors import ones_source
 from .prefetch import iterate
 from .store import paths, remote, stepfile
 from .store.fs import is_remote, resolve, source
@@ -263,6 +264,10 @@ class Reader:
             cols = schema.columns_for(spec, keep)
             if not any(c in cols for c in _token_cols(spec)):
                 cols = None
+        if cols is None and layout != "packed" and (by := ones_source(spec)) is not None:
+            # a padded batch's attention mask holds ones on its tokens (docs/FORMAT.md 3.4): built
+            # from the lengths of another token column (format/tensors.py ``mask_of_ones``)
+            cols = schema.columns_for(spec, [k for k, _ in spec["keys"] if k != "attention_mask"])
         with foreign_errors(f, "reading step {}", step, then="the step is damaged"):
             table = _read_columns(sf.pf, sf.src, cols)
         if table.num_rows != doc.get("num_rows", table.num_rows):

@@ -229,6 +229,14 @@ class Columns:
             parts = [(r, out) for r, _, out in wide]
         return off, parts
 
+    def offsets(self, name: str, dtype: str) -> np.ndarray:
+        """The row offsets of a large_list column, counted from 0 (its values not read)."""
+        if name in self._parts:
+            return self._parts[name][0]
+        col = self._list_col(name)
+        with foreign_errors(self.where, "reading column {!r}", name):
+            return _offsets(col.chunks)
+
     def join(self, names: list[tuple[str, str]]) -> None:
         """Join the chunks of the large_list columns ``[(name, dtype)]`` into one buffer each,
         every chunk of every column copied in one round on the thread pool."""
