@@ -42,6 +42,7 @@ from .format.tensors import FillJob
 __all__ = ["Pad", "Flat", "Plan", "plan", "alloc", "run", "build", "key", "CONST_PROBE", "FLAT_BYTES"]
 
 ALIGN = 256
+SPARE = 64  # unused bytes after each array of a torch_bridge.Arena: a pad row of up to this size fits there
 CONST_PROBE = 64  # values looked at before a field is scanned whole for one repeated value
 FLAT_BYTES = 4 << 20  # outputs up to this size are built together, one gather per dtype and width
 
@@ -68,6 +69,7 @@ class Pad:
     pv: bool
     flat: int = -1  # small outputs: built together, a view at position ``pos`` of flat buffer ``flat``
     pos: int = 0
+    home: bool = False  # its table in the arena the values were decoded into (``plan``'s ``home``)
 
 
 @dataclass
@@ -87,13 +89,16 @@ class Flat:
 @dataclass
 class Plan:
     """What ``build`` needs: the outputs, per mask group ``(byte offset of its [2, B] int64
-    starts and lengths, B, T)`` in the staged buffer of ``total`` bytes, and the flat buffers."""
+    starts and lengths, B, T)`` in the staged buffer of ``total`` bytes, the flat buffers, and how
+    much of the arena the values were decoded into the device needs too."""
 
     pads: list[Pad]
     groups: list[tuple[int, int, int]]
     buf: torch.Tensor | None
     total: int
     flats: list[Flat] = field(default_factory=list)
+    home: int = 0  # bytes of the arena (``plan``'s ``home``) the tables of ``Pad.home`` outputs reach
+    tokens: list[int] = field(default_factory=list)  # per mask group, its rows' tokens in all
 
 
 def key(t: torch.Tensor) -> int | None:
@@ -132,11 +137,14 @@ def _const(srcs: list[torch.Tensor], w: int) -> torch.Tensor | None:
     return srcs[0][:1] if srcs[0].numel() else next(s for s in srcs if s.numel())[:1]
 
 
-def plan(jobs: list[FillJob], leaves: list[torch.Tensor],
-         take: Callable[[int], torch.Tensor]) -> tuple[dict[int, int], Plan]:
+def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], torch.Tensor],
+         home: tuple[torch.Tensor, int] | None = None) -> tuple[dict[int, int], Plan]:
     """Stage the padded outputs among ``leaves`` (the batch's torch tensors) for ``build``: returns
     ``{storage key: index into Plan.pads}`` and the plan, its buffer from ``take(nbytes)``. Jobs of
-    other outputs (numpy fields) are filled here, on the CPU."""
+    other outputs (numpy fields) are filled here, on the CPU. ``home``: the pinned buffer the values
+    were decoded into and its bytes used (``torch_bridge.Arena``, staged to the device as well): a
+    large output padded with one value whose values lie there whole, with ``SPARE`` bytes after
+    them, keeps them there (its pad row written after them), not copied."""
     keys = {k: i for i, t in enumerate(leaves) if (k := key(t)) is not None}
     by_out: dict[int, list[FillJob]] = {}
     rest: list[FillJob] = []
@@ -177,6 +185,9 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor],
         nvals = 1 if c is not None else sum(s.numel() for s in srcs) // w
         npad = sum(j.pv[1].numel() for j in js) // w if j0.pv is not None else 1
         esize = j0.src.element_size()
+        if c is None and j0.pv is None and not _small(j0, n, T, w) and _at_home(js, home, w * esize):
+            items.append((k, js, t, n, T, w, c, nvals, npad, -1, groups[gk]))
+            continue
         if _small(j0, n, T, w):  # its table at whole rows of the buffer: a flat gather reads them so
             size = -(-size // math.lcm(ALIGN, w * esize)) * math.lcm(ALIGN, w * esize)
         items.append((k, js, t, n, T, w, c, nvals, npad, size, groups[gk]))
@@ -201,9 +212,20 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor],
         put(f.at, torch.from_numpy(meta).reshape(-1))
     index: dict[int, int] = {}
     pads: list[Pad] = []
+    hend = 0
     for k, js, t, n, T, w, c, nvals, npad, at, gi in items:
         j0 = js[0]
         bdt = j0.src.dtype
+        if at < 0:  # at home: the pad row after the values, in the arena
+            at = j0.src.data_ptr() - home[0].data_ptr()  # type: ignore[index]
+            vend = at + j0.src.numel() * j0.src.element_size()
+            row = np.full(w, j0.pad, dtype=torch.empty(0, dtype=bdt).numpy().dtype)
+            home[0].numpy()[vend:vend + row.nbytes] = row.view(np.uint8)  # type: ignore[index]
+            hend = max(hend, vend + row.nbytes)
+            index[k] = len(pads)
+            pads.append(Pad(tuple(t.shape), t.dtype, w, not j0.out.is_contiguous(), gi, at, nvals, False, False,
+                            home=True))
+            continue
         o = at
         for s in ([c] if c is not None else [j.src for j in js]):
             put(o, s.reshape(-1))
@@ -219,7 +241,20 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor],
         pads.append(Pad(tuple(t.shape), t.dtype, w, last, gi, at, nvals, c is not None,
                         j0.pv is not None, *_member(flats, k)))
     run_parallel(lambda c: np.copyto(c[0], c[1]), copies, size)
-    return index, Plan(pads, [(at, n, T) for _, n, T, at in ginfo], buf, size, [f for f, _ in flats])
+    return index, Plan(pads, [(at, n, T) for _, n, T, at in ginfo], buf, size, [f for f, _ in flats], hend,
+                       [int(rows[1].sum()) for rows, _, _, _ in ginfo])
+
+
+def _at_home(js: list[FillJob], home: tuple[torch.Tensor, int] | None, rowbytes: int) -> bool:
+    """The output's values are one array carved out of ``home`` (at a whole row), with room for a
+    pad row of ``rowbytes`` after them."""
+    if home is None or len(js) != 1 or rowbytes > SPARE:
+        return False
+    s = js[0].src
+    base, p = home[0].data_ptr(), s.data_ptr()
+    n = s.numel() * s.element_size()
+    return (s.device.type == "cpu" and s.is_contiguous() and s.numel() > 0 and base <= p
+            and p + n + SPARE <= base + home[1] and (p - base) % rowbytes == 0)
 
 
 def _small(j0: FillJob, n: int, T: int, w: int) -> bool:
@@ -306,9 +341,11 @@ def alloc(p: Plan, device: torch.device) -> tuple[list[torch.Tensor], list[torch
     return outs, flat
 
 
-def build(p: Plan, src: torch.Tensor, outs: list[torch.Tensor], flat: list[torch.Tensor]) -> None:
+def build(p: Plan, src: torch.Tensor, outs: list[torch.Tensor], flat: list[torch.Tensor],
+          home: torch.Tensor | None = None) -> None:
     """Write every output of ``p`` (``outs``, ``flat``: from ``alloc``, on ``src``'s device) from
-    ``src``, the staged buffer on the device. Temporaries are allocated on the current stream."""
+    ``src``, the staged buffer on the device, and ``home``, the arena's bytes there (the tables of
+    ``Pad.home`` outputs). Temporaries are allocated on the current stream."""
     cache: dict[tuple[int, str], torch.Tensor] = {}
     for f, buf in zip(p.flats, flat):
         esize = buf.element_size()
@@ -321,12 +358,18 @@ def build(p: Plan, src: torch.Tensor, outs: list[torch.Tensor], flat: list[torch
         mode = "const" if pad.const else "pv" if pad.pv else "pad"
         key = (pad.group, mode) if mode == "const" else (pad.group, mode, pad.rows)
         idx = cache.get(key)
+        if idx is None and mode == "const" and p.tokens:  # from the group's "pad" index: its pad rows are N
+            N = p.tokens[pad.group]
+            base = cache.get((pad.group, "pad", N))
+            if base is None:
+                base = cache[(pad.group, "pad", N)] = _index(src, g, "pad", N)
+            idx = cache[key] = (base == N).to(base.dtype)
         if idx is None:
             idx = cache[key] = _index(src, g, mode, pad.rows)
         o = dt.bits_view(out)
         esize = o.element_size()
         nrows = pad.rows + (g[1] * g[2] - pad.rows if pad.pv else 1)  # pv: the positions the mask leaves out
-        table = src[pad.at:pad.at + nrows * pad.w * esize].view(o.dtype).view(nrows, pad.w)
+        table = (home if pad.home else src)[pad.at:pad.at + nrows * pad.w * esize].view(o.dtype).view(nrows, pad.w)
         n, T = g[1], g[2]
         if pad.last:  # [B, *trail, T]: gathered token-major, then transposed into place
             tmp = torch.index_select(table, 0, idx)
@@ -335,11 +378,12 @@ def build(p: Plan, src: torch.Tensor, outs: list[torch.Tensor], flat: list[torch
             torch.index_select(table, 0, idx, out=o.view(n * T, pad.w))
 
 
-def run(p: Plan, outs: list[torch.Tensor], flat: list[torch.Tensor]) -> None:
+def run(p: Plan, outs: list[torch.Tensor], flat: list[torch.Tensor], home: torch.Tensor | None = None) -> None:
     """Copy the staged buffer to the outputs' device and build them, on the current stream; its
-    device copy is allocated on that stream too, so it is freed in that stream's order."""
+    device copy is allocated on that stream too, so it is freed in that stream's order. ``home``:
+    the arena's bytes on the device (at least ``p.home`` of them), copied there by the caller."""
     if p.buf is None or not outs:
         return
     src = torch.empty(p.total, dtype=torch.uint8, device=outs[0].device)
     src.copy_(p.buf[:p.total], non_blocking=True)
-    build(p, src, outs, flat)
+    build(p, src, outs, flat, home)

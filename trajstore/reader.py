@@ -264,7 +264,7 @@ class Reader:
             cols = schema.columns_for(spec, keep)
             if not any(c in cols for c in _token_cols(spec)):
                 cols = None
-        if cols is None and layout != "packed" and (by := ones_source(spec)) is not None:
+        if cols is None and layout != "packed" and ones_source(spec) is not None:
             # a padded batch's attention mask holds ones on its tokens (docs/FORMAT.md 3.4): built
             # from the lengths of another token column (format/tensors.py ``mask_of_ones``)
             cols = schema.columns_for(spec, [k for k, _ in spec["keys"] if k != "attention_mask"])
@@ -277,7 +277,7 @@ class Reader:
     def _finish(self, doc: dict, table: pa.Table, f: Any, columns: list[str] | None, layout: str | None,
                 arena: Any = None) -> Any:
         spec = doc["batch"]
-        if arena is not None and (layout == "packed" or layout is None and spec.get("form") != "padded"):
+        if arena is not None:
             arena.reserve(flat_nbytes(table))  # the flat fields are joined straight into pinned memory
         return schema.decode(table, spec, where=str(f), columns=columns, layout=layout,
                              alloc=None if arena is None else arena.alloc,

@@ -284,6 +284,10 @@ class Columns:
         run_parallel(copy, balance(copies, lambda x: x[3].nbytes, PIECE_BYTES),
                      sum(x[3].nbytes for x in copies))
 
+    def joined(self, name: str, dtype: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """``list_parts`` of a column already joined (``join``), else None."""
+        return self.list_parts(name, dtype) if name in self._parts else None
+
     def list_parts(self, name: str, dtype: str) -> tuple[np.ndarray, np.ndarray]:
         """(offsets, values) of a large_list column, its chunks joined (``join``)."""
         if name not in self._parts:

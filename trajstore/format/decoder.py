@@ -72,6 +72,8 @@ class Decoder:
             )
         if want == "packed":  # every flat field joined in one parallel round
             self.c.join([(n["col"], n["dtype"]) for _, n in chosen if is_flat(n)])
+        elif self.defer is not None:
+            self.join_deferred(chosen)
         out = {}
         by = tensors.ones_source(spec) if want == "padded" else None
         for k, node in chosen:
@@ -105,6 +107,8 @@ class Decoder:
         "padded"), or each mask group packed with its own ``<key>_cu_seqlens`` ("packed")."""
         groups: list = self.spec["masks"]  # type: ignore[typeddict-item]
         if self.layout != "packed":
+            if self.defer is not None:
+                self.join_deferred(chosen)
             out = {k: self.field(node, "padded") for k, node in chosen}
             self.fill_padded()
             return out
@@ -127,6 +131,13 @@ class Decoder:
                                       "which is also a field of the batch; read it padded")
                 out[name] = v
         return out
+
+    def join_deferred(self, chosen: list) -> None:
+        """Padded fields built elsewhere (``defer``): their token columns joined in one parallel
+        round into the decode's memory (pinned staging: ``torch_bridge.Arena``), so the device
+        copies their values from there (``device_pad.plan``), as it does a packed batch's."""
+        self.c.join([(n["col"], n["dtype"]) for n in _tensor_nodes(chosen) if is_token(n) and "pad_col" not in n
+                     and n.get("axis") is None and self.c.has(n["col"])])
 
     def group_lengths(self, i: int) -> np.ndarray:
         """Tokens per row of mask group ``i``, from a token field of that group that was read."""

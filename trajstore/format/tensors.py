@@ -188,7 +188,7 @@ def alloc(shape: list[int], node: dict, lazy: bool = False) -> torch.Tensor:
     a padded output is filled faster there than in ``np.empty`` or ``torch.empty``
     (benchmarks/RESULTS.md). ``lazy``: one the caller fills elsewhere (a GPU), most likely never
     touched here: ``np.empty``, whose untouched pages cost nothing."""
-    if lazy and not LAZY_FROM_POOL:
+    if lazy:
         a = np.empty(shape, dt.storage_numpy(node["dtype"]))
     else:
         a = empty(math.prod(shape), dt.storage_numpy(node["dtype"])).reshape(shape)
@@ -242,10 +242,6 @@ def decode_segments(cols: Columns, node: SegTensorNode, n: int) -> Any:
     return dt.as_value(v, node).reshape([int(counts.sum())] + trail)
 
 
-MASKLESS = True
-LAZY_FROM_POOL = False
-
-
 class FillJob(NamedTuple):
     """Rows ``r0:r1`` of a padded output to fill from one chunk's values: ``src`` (raw bits) at the
     positions of ``mask``, with ``off`` the row offsets into ``src``; the other positions get
@@ -268,11 +264,13 @@ def decode_padded(cols: Columns, node: TensorNode, n: int, T: int | None, side: 
                   mask_for: Callable[[np.ndarray, int, str], torch.Tensor],
                   charge: Callable[[int, str], None] | None = None) -> tuple[Any, list[FillJob]]:
     """A token field padded to ``[n, T, *trail]`` (``T`` None: the longest row): the output, still
-    unfilled, and its fill jobs, scattered straight from each row group's values (no joined copy).
+    unfilled, and its fill jobs, scattered straight from each row group's values (no joined copy;
+    one job of the joined values where the column was joined: ``decoder.Decoder.join_deferred``).
     ``charge(nbytes, what)`` is told what the output and its mask take before they are allocated."""
     trail = node["trail"]
     w = max(1, math.prod(trail))
-    off, parts = cols.chunks(node["col"], node["dtype"])
+    got = None if "pad_col" in node else cols.joined(node["col"], node["dtype"])  # joined: one job
+    off, parts = (got[0], [(0, got[1])]) if got is not None else cols.chunks(node["col"], node["dtype"])
     rows = np.diff(off)
     if len(off) != n + 1 or bool((rows < 0).any()):
         raise FormatError(f"{cols.where}: column {node['col']!r} has inconsistent offsets")
@@ -289,7 +287,7 @@ def decode_padded(cols: Columns, node: TensorNode, n: int, T: int | None, side: 
                f"field {node['col']!r} padded to [{n}, {T}]")
     starts = _starts(lengths, T, side)
     # deferred with known starts: no [n, T] mask (``decoder.fill`` builds the rows it fills from the starts)
-    mask = None if cols.defer is not None and starts is not None and MASKLESS else mask_for(lengths, T, side)
+    mask = None if cols.defer is not None and starts is not None else mask_for(lengths, T, side)
     last = node.get("axis") == "last"
     if last:  # [n, *trail, T], filled through its [n, T, *trail] view
         full = alloc([n] + trail + [T], node, cols.defer is not None)
@@ -357,7 +355,7 @@ def mask_of_ones(cols: Columns, node: TensorNode, by: TensorNode, n: int, T: int
         charge(n * T * (dt.storage_numpy(node["dtype"]).itemsize + 1) + 8 * T,
                f"field {node['col']!r} padded to [{n}, {T}]")
     starts = _starts(lengths, T, side)
-    mask = None if cols.defer is not None and MASKLESS else mask_for(lengths, T, side)
+    mask = None if cols.defer is not None else mask_for(lengths, T, side)
     out = alloc([n, T], node, cols.defer is not None)
     one = alloc([1], node).fill_(1)
     src = bits(one).reshape(-1).expand(int(lengths.sum()))  # one value, repeated (stride 0)
