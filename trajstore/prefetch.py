@@ -18,8 +18,6 @@ from .torch_bridge import Arena, as_device, launch, map_tensors, on_device, stag
 
 __all__ = ["iterate", "ReadAhead", "SERIAL_PREFETCH"]
 
-LAUNCH_IN_WORKER = False  # CUDA: each worker starts its step's copy (and device build) once decoded, not the
-# consumer's thread: the builds of several steps do not queue behind one thread (benchmarks/padded.py)
 SERIAL_PREFETCH = 4  # from this prefetch depth on, each step's joins and conversions run on its worker
 # thread, not the shared pool; Arrow still decodes its row groups on Arrow's pool (benchmarks/RESULTS.md)
 
@@ -46,14 +44,10 @@ def iterate(read: Callable[[int, Arena | None], Any], steps: list[int], device: 
             return read(step, None)
         arena = Arena(defer=True)  # padded fields are built on the device (trajstore/device_pad.py)
         try:
-            staged = stage(read(step, arena), arena=arena)
+            return stage(read(step, arena), arena=arena)
         except BaseException:
             arena.release()
             raise
-        return _Started(*launch(staged, d, consumer)) if LAUNCH_IN_WORKER else staged
-
-    def start(x: Any) -> tuple[Any, Any]:  # (device batch, event) of a decoded step
-        return (x.obj, x.event) if isinstance(x, _Started) else launch(x, d, consumer)
 
     pool = ThreadPoolExecutor(max_workers=workers or max(1, prefetch), thread_name_prefix="trajstore-read")
     pending: deque[tuple[int, Future]] = deque()
@@ -78,11 +72,11 @@ def iterate(read: Callable[[int, Arena | None], Any], steps: list[int], device: 
                 continue
             if not issued:
                 s, fut = pending.popleft()
-                issued.append((s, *start(fut.result())))
+                issued.append((s, *launch(fut.result(), d, consumer)))
             # start the next copy now if its decode is done, so it overlaps the consumer's compute
             if pending and pending[0][1].done() and len(issued) < 2:
                 s, fut = pending.popleft()
-                issued.append((s, *start(fut.result())))
+                issued.append((s, *launch(fut.result(), d, consumer)))
             s, obj, ev = issued.popleft()
             if ev is not None:
                 consumer.wait_event(ev)
@@ -98,22 +92,8 @@ def iterate(read: Callable[[int, Arena | None], Any], steps: list[int], device: 
         pool.shutdown(wait=True)
         for _, fut in pending:
             if not fut.cancelled() and fut.exception() is None and cuda:
-                x = fut.result()
-                if isinstance(x, _Started):  # its copy was started: memory it writes stays in use until then
-                    if x.event is not None:
-                        consumer.wait_event(x.event)
-                else:
-                    x.release()
+                fut.result().release()
         pending.clear()
-
-
-class _Started:
-    """A step whose copy to the device its worker started (``launch``): the batch and its event."""
-
-    __slots__ = ("obj", "event")
-
-    def __init__(self, obj: Any, event: Any):
-        self.obj, self.event = obj, event
 
 
 class ReadAhead:
