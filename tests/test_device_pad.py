@@ -256,6 +256,7 @@ def test_joined_values_are_staged_where_they_were_decoded(tmp_path, side, monkey
     tokens = int(b["attention_mask"].sum())
     # staged in the plan's own buffer: the [B, T, 3] values (12 bytes a token, not at a whole row of the arena)
     assert plan.home >= tokens * (8 + 1 + 4) and plan.total < tokens * 13 + 1024
+    assert plan.inside >= plan.home  # the plan's own tables carved out of the arena after them: one buffer
 
 
 # ----------------------------------------------------------------------------- CUDA

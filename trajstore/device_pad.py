@@ -99,6 +99,7 @@ class Plan:
     flats: list[Flat] = field(default_factory=list)
     home: int = 0  # bytes of the arena (``plan``'s ``home``) the tables of ``Pad.home`` outputs reach
     tokens: list[int] = field(default_factory=list)  # per mask group, its rows' tokens in all
+    inside: int = -1  # ``buf`` is this byte offset of the arena (staged with it), not a buffer of its own
 
 
 def key(t: torch.Tensor) -> int | None:
@@ -384,6 +385,9 @@ def run(p: Plan, outs: list[torch.Tensor], flat: list[torch.Tensor], home: torch
     the arena's bytes on the device (at least ``p.home`` of them), copied there by the caller."""
     if p.buf is None or not outs:
         return
-    src = torch.empty(p.total, dtype=torch.uint8, device=outs[0].device)
-    src.copy_(p.buf[:p.total], non_blocking=True)
+    if p.inside >= 0 and home is not None:  # copied with the arena
+        src = home[p.inside:p.inside + p.total]
+    else:
+        src = torch.empty(p.total, dtype=torch.uint8, device=outs[0].device)
+        src.copy_(p.buf[:p.total], non_blocking=True)
     build(p, src, outs, flat, home)

@@ -222,7 +222,8 @@ class Staged:
             self.pool.give(self.buf, event)
             self.buf = None
         if self.plan is not None and self.plan.buf is not None:
-            self.pool.give(self.plan.buf, event)
+            if self.plan.inside < 0:  # else part of ``buf``
+                self.pool.give(self.plan.buf, event)
             self.plan.buf = None
 
 
@@ -288,10 +289,18 @@ def stage(obj: Any, pool: PinnedPool = _read_pool, arena: Arena | None = None) -
     plan = None
     home = 0  # bytes of the arena the plan's tables reach into (staged with the batch)
     if arena is not None and arena.jobs:
-        index, plan = device_pad.plan(arena.jobs, leaves, pool.take,
-                                      None if arena.buf is None else (arena.buf, arena.used))
+        a = arena
+
+        def take(n: int) -> torch.Tensor:  # the plan's tables: after the values in the arena where they fit
+            if a.buf is not None and a.used + n + device_pad.SPARE <= a.buf.numel():
+                return torch.from_numpy(a.alloc(n, np.uint8))
+            return pool.take(n)
+
+        index, plan = device_pad.plan(arena.jobs, leaves, take, None if arena.buf is None else (arena.buf, arena.used))
         arena.jobs = []
-        home = plan.home
+        if plan.buf is not None and arena.holds(plan.buf):  # one buffer, one copy to the device
+            plan.inside = plan.buf.data_ptr() - arena.buf.data_ptr()  # type: ignore[union-attr]
+        home = max(plan.home, plan.inside + plan.total)
     which = [index.get(device_pad.key(t), -1) if index else -1 for t in leaves]  # pad index, or -1
     views = [t for t, b in zip(leaves, which) if b < 0]
     size = [t.numel() * t.element_size() for t in views]
