@@ -4,11 +4,17 @@ The decoder leaves a padded token field's ``[B, T, ...]`` output (and each ``[g,
 cell of an AReaL-style list batch, ``format/grouped.py``) unfilled and hands over its fill jobs
 (``format/decoder.py`` ``defer``): each row group's values (the tokens, unpadded), their row
 offsets, the ``[B, T]`` token mask of the rows, and the pad value or the recorded padded values
-(``format/tensors.py`` ``FillJob``). ``plan`` stages what the device needs into one pinned buffer:
+(``format/tensors.py`` ``FillJob``; for a right or left padded mask each row's first token, and no
+``[B, T]`` mask at all). ``plan`` stages what the device needs:
 
 * per field, a table of rows of ``w`` elements (``w``: the elements per token): the values, then
   one row holding the pad value, or the recorded padded values; a field whose values all hold one
-  value (an ``attention_mask`` of ones) stores that one row instead of every token's;
+  value (an ``attention_mask`` of ones, which the reader does not even decode: ``tensors.mask_of_ones``)
+  stores that one row instead of every token's. A large field padded with one value whose column the
+  decode joined into the pinned arena (``torch_bridge.Arena``, copied to the device whole, as for a
+  packed replay) keeps its values there: its pad row is written into the ``SPARE`` bytes after them,
+  and only the other tables are written, after them in the arena too where they fit (else in a
+  pinned buffer of their own). So a padded step stages the packed step's bytes, once;
 * per mask (shared by the fields that follow it), each row's first token position and length.
 
 ``build`` then writes every output with one gather per field from an index of ``[B, T]`` table

@@ -267,7 +267,8 @@ class Reader:
         if cols is None and layout != "packed" and ones_source(spec) is not None:
             # a padded batch's attention mask holds ones on its tokens (docs/FORMAT.md 3.4): built
             # from the lengths of another token column (format/tensors.py ``mask_of_ones``)
-            cols = schema.columns_for(spec, [k for k, _ in spec["keys"] if k != "attention_mask"])
+            skip = dict(spec["keys"])["attention_mask"]["col"]
+            cols = [c for c in sf.pf.schema_arrow.names if c != skip]
         with foreign_errors(f, "reading step {}", step, then="the step is damaged"):
             table = _read_columns(sf.pf, sf.src, cols)
         if table.num_rows != doc.get("num_rows", table.num_rows):
