@@ -345,6 +345,8 @@ def main(argv=None) -> int:
     ap.add_argument("--skip", default="", help="comma list of sections to skip: encodings,rewards,scale,s3,padded")
     ap.add_argument("--only-encodings", action="store_true",
                     help="only the encoding benchmark (benchmarks/encodings.py): columns, then whole steps")
+    ap.add_argument("--only", choices=["padded"], help="only this section, on a dump written for it: padded "
+                    "(replay to CUDA padded vs packed, benchmarks/padded.py)")
     a = ap.parse_args(argv)
     q = a.quick
     B, max_len, n, m, repeat = (128, 4096, 4, 100, 3) if q else (1024, 8192, 8, 1000, 5)
@@ -369,6 +371,14 @@ def main(argv=None) -> int:
               f"(generated in {time.perf_counter() - t0:.1f} s)", flush=True)
         if a.only_encodings:
             print_encodings(encodings.run(P), encodings.steps(P, repeat))
+            return 0
+        if a.only == "padded":
+            d = tmp / "padded_dump"
+            with trajstore.Writer(d) as w:
+                for i in range(n):
+                    w.append(i, batches[i % len(batches)])
+            padded.run(rep, d, raw, n, repeat, torch.cuda.is_available() and not a.no_gpu)
+            print("\n" + rep.markdown(), flush=True)
             return 0
         b = baselines(rep, tmp, P, F, raw, repeat)
         d = writer_figures(rep, tmp, batches, raw, n, b)

@@ -228,6 +228,37 @@ def test_the_index_math_alone():
     assert outs[1].tolist() == [[10, 11, -7, -7, -7], [-7, -7, 12, 13, 14], [-7, -7, -7, -7, -7]]
 
 
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_joined_values_are_staged_where_they_were_decoded(tmp_path, side, monkeypatch):
+    """A large output padded with one value, its column joined into the arena: its table is the
+    arena's values and the pad row written after them (nothing copied into the plan's buffer);
+    the mask of ones is built from the lengths, its column not read."""
+    monkeypatch.setattr(device_pad, "FLAT_BYTES", 0)  # every output one by one, as large ones are
+    monkeypatch.setattr(parquet, "ROW_GROUP_BYTES", 256)  # several chunks: joined into the arena
+    monkeypatch.setattr("trajstore.reader.PARALLEL_READ_BYTES", 0)
+    b = padded_batch(B=40, T=50, side=side)
+    m = b["attention_mask"].bool()
+    b["loss_mask"] = m & (torch.arange(50) % 3 != 0)  # varied values: not staged as one value
+    b["scores"] = torch.linspace(-1, 1, 40 * 50).reshape(40, 50).masked_fill(~m, 0.0)
+    with trajstore.Writer(tmp_path) as w:
+        w.append(0, b)
+    r = trajstore.Reader(tmp_path)
+    sf = r._open(0)
+    assert "attention_mask" not in r._table(sf, 0, None, None).column_names
+    assert "attention_mask" in r._table(sf, 0, ["attention_mask"], None).column_names
+    got, plan = device_read(r, 0)
+    assert_batch_equal(r.read(0), got)
+    assert_batch_equal(b, got)
+    assert_batch_equal(b, r.read(0))
+    assert_batch_equal({"attention_mask": b["attention_mask"]}, r.read(0, columns=["attention_mask"]))
+    home = {p.dtype for p in plan.pads if p.home}
+    assert {torch.int64, torch.bool, torch.float32} <= home  # input_ids, loss_mask, scores
+    tokens = int(b["attention_mask"].sum())
+    # staged in the plan's own buffer: the [B, T, 3] values (12 bytes a token, not at a whole row of the arena)
+    assert plan.home >= tokens * (8 + 1 + 4) and plan.total < tokens * 13 + 1024
+    assert plan.inside >= plan.home  # the plan's own tables carved out of the arena after them: one buffer
+
+
 # ----------------------------------------------------------------------------- CUDA
 def _on_cuda_equal(cpu, gpu):
     leaves = torch_bridge._leaves(gpu)

@@ -87,7 +87,7 @@ def _big_batch(B=64, T=2048):
 def _fill(b: dict, step: int) -> None:
     """The RL loop's refill of its reused buffers for ``step``."""
     m = b["attention_mask"]
-    b["input_ids"].copy_((torch.arange(b["input_ids"].numel()).reshape(m.shape) * 7 + step) % 1000 * m)
+    b["input_ids"].copy_((torch.arange(b["input_ids"].numel(), device=m.device).reshape(m.shape) * 7 + step) % 1000 * m)
     b["logprobs"].fill_(-0.5 * step).mul_(m)
     b["rewards"].fill_(float(step))
 

@@ -4,11 +4,17 @@ The decoder leaves a padded token field's ``[B, T, ...]`` output (and each ``[g,
 cell of an AReaL-style list batch, ``format/grouped.py``) unfilled and hands over its fill jobs
 (``format/decoder.py`` ``defer``): each row group's values (the tokens, unpadded), their row
 offsets, the ``[B, T]`` token mask of the rows, and the pad value or the recorded padded values
-(``format/tensors.py`` ``FillJob``). ``plan`` stages what the device needs into one pinned buffer:
+(``format/tensors.py`` ``FillJob``; for a right or left padded mask each row's first token, and no
+``[B, T]`` mask at all). ``plan`` stages what the device needs:
 
 * per field, a table of rows of ``w`` elements (``w``: the elements per token): the values, then
   one row holding the pad value, or the recorded padded values; a field whose values all hold one
-  value (an ``attention_mask`` of ones) stores that one row instead of every token's;
+  value (an ``attention_mask`` of ones, which the reader does not even decode: ``tensors.mask_of_ones``)
+  stores that one row instead of every token's. A large field padded with one value whose column the
+  decode joined into the pinned arena (``torch_bridge.Arena``, copied to the device whole, as for a
+  packed replay) keeps its values there: its pad row is written into the ``SPARE`` bytes after them,
+  and only the other tables are written, after them in the arena too where they fit (else in a
+  pinned buffer of their own). So a padded step stages the packed step's bytes, once;
 * per mask (shared by the fields that follow it), each row's first token position and length.
 
 ``build`` then writes every output with one gather per field from an index of ``[B, T]`` table
@@ -42,6 +48,7 @@ from .format.tensors import FillJob
 __all__ = ["Pad", "Flat", "Plan", "plan", "alloc", "run", "build", "key", "CONST_PROBE", "FLAT_BYTES"]
 
 ALIGN = 256
+SPARE = 64  # unused bytes after each array of a torch_bridge.Arena: a pad row of up to this size fits there
 CONST_PROBE = 64  # values looked at before a field is scanned whole for one repeated value
 FLAT_BYTES = 4 << 20  # outputs up to this size are built together, one gather per dtype and width
 
@@ -68,6 +75,7 @@ class Pad:
     pv: bool
     flat: int = -1  # small outputs: built together, a view at position ``pos`` of flat buffer ``flat``
     pos: int = 0
+    home: bool = False  # its table in the arena the values were decoded into (``plan``'s ``home``)
 
 
 @dataclass
@@ -87,13 +95,17 @@ class Flat:
 @dataclass
 class Plan:
     """What ``build`` needs: the outputs, per mask group ``(byte offset of its [2, B] int64
-    starts and lengths, B, T)`` in the staged buffer of ``total`` bytes, and the flat buffers."""
+    starts and lengths, B, T)`` in the staged buffer of ``total`` bytes, the flat buffers, and how
+    much of the arena the values were decoded into the device needs too."""
 
     pads: list[Pad]
     groups: list[tuple[int, int, int]]
     buf: torch.Tensor | None
     total: int
     flats: list[Flat] = field(default_factory=list)
+    home: int = 0  # bytes of the arena (``plan``'s ``home``) the tables of ``Pad.home`` outputs reach
+    tokens: list[int] = field(default_factory=list)  # per mask group, its rows' tokens in all
+    inside: int = -1  # ``buf`` is this byte offset of the arena (staged with it), not a buffer of its own
 
 
 def key(t: torch.Tensor) -> int | None:
@@ -108,16 +120,20 @@ def _whole(jobs: list[FillJob]) -> bool:
     """The jobs cover the output's rows in order, each from one chunk of its values."""
     n = jobs[0].out.shape[0]
     return (jobs[0].r0 == 0 and jobs[-1].r1 == n and all(a.r1 == b.r0 for a, b in zip(jobs, jobs[1:]))
-            and all(j.mask is jobs[0].mask for j in jobs) and all((j.pv is None) == (jobs[0].pv is None) for j in jobs)
+            and all(j.mask is jobs[0].mask and j.starts is jobs[0].starts for j in jobs)
+            and all((j.pv is None) == (jobs[0].pv is None) for j in jobs)
             and sum(j.src.numel() for j in jobs) == int(jobs[0].off[n]))
 
 
 def _const(srcs: list[torch.Tensor], w: int) -> torch.Tensor | None:
     """The one token value every value repeats (an ``attention_mask`` of ones), or None. Scanned in
     pieces of ``CONST_PROBE`` values and up, so a field of varied values stops early."""
-    arrays = [s.numpy() for s in srcs if s.numel()]
-    if not arrays or w != 1:
+    if w != 1 or not any(s.numel() for s in srcs):
         return None
+    if all(s.stride(0) == 0 for s in srcs if s.numel()):  # one value, repeated (format/tensors.py mask_of_ones)
+        v0 = next(s for s in srcs if s.numel())[:1]
+        return v0 if all(bool((s[:1] == v0).all()) for s in srcs if s.numel()) else None
+    arrays = [s.numpy() for s in srcs if s.numel()]
     v = arrays[0][0]
     for a in arrays:
         i, step = 0, CONST_PROBE
@@ -128,11 +144,14 @@ def _const(srcs: list[torch.Tensor], w: int) -> torch.Tensor | None:
     return srcs[0][:1] if srcs[0].numel() else next(s for s in srcs if s.numel())[:1]
 
 
-def plan(jobs: list[FillJob], leaves: list[torch.Tensor],
-         take: Callable[[int], torch.Tensor]) -> tuple[dict[int, int], Plan]:
+def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], torch.Tensor],
+         home: tuple[torch.Tensor, int] | None = None) -> tuple[dict[int, int], Plan]:
     """Stage the padded outputs among ``leaves`` (the batch's torch tensors) for ``build``: returns
     ``{storage key: index into Plan.pads}`` and the plan, its buffer from ``take(nbytes)``. Jobs of
-    other outputs (numpy fields) are filled here, on the CPU."""
+    other outputs (numpy fields) are filled here, on the CPU. ``home``: the pinned buffer the values
+    were decoded into and its bytes used (``torch_bridge.Arena``, staged to the device as well): a
+    large output padded with one value whose values lie there whole, with ``SPARE`` bytes after
+    them, keeps them there (its pad row written after them), not copied."""
     keys = {k: i for i, t in enumerate(leaves) if (k := key(t)) is not None}
     by_out: dict[int, list[FillJob]] = {}
     rest: list[FillJob] = []
@@ -151,18 +170,21 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor],
             rest += by_out.pop(k)
     fill(rest)
     # layout: per mask group its starts and lengths, then per output its table
-    groups: dict[int, int] = {}
+    groups: dict[Any, int] = {}
     ginfo: list[tuple[np.ndarray, int, int, int]] = []
     items, size = [], 0
     for k, js in by_out.items():
         j0, t = js[0], leaves[keys[k]]
         n, T = j0.out.shape[0], j0.out.shape[1]
         w = j0.out[0, 0].numel()
-        if id(j0.mask) not in groups:
-            m = j0.mask.numpy()
-            lens = np.diff(np.asarray(j0.off, dtype=np.int64)) // w
-            rows = np.stack([m.argmax(axis=1).astype(np.int64), lens])  # a row of no tokens: any start
-            groups[id(j0.mask)] = len(ginfo)
+        lens = np.diff(np.asarray(j0.off, dtype=np.int64)) // w
+        # a mask group: the same mask, or (no mask) the same starts and lengths
+        gk = id(j0.mask) if j0.mask is not None else (T, j0.starts.tobytes(), lens.tobytes())
+        if gk not in groups:
+            # each row's first token: as the decoder knows it (right or left side), else from the mask
+            first = j0.starts if j0.starts is not None else j0.mask.numpy().argmax(axis=1)
+            rows = np.stack([np.asarray(first, np.int64), lens])  # a row of no tokens: any start
+            groups[gk] = len(ginfo)
             ginfo.append((rows, n, T, size))
             size += _round(rows.nbytes)
         srcs = [j.src for j in js]
@@ -170,11 +192,14 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor],
         nvals = 1 if c is not None else sum(s.numel() for s in srcs) // w
         npad = sum(j.pv[1].numel() for j in js) // w if j0.pv is not None else 1
         esize = j0.src.element_size()
+        if c is None and j0.pv is None and not _small(j0, n, T, w) and _at_home(js, home, w * esize):
+            items.append((k, js, t, n, T, w, c, nvals, npad, -1, groups[gk]))
+            continue
         if _small(j0, n, T, w):  # its table at whole rows of the buffer: a flat gather reads them so
             size = -(-size // math.lcm(ALIGN, w * esize)) * math.lcm(ALIGN, w * esize)
-        items.append((k, js, t, n, T, w, c, nvals, npad, size))
+        items.append((k, js, t, n, T, w, c, nvals, npad, size, groups[gk]))
         size += _round((nvals + npad) * w * esize)
-    flats, lines = _flats(items, ginfo, groups)
+    flats, lines = _flats(items, ginfo)
     for (f, _), meta in zip(flats, lines):
         f.at = size
         size += _round(meta.nbytes)
@@ -194,9 +219,20 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor],
         put(f.at, torch.from_numpy(meta).reshape(-1))
     index: dict[int, int] = {}
     pads: list[Pad] = []
-    for k, js, t, n, T, w, c, nvals, npad, at in items:
+    hend = 0
+    for k, js, t, n, T, w, c, nvals, npad, at, gi in items:
         j0 = js[0]
         bdt = j0.src.dtype
+        if at < 0:  # at home: the pad row after the values, in the arena
+            at = j0.src.data_ptr() - home[0].data_ptr()  # type: ignore[index]
+            vend = at + j0.src.numel() * j0.src.element_size()
+            row = np.full(w, j0.pad, dtype=torch.empty(0, dtype=bdt).numpy().dtype)
+            home[0].numpy()[vend:vend + row.nbytes] = row.view(np.uint8)  # type: ignore[index]
+            hend = max(hend, vend + row.nbytes)
+            index[k] = len(pads)
+            pads.append(Pad(tuple(t.shape), t.dtype, w, not j0.out.is_contiguous(), gi, at, nvals, False, False,
+                            home=True))
+            continue
         o = at
         for s in ([c] if c is not None else [j.src for j in js]):
             put(o, s.reshape(-1))
@@ -209,10 +245,23 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor],
                 o += j.pv[1].numel() * j.pv[1].element_size()
         last = not j0.out.is_contiguous()  # the [B, T, *trail] view of a [B, *trail, T] output
         index[k] = len(pads)
-        pads.append(Pad(tuple(t.shape), t.dtype, w, last, groups[id(j0.mask)], at, nvals, c is not None,
+        pads.append(Pad(tuple(t.shape), t.dtype, w, last, gi, at, nvals, c is not None,
                         j0.pv is not None, *_member(flats, k)))
     run_parallel(lambda c: np.copyto(c[0], c[1]), copies, size)
-    return index, Plan(pads, [(at, n, T) for _, n, T, at in ginfo], buf, size, [f for f, _ in flats])
+    return index, Plan(pads, [(at, n, T) for _, n, T, at in ginfo], buf, size, [f for f, _ in flats], hend,
+                       [int(rows[1].sum()) for rows, _, _, _ in ginfo])
+
+
+def _at_home(js: list[FillJob], home: tuple[torch.Tensor, int] | None, rowbytes: int) -> bool:
+    """The output's values are one array carved out of ``home`` (at a whole row), with room for a
+    pad row of ``rowbytes`` after them."""
+    if home is None or len(js) != 1 or rowbytes > SPARE:
+        return False
+    s = js[0].src
+    base, p = home[0].data_ptr(), s.data_ptr()
+    n = s.numel() * s.element_size()
+    return (s.device.type == "cpu" and s.is_contiguous() and s.numel() > 0 and base <= p
+            and p + n + SPARE <= base + home[1] and (p - base) % rowbytes == 0)
 
 
 def _small(j0: FillJob, n: int, T: int, w: int) -> bool:
@@ -220,19 +269,19 @@ def _small(j0: FillJob, n: int, T: int, w: int) -> bool:
     return j0.out.is_contiguous() and n * T * w * j0.src.element_size() <= FLAT_BYTES
 
 
-def _flats(items: list, ginfo: list, groups: dict) -> tuple[list[tuple[Flat, dict]], list[np.ndarray]]:
+def _flats(items: list, ginfo: list) -> tuple[list[tuple[Flat, dict]], list[np.ndarray]]:
     """The flat buffers of the small outputs among ``items`` (laid out: their tables' byte offsets
     known), with ``{storage key: (flat, position)}`` each, and their line tables."""
     buckets: dict[tuple, list] = {}
     for it in items:
-        k, js, t, n, T, w, c, nvals, npad, at = it
+        k, js, t, n, T, w, c, nvals, npad, at, gi = it
         if _small(js[0], n, T, w):
             buckets.setdefault((js[0].src.dtype, w), []).append(it)
     out, tables = [], []
     for (bdt, w), members in buckets.items():
         where, cols, pos = {}, [], 0
-        for k, js, t, n, T, _, c, nvals, npad, at in members:
-            rows = ginfo[groups[id(js[0].mask)]][0]
+        for k, js, t, n, T, _, c, nvals, npad, at, gi in members:
+            rows = ginfo[gi][0]
             starts, lens = rows[0], rows[1]
             r0 = at // (w * js[0].src.element_size())  # the table's first row in the buffer's rows
             pv = js[0].pv is not None
@@ -299,9 +348,11 @@ def alloc(p: Plan, device: torch.device) -> tuple[list[torch.Tensor], list[torch
     return outs, flat
 
 
-def build(p: Plan, src: torch.Tensor, outs: list[torch.Tensor], flat: list[torch.Tensor]) -> None:
+def build(p: Plan, src: torch.Tensor, outs: list[torch.Tensor], flat: list[torch.Tensor],
+          home: torch.Tensor | None = None) -> None:
     """Write every output of ``p`` (``outs``, ``flat``: from ``alloc``, on ``src``'s device) from
-    ``src``, the staged buffer on the device. Temporaries are allocated on the current stream."""
+    ``src``, the staged buffer on the device, and ``home``, the arena's bytes there (the tables of
+    ``Pad.home`` outputs). Temporaries are allocated on the current stream."""
     cache: dict[tuple[int, str], torch.Tensor] = {}
     for f, buf in zip(p.flats, flat):
         esize = buf.element_size()
@@ -314,12 +365,18 @@ def build(p: Plan, src: torch.Tensor, outs: list[torch.Tensor], flat: list[torch
         mode = "const" if pad.const else "pv" if pad.pv else "pad"
         key = (pad.group, mode) if mode == "const" else (pad.group, mode, pad.rows)
         idx = cache.get(key)
+        if idx is None and mode == "const" and p.tokens:  # from the group's "pad" index: its pad rows are N
+            N = p.tokens[pad.group]
+            base = cache.get((pad.group, "pad", N))
+            if base is None:
+                base = cache[(pad.group, "pad", N)] = _index(src, g, "pad", N)
+            idx = cache[key] = (base == N).to(base.dtype)
         if idx is None:
             idx = cache[key] = _index(src, g, mode, pad.rows)
         o = dt.bits_view(out)
         esize = o.element_size()
         nrows = pad.rows + (g[1] * g[2] - pad.rows if pad.pv else 1)  # pv: the positions the mask leaves out
-        table = src[pad.at:pad.at + nrows * pad.w * esize].view(o.dtype).view(nrows, pad.w)
+        table = (home if pad.home else src)[pad.at:pad.at + nrows * pad.w * esize].view(o.dtype).view(nrows, pad.w)
         n, T = g[1], g[2]
         if pad.last:  # [B, *trail, T]: gathered token-major, then transposed into place
             tmp = torch.index_select(table, 0, idx)
@@ -328,11 +385,15 @@ def build(p: Plan, src: torch.Tensor, outs: list[torch.Tensor], flat: list[torch
             torch.index_select(table, 0, idx, out=o.view(n * T, pad.w))
 
 
-def run(p: Plan, outs: list[torch.Tensor], flat: list[torch.Tensor]) -> None:
+def run(p: Plan, outs: list[torch.Tensor], flat: list[torch.Tensor], home: torch.Tensor | None = None) -> None:
     """Copy the staged buffer to the outputs' device and build them, on the current stream; its
-    device copy is allocated on that stream too, so it is freed in that stream's order."""
+    device copy is allocated on that stream too, so it is freed in that stream's order. ``home``:
+    the arena's bytes on the device (at least ``p.home`` of them), copied there by the caller."""
     if p.buf is None or not outs:
         return
-    src = torch.empty(p.total, dtype=torch.uint8, device=outs[0].device)
-    src.copy_(p.buf[:p.total], non_blocking=True)
-    build(p, src, outs, flat)
+    if p.inside >= 0 and home is not None:  # copied with the arena
+        src = home[p.inside:p.inside + p.total]
+    else:
+        src = torch.empty(p.total, dtype=torch.uint8, device=outs[0].device)
+        src.copy_(p.buf[:p.total], non_blocking=True)
+    build(p, src, outs, flat, home)

@@ -19,6 +19,7 @@ from .format import limits, validate
 from .format.arrow import flat_nbytes
 from .format.parquet import read_sample
 from .format.spec import is_dict_batch, is_plain_sample, is_token
+from .format.tensors import ones_source
 from .prefetch import iterate
 from .store import paths, remote, stepfile
 from .store.fs import is_remote, resolve, source
@@ -263,6 +264,11 @@ class Reader:
             cols = schema.columns_for(spec, keep)
             if not any(c in cols for c in _token_cols(spec)):
                 cols = None
+        if cols is None and layout != "packed" and ones_source(spec) is not None:
+            # a padded batch's attention mask holds ones on its tokens (docs/FORMAT.md 3.4): built
+            # from the lengths of another token column (format/tensors.py ``mask_of_ones``)
+            skip = dict(spec["keys"])["attention_mask"]["col"]
+            cols = [c for c in sf.pf.schema_arrow.names if c != skip]
         with foreign_errors(f, "reading step {}", step, then="the step is damaged"):
             table = _read_columns(sf.pf, sf.src, cols)
         if table.num_rows != doc.get("num_rows", table.num_rows):
@@ -272,7 +278,7 @@ class Reader:
     def _finish(self, doc: dict, table: pa.Table, f: Any, columns: list[str] | None, layout: str | None,
                 arena: Any = None) -> Any:
         spec = doc["batch"]
-        if arena is not None and (layout == "packed" or layout is None and spec.get("form") != "padded"):
+        if arena is not None:
             arena.reserve(flat_nbytes(table))  # the flat fields are joined straight into pinned memory
         return schema.decode(table, spec, where=str(f), columns=columns, layout=layout,
                              alloc=None if arena is None else arena.alloc,

@@ -222,7 +222,8 @@ class Staged:
             self.pool.give(self.buf, event)
             self.buf = None
         if self.plan is not None and self.plan.buf is not None:
-            self.pool.give(self.plan.buf, event)
+            if self.plan.inside < 0:  # else part of ``buf``
+                self.pool.give(self.plan.buf, event)
             self.plan.buf = None
 
 
@@ -231,7 +232,9 @@ class Arena:
     ``alloc(n, dtype)`` carves numpy arrays out of it (``np.empty`` once it is full), so joining
     a column's row-group chunks is the only host copy on the way to the GPU (``stage`` finds the
     tensors already in place). ``defer``: padded fields are left for the device to build (their
-    fill jobs collect in ``jobs``, handed to ``format.decoder.decode``; ``stage`` plans them)."""
+    fill jobs collect in ``jobs``, handed to ``format.decoder.decode``; ``stage`` plans them).
+    Each array carved out is followed by ``device_pad.SPARE`` unused bytes: room for the pad row
+    of a padded field's table, next to its values (``device_pad.plan``)."""
 
     def __init__(self, pool: PinnedPool = _read_pool, defer: bool = False):
         self.pool, self.buf, self.used = pool, None, 0
@@ -245,10 +248,10 @@ class Arena:
     def alloc(self, n: int, dtype: Any) -> np.ndarray:
         dtype = np.dtype(dtype)
         nbytes = n * dtype.itemsize
-        if self.buf is None or self.used + nbytes > self.buf.numel():
+        if self.buf is None or self.used + nbytes + device_pad.SPARE > self.buf.numel():
             return np.empty(n, dtype)
         out = self._np[self.used:self.used + nbytes].view(dtype)
-        self.used = _round(self.used + nbytes)
+        self.used = _round(self.used + nbytes + device_pad.SPARE)
         return out
 
     def holds(self, t: torch.Tensor) -> bool:
@@ -278,19 +281,32 @@ def host_arena(device: Any) -> Arena | None:
 def stage(obj: Any, pool: PinnedPool = _read_pool, arena: Arena | None = None) -> Staged:
     """Gather every torch tensor of ``obj`` into one pinned buffer: tensors decoded into ``arena``
     stay where they are, the others are copied after them (CPU memcpy, off the GPU). Padded fields
-    the arena deferred are planned for the device instead (``device_pad.plan``: their unpadded
-    values in a second pinned buffer), a ``meta`` tensor in their place."""
+    the arena deferred are planned for the device instead (``device_pad.plan``: their values used
+    where the decode joined them in the arena, the rest of their tables in a second pinned buffer),
+    a ``meta`` tensor in their place."""
     leaves = _leaves(obj)
     index: dict[int, int] = {}
     plan = None
+    home = 0  # bytes of the arena the plan's tables reach into (staged with the batch)
     if arena is not None and arena.jobs:
-        index, plan = device_pad.plan(arena.jobs, leaves, pool.take)
+        a = arena
+
+        def take(n: int) -> torch.Tensor:  # the plan's tables: after the values in the arena where they fit
+            if a.buf is not None and a.used + n + device_pad.SPARE <= a.buf.numel():
+                return torch.from_numpy(a.alloc(n, np.uint8))
+            return pool.take(n)
+
+        index, plan = device_pad.plan(arena.jobs, leaves, take, None if arena.buf is None else (arena.buf, arena.used))
         arena.jobs = []
+        if plan.buf is not None and arena.holds(plan.buf):  # one buffer, one copy to the device
+            plan.inside = plan.buf.data_ptr() - arena.buf.data_ptr()  # type: ignore[union-attr]
+        home = max(plan.home, plan.inside + plan.total)
     which = [index.get(device_pad.key(t), -1) if index else -1 for t in leaves]  # pad index, or -1
     views = [t for t, b in zip(leaves, which) if b < 0]
     size = [t.numel() * t.element_size() for t in views]
     held = [arena is not None and arena.holds(t) for t in views]
-    if not views:
+    old = None  # an arena given back once its tensors are copied out of it
+    if not views and not home:
         if arena is not None:
             arena.release()
         if plan is None:
@@ -300,11 +316,13 @@ def stage(obj: Any, pool: PinnedPool = _read_pool, arena: Arena | None = None) -
             arena.used + sum(_round(n) for n, h in zip(size, held) if not h) <= arena.buf.numel():
         buf, end = arena.buf, arena.used
         arena.buf = None  # the Staged batch owns it now
-    else:
+    else:  # a new buffer: the arena's bytes the plan uses first, at the same offsets, then the tensors
+        buf, end = pool.take(_round(home) + sum(_round(n) for n in size)), _round(home)
+        if home:
+            buf[:home].copy_(arena.buf[:home])  # type: ignore[union-attr]
         if arena is not None:
-            arena.release()
+            old, arena.buf = arena.buf, None
         held = [False] * len(views)
-        buf, end = pool.take(sum(_round(n) for n in size)), 0
     offsets: list[int] = []
     built: list[int] = []
     it, vit = iter(which), iter(zip(size, held))
@@ -326,7 +344,10 @@ def stage(obj: Any, pool: PinnedPool = _read_pool, arena: Arena | None = None) -
         return dst
 
     out = map_tensors(obj, put)
-    return Staged(out, buf, max([o + n for o, n in zip(offsets, size)], default=0), pool, offsets, plan, built)
+    if old is not None:
+        pool.give(old, None)
+    total = max([o + n for o, n in zip(offsets, size)] + [home])
+    return Staged(out, buf, total, pool, offsets, plan, built)
 
 
 def launch(staged: Staged, device: torch.device, consumer: torch.cuda.Stream | None) -> tuple[Any, Any]:
@@ -347,7 +368,7 @@ def launch(staged: Staged, device: torch.device, consumer: torch.cuda.Stream | N
         if gbuf is not None:
             gbuf.copy_(staged.buf[:staged.total], non_blocking=True)
         if p is not None:
-            device_pad.run(p, outs, flat)
+            device_pad.run(p, outs, flat, gbuf)
         ev = None if side is None else torch.cuda.Event()
         if ev is not None:
             ev.record(side)

@@ -229,6 +229,14 @@ class Columns:
             parts = [(r, out) for r, _, out in wide]
         return off, parts
 
+    def offsets(self, name: str, dtype: str) -> np.ndarray:
+        """The row offsets of a large_list column, counted from 0 (its values not read)."""
+        if name in self._parts:
+            return self._parts[name][0]
+        col = self._list_col(name)
+        with foreign_errors(self.where, "reading column {!r}", name):
+            return _offsets(col.chunks)
+
     def join(self, names: list[tuple[str, str]]) -> None:
         """Join the chunks of the large_list columns ``[(name, dtype)]`` into one buffer each,
         every chunk of every column copied in one round on the thread pool."""
@@ -275,6 +283,10 @@ class Columns:
 
         run_parallel(copy, balance(copies, lambda x: x[3].nbytes, PIECE_BYTES),
                      sum(x[3].nbytes for x in copies))
+
+    def joined(self, name: str, dtype: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """``list_parts`` of a column already joined (``join``), else None."""
+        return self.list_parts(name, dtype) if name in self._parts else None
 
     def list_parts(self, name: str, dtype: str) -> tuple[np.ndarray, np.ndarray]:
         """(offsets, values) of a large_list column, its chunks joined (``join``)."""

@@ -72,9 +72,19 @@ class Decoder:
             )
         if want == "packed":  # every flat field joined in one parallel round
             self.c.join([(n["col"], n["dtype"]) for _, n in chosen if is_flat(n)])
+        elif self.defer is not None:
+            self.join_deferred(chosen)
         out = {}
+        by = tensors.ones_source(spec) if want == "padded" else None
         for k, node in chosen:
             if want != spec["form"] and k in _LAYOUT_KEYS:
+                continue
+            if k == "attention_mask" and by is not None and not self.c.has(node["col"]) and self.c.has(by["col"]):
+                # left out by the reader: its values are ones, its rows as long as ``by``'s
+                o, jobs = tensors.mask_of_ones(self.c, node, by, self.n, spec["T"], spec["side"], self.mask,
+                                               self.charge)
+                self._jobs += jobs
+                out[k] = o
                 continue
             out[k] = self.field(node, want)
         if want != spec["form"]:
@@ -97,6 +107,8 @@ class Decoder:
         "padded"), or each mask group packed with its own ``<key>_cu_seqlens`` ("packed")."""
         groups: list = self.spec["masks"]  # type: ignore[typeddict-item]
         if self.layout != "packed":
+            if self.defer is not None:
+                self.join_deferred(chosen)
             out = {k: self.field(node, "padded") for k, node in chosen}
             self.fill_padded()
             return out
@@ -119,6 +131,13 @@ class Decoder:
                                       "which is also a field of the batch; read it padded")
                 out[name] = v
         return out
+
+    def join_deferred(self, chosen: list) -> None:
+        """Padded fields built elsewhere (``defer``): their token columns joined in one parallel
+        round into the decode's memory (pinned staging: ``torch_bridge.Arena``), so the device
+        copies their values from there (``device_pad.plan``), as it does a packed batch's."""
+        self.c.join([(n["col"], n["dtype"]) for n in _tensor_nodes(chosen) if is_token(n) and "pad_col" not in n
+                     and n.get("axis") is None and self.c.has(n["col"])])
 
     def group_lengths(self, i: int) -> np.ndarray:
         """Tokens per row of mask group ``i``, from a token field of that group that was read."""
@@ -224,8 +243,9 @@ class Decoder:
         off = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=off[1:])
         out = tensors.alloc([len(lengths), T], {"dtype": "bool"}, lazy=True)
-        src = torch.ones(int(off[-1]), dtype=torch.uint8)
-        self._jobs.append(FillJob(out, self.mask(lengths, T, "right"), src, off, 0, 0, len(lengths), None))
+        src = torch.ones(1, dtype=torch.uint8).expand(int(off[-1]))  # one value, repeated (stride 0)
+        self._jobs.append(FillJob(out, self.mask(lengths, T, "right"), src, off, 0, 0, len(lengths), None,
+                                  np.zeros(len(lengths), np.int64)))
         return out
 
     def mask(self, lengths: np.ndarray, T: int, side: str) -> torch.Tensor:
@@ -261,18 +281,23 @@ def fill(jobs: list[FillJob]) -> None:
     order, as ``masked_scatter_`` but faster: benchmarks/RESULTS.md). Each output is split into row
     ranges, filled on the shared thread pool."""
     pieces, total = [], 0
-    for out, mask, src, off, pad, r0, r1, pv in jobs:
+    for out, mask, src, off, pad, r0, r1, pv, starts in jobs:
         nbytes = out[r0:r1].numel() * out.element_size()
         total += nbytes
         k = max(1, min(r1 - r0, nbytes // (4 << 20)))
         bounds = np.linspace(r0, r1, k + 1).astype(np.int64)
-        pieces += [(out, mask, src, off, pad, int(a), int(b), pv)
+        pieces += [(out, mask, src, off, pad, int(a), int(b), pv, starts)
                    for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
     def one(job: tuple) -> None:
-        out, mask, src, off, pad, a, b, pv = job
+        out, mask, src, off, pad, a, b, pv, starts = job
         o = dt.bits_view(out[a:b]).numpy()  # numpy: one thread per job, no torch pool
-        m = mask[a:b].numpy()
+        if mask is None:  # the rows' one run of tokens each, from their starts and lengths
+            ar = np.arange(o.shape[1])
+            s = np.asarray(starts[a:b], np.int64)[:, None]
+            m = (ar >= s) & (ar < s + (np.diff(off[a:b + 1]) // max(1, math.prod(o.shape[2:])))[:, None])
+        else:
+            m = mask[a:b].numpy()
         mm = np.broadcast_to(m.reshape(m.shape + (1,) * (o.ndim - 2)), o.shape)
         if pv is None:
             o.fill(pad)

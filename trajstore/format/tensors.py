@@ -245,27 +245,32 @@ def decode_segments(cols: Columns, node: SegTensorNode, n: int) -> Any:
 class FillJob(NamedTuple):
     """Rows ``r0:r1`` of a padded output to fill from one chunk's values: ``src`` (raw bits) at the
     positions of ``mask``, with ``off`` the row offsets into ``src``; the other positions get
-    ``pad``, or ``pv`` (offsets, raw bits) of the recorded padded values."""
+    ``pad``, or ``pv`` (offsets, raw bits) of the recorded padded values. ``starts``: each row's
+    first valid position (one run per row: a right or left padded mask), None if not known;
+    ``mask`` is None where ``starts`` tells it (a deferred job: ``decoder.fill`` builds its rows)."""
 
     out: torch.Tensor
-    mask: torch.Tensor
+    mask: torch.Tensor | None
     src: torch.Tensor
     off: np.ndarray
     pad: int
     r0: int
     r1: int
     pv: tuple[np.ndarray, torch.Tensor] | None
+    starts: np.ndarray | None = None
 
 
 def decode_padded(cols: Columns, node: TensorNode, n: int, T: int | None, side: str,
                   mask_for: Callable[[np.ndarray, int, str], torch.Tensor],
                   charge: Callable[[int, str], None] | None = None) -> tuple[Any, list[FillJob]]:
     """A token field padded to ``[n, T, *trail]`` (``T`` None: the longest row): the output, still
-    unfilled, and its fill jobs, scattered straight from each row group's values (no joined copy).
+    unfilled, and its fill jobs, scattered straight from each row group's values (no joined copy;
+    one job of the joined values where the column was joined: ``decoder.Decoder.join_deferred``).
     ``charge(nbytes, what)`` is told what the output and its mask take before they are allocated."""
     trail = node["trail"]
     w = max(1, math.prod(trail))
-    off, parts = cols.chunks(node["col"], node["dtype"])
+    got = None if "pad_col" in node else cols.joined(node["col"], node["dtype"])  # joined: one job
+    off, parts = (got[0], [(0, got[1])]) if got is not None else cols.chunks(node["col"], node["dtype"])
     rows = np.diff(off)
     if len(off) != n + 1 or bool((rows < 0).any()):
         raise FormatError(f"{cols.where}: column {node['col']!r} has inconsistent offsets")
@@ -280,7 +285,9 @@ def decode_padded(cols: Columns, node: TensorNode, n: int, T: int | None, side: 
     if charge is not None:  # the output, its [n, T] bool mask and the mask's arange(T)
         charge(n * T * (math.prod(trail) * dt.storage_numpy(node["dtype"]).itemsize + 1) + 8 * T,
                f"field {node['col']!r} padded to [{n}, {T}]")
-    mask = mask_for(lengths, T, side)
+    starts = _starts(lengths, T, side)
+    # deferred with known starts: no [n, T] mask (``decoder.fill`` builds the rows it fills from the starts)
+    mask = None if cols.defer is not None and starts is not None else mask_for(lengths, T, side)
     last = node.get("axis") == "last"
     if last:  # [n, *trail, T], filled through its [n, T, *trail] view
         full = alloc([n] + trail + [T], node, cols.defer is not None)
@@ -297,8 +304,64 @@ def decode_padded(cols: Columns, node: TensorNode, n: int, T: int | None, side: 
         pv = None if pads is None else (pads[0] - pads[0][r0], pads[1][i])
         if pv is not None and last:
             pv = (pv[0], pv[1][torch.from_numpy(channel_major((T - lengths)[r0:r1], w))])
-        jobs.append(FillJob(out, mask, src, off - off[r0], node.get("pad") or 0, r0, r1, pv))
+        jobs.append(FillJob(out, mask, src, off - off[r0], node.get("pad") or 0, r0, r1, pv, starts))
     return as_lib(full, node), jobs
+
+
+def _starts(lengths: np.ndarray, T: int, side: str) -> np.ndarray | None:
+    """Each row's first valid position under a right or left padded mask (None for another side)."""
+    if side == "right":
+        return np.zeros(len(lengths), np.int64)
+    if side == "left":
+        return T - np.asarray(lengths, np.int64)
+    return None
+
+
+def ones_source(spec: Any) -> TensorNode | None:
+    """For a padded dict batch (side right or left) whose ``attention_mask`` is a plain token field:
+    the first other token field with values per token (``mask_of_ones`` takes the rows' lengths
+    from its column), else None (the mask is decoded from its own column)."""
+    if not isinstance(spec, dict) or spec.get("t") != "batch" or spec.get("form") != "padded" \
+            or spec.get("side") not in ("right", "left"):
+        return None
+    keys = dict(spec["keys"])
+    m = keys.get("attention_mask")
+    if not (isinstance(m, dict) and m.get("t") == "tensor" and m.get("kind") == "token" and m.get("trail") == []
+            and "pad_col" not in m and "axis" not in m):
+        return None
+    return next((n for k, n in spec["keys"] if k != "attention_mask" and isinstance(n, dict) and n.get("t") == "tensor"
+                 and n.get("kind") == "token" and n.get("axis") is None and math.prod(n.get("trail") or [1])
+                 and n.get("col") != m.get("col")), None)
+
+
+def mask_of_ones(cols: Columns, node: TensorNode, by: TensorNode, n: int, T: int, side: str,
+                 mask_for: Callable[[np.ndarray, int, str], torch.Tensor],
+                 charge: Callable[[int, str], None] | None = None) -> tuple[Any, list[FillJob]]:
+    """The ``attention_mask`` token field of a padded batch (side right or left), without its
+    column: its values on the valid tokens are 1 (docs/FORMAT.md 3.4: a mask is 0/1 and a token is
+    valid where it is non-zero), its rows as long as those of token field ``by`` (whose column is
+    read). The output as ``decode_padded`` gives it, filled from one repeated value."""
+    col = by["col"]
+    w = math.prod(by["trail"])
+    off = cols.offsets(col, by["dtype"])
+    rows = np.diff(off)
+    if len(off) != n + 1 or bool((rows < 0).any()) or bool((rows % w).any()):
+        raise FormatError(f"{cols.where}: column {col!r} has inconsistent offsets")
+    lengths = rows // w
+    if len(lengths) and int(lengths.max()) > T:
+        raise FormatError(f"{cols.where}: column {col!r} has a row of {int(lengths.max())} "
+                          f"tokens, longer than the padded length {T}")
+    if charge is not None:
+        charge(n * T * (dt.storage_numpy(node["dtype"]).itemsize + 1) + 8 * T,
+               f"field {node['col']!r} padded to [{n}, {T}]")
+    starts = _starts(lengths, T, side)
+    mask = None if cols.defer is not None else mask_for(lengths, T, side)
+    out = alloc([n, T], node, cols.defer is not None)
+    one = alloc([1], node).fill_(1)
+    src = bits(one).reshape(-1).expand(int(lengths.sum()))  # one value, repeated (stride 0)
+    toks = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths, out=toks[1:])
+    return as_lib(out, node), [FillJob(out, mask, src, toks, node.get("pad") or 0, 0, n, None, starts)]
 
 
 def _padvals(cols: Columns, node: TensorNode, n: int, lengths: np.ndarray, T: int, w: int,
