@@ -139,7 +139,7 @@ def test_killed_mid_run_leaves_a_prefix_of_whole_steps(tmp_path):
 
 def test_default_workers_and_bad_values(tmp_path):
     w = trajstore.Writer(tmp_path)
-    assert w.workers == len(w._workers) == min(4, os.cpu_count() or 1)
+    assert w.workers == len(w._workers) == max(min(2, os.cpu_count() or 1), min(8, (os.cpu_count() or 1) // 2))
     w.close()
     with pytest.raises(trajstore.ConfigError, match="workers must be an int >= 1"):
         trajstore.Writer(tmp_path, workers=0)
@@ -170,8 +170,14 @@ def test_workers_share_torchs_threads_and_leave_the_callers_alone(tmp_path, monk
     monkeypatch.setattr(pool_mod.Steps, "encode", lambda self, job: (seen.append(torch.get_num_threads()),
                                                                       real(self, job))[1])
     n = torch.get_num_threads()
+    later = []
     with trajstore.Writer(tmp_path, workers=2) as w:
         w.append(0, small_batch())
-    assert torch.get_num_threads() == n
+        t = threading.Thread(target=lambda: later.append(torch.get_num_threads()))  # a thread the caller starts
+        t.start()
+        t.join()
+    with trajstore.Writer(tmp_path / "again", workers=2) as w:  # a second writer's workers: the same share
+        w.append(0, small_batch())
+    assert torch.get_num_threads() == n and later == [n]
     if "parallel backend: OpenMP" in torch.__config__.parallel_info():
-        assert seen == [max(1, n // 2)]
+        assert seen == [max(1, n // 2)] * 2

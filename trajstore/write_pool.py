@@ -183,20 +183,21 @@ def _quietly(fn: Callable[[], Any], job: Job) -> None:
 _OPENMP: bool | None = None
 
 
-def _share_cores(workers: int) -> None:
-    """On a worker thread: its torch kernels use its share of torch's threads, so N workers
-    encoding at once do not start N full thread teams. Only with the OpenMP backend, where the
-    count is per calling thread (with another backend it is process-wide: left alone)."""
+def _openmp() -> bool:
     global _OPENMP
-    if workers < 2:
-        return
     if _OPENMP is None:
         _OPENMP = "parallel backend: OpenMP" in torch.__config__.parallel_info()
-    if _OPENMP:
-        try:
-            torch.set_num_threads(max(1, torch.get_num_threads() // workers))
-        except RuntimeError as e:  # never fatal: the worker then uses torch's own setting
-            log.warning("trajstore: a writer thread could not set its torch threads: %s", e)
+    return _OPENMP
+
+
+def _share_cores(share: int) -> None:
+    """On a worker thread: its torch kernels use ``share`` threads, so N workers encoding at once do
+    not start N full thread teams (OpenMP backend only: there the count is per thread)."""
+    try:
+        torch.set_num_threads(share)
+        torch.get_num_threads()  # torch takes this thread's count now (later, it would take the last one set)
+    except RuntimeError as e:  # never fatal: the worker then uses torch's own setting
+        log.warning("trajstore: a writer thread could not set its torch threads: %s", e)
 
 
 class Pool:
@@ -208,10 +209,22 @@ class Pool:
         self._queue: queue.Queue = queue.Queue()
         self._seq = 0
         self._fits, self._commits = Turns(), Turns()
+        # each worker's share of the caller's torch threads; torch also keeps the last count set as the
+        # one new threads start with, so the caller's count is set again once every worker took its share
+        # (else the caller's later threads, and the next Writer's workers, would start with the share)
+        base = torch.get_num_threads()
+        self._share = max(1, base // n) if n > 1 and _openmp() else None
+        self._ready = threading.Barrier(n + 1) if self._share is not None else None
         self._threads = [threading.Thread(target=self._run, name=f"trajstore-writer-{i}", daemon=True)
                          for i in range(n)]
         for t in self._threads:
             t.start()
+        if self._ready is not None:
+            try:
+                self._ready.wait(timeout=60)
+                torch.set_num_threads(base)
+            except (threading.BrokenBarrierError, RuntimeError) as e:  # never fatal
+                log.warning("trajstore: the writer could not restore torch's thread count: %s", e)
 
     def __len__(self) -> int:
         return len(self._threads)
@@ -232,7 +245,12 @@ class Pool:
             t.join()
 
     def _run(self) -> None:
-        _share_cores(len(self._threads))
+        if self._share is not None:
+            _share_cores(self._share)
+            try:
+                self._ready.wait(timeout=60)
+            except threading.BrokenBarrierError:
+                pass
         while True:
             job = self._queue.get()
             if job is None:

@@ -83,6 +83,13 @@ def _flush_at_exit() -> None:
 
 
 # ----------------------------------------------------------------------------- writer
+def default_workers() -> int:
+    """Background workers when ``Writer(workers=None)``: half the cores, at most 8 (a training process
+    keeps the other half), and at least two where there are two cores."""
+    cores = os.cpu_count() or 1
+    return max(min(2, cores), min(8, cores // 2))
+
+
 class Writer:
     """Append steps to a dump at ``path``; use as a context manager.
 
@@ -93,7 +100,7 @@ class Writer:
     ``append``/``flush``/``close``; ``on_error="warn"`` logs it (at ERROR) and goes on. Either way the
     failed step is recorded as ``_trajstore/<split>/step_N.skipped.json`` (``Reader.skipped``).
     ``max_pending_steps`` / ``max_pending_bytes`` bound the steps not yet on disk (``append``
-    waits at the limit; see ``stats``); ``workers`` background threads (default ``min(4, cores)``) encode
+    waits at the limit; see ``stats``); ``workers`` background threads (default ``min(8, cores // 2)``, at least ``min(2, cores)``) encode
     and write that many steps at once, each committed in append order (``trajstore/write_pool.py``).
     ``copy`` is ``append``'s default for ``copy`` (below). ``close()`` (or the ``with`` block)
     flushes and ends the threads; a writer never closed is flushed and closed at interpreter exit.
@@ -137,7 +144,7 @@ class Writer:
         if type(copy) is not bool:
             raise ConfigError(f"Writer({str(path)!r}): copy must be True or False, got {copy!r}")
         self.copy = copy
-        workers = min(4, os.cpu_count() or 1) if workers is None else workers
+        workers = default_workers() if workers is None else workers
         for name, v in (("max_pending_steps", max_pending_steps), ("max_pending_bytes", max_pending_bytes),
                         ("workers", workers)):
             if type(v) is not int or v < 1:
