@@ -111,6 +111,13 @@ class _Field:
                  width: int, same: bool) -> None:
         """Compare the float64 values ``xf`` (of ``a``) and ``yf`` (of ``b``) of trajectory ``traj``
         (``x``: its original values; ``idx``: their flat positions when masked) and update the entry."""
+        self._compare(xf, yf, idx, width, same, lambda pos: (traj, pos, x.ndim >= 1))
+
+    def _compare(self, xf: np.ndarray, yf: np.ndarray, idx: np.ndarray | None, width: int, same: bool,
+                 locate: Any) -> None:
+        """The entry updated with values ``xf`` / ``yf`` (float64; ``idx``: their flat positions when
+        masked); ``locate(position)`` gives the first differing value's (trajectory, flat index in it,
+        whether it has a token axis)."""
         e = self.e
         eq = (xf == yf) | (np.isnan(xf) & np.isnan(yf))  # same infinities and NaNs are equal
         d = np.where(eq, 0.0, xf - yf)
@@ -122,12 +129,11 @@ class _Field:
             e.max_abs = _max(e.max_abs, float(np.max(ad)))
             e.max_rel = _max(e.max_rel, float(np.max(rel)))
             fin = np.isfinite(xf) & np.isfinite(yf)
-            s = e.sums
             xs, ys, ds = xf[fin], yf[fin], d[fin]
             for k, v in (("n", float(fin.sum())), ("d", ds.sum()), ("ad", np.abs(ds).sum()), ("d2", (ds * ds).sum()),
                          ("a", xs.sum()), ("b", ys.sum()), ("a2", (xs * xs).sum()), ("b2", (ys * ys).sum()),
                          ("ab", (xs * ys).sum())):
-                s[k] = s.get(k, 0.0) + float(v)
+                e.sums[k] = e.sums.get(k, 0.0) + float(v)
             if self.keep_abs:
                 self.abs.append(ad.astype(np.float32))
         nbad = int(bad.sum())
@@ -135,9 +141,9 @@ class _Field:
             e.n_exceed += nbad
             if e.status != "differs":
                 j = int(np.argmax(bad))
-                flat = int(idx[j]) if idx is not None else j
-                first = {"trajectory": traj}
-                if x.ndim >= 1:
+                traj, flat, has_token = locate(int(idx[j]) if idx is not None else j)
+                first: dict = {"trajectory": traj}
+                if has_token:
                     first["token"] = flat // width
                     if width > 1:
                         first["element"] = flat % width
@@ -181,41 +187,11 @@ class _Field:
     def _numbers_flat(self, xf: np.ndarray, yf: np.ndarray, idx: np.ndarray | None, starts: np.ndarray,
                       width: int, has_token: bool, same: bool) -> None:
         """``_numbers`` over the concatenated trajectories (``starts``: where each begins)."""
-        e = self.e
-        eq = (xf == yf) | (np.isnan(xf) & np.isnan(yf))
-        d = np.where(eq, 0.0, xf - yf)
-        ad = np.abs(d)
-        rel = np.where(ad == 0, 0.0, ad / np.abs(yf))
-        bad = ~(eq | (ad <= self.atol + self.rtol * np.abs(yf)))
-        e.n += len(xf)
-        if len(xf):
-            e.max_abs = _max(e.max_abs, float(np.max(ad)))
-            e.max_rel = _max(e.max_rel, float(np.max(rel)))
-            fin = np.isfinite(xf) & np.isfinite(yf)
-            xs, ys, ds = xf[fin], yf[fin], d[fin]
-            for k, v in (("n", float(fin.sum())), ("d", ds.sum()), ("ad", np.abs(ds).sum()), ("d2", (ds * ds).sum()),
-                         ("a", xs.sum()), ("b", ys.sum()), ("a2", (xs * xs).sum()), ("b2", (ys * ys).sum()),
-                         ("ab", (xs * ys).sum())):
-                e.sums[k] = e.sums.get(k, 0.0) + float(v)
-            if self.keep_abs:
-                self.abs.append(ad.astype(np.float32))
-        nbad = int(bad.sum())
-        if nbad:
-            e.n_exceed += nbad
-            if e.status != "differs":
-                j = int(np.argmax(bad))
-                pos = int(idx[j]) if idx is not None else j
-                traj = int(np.searchsorted(starts, pos, side="right")) - 1
-                flat = pos - int(starts[traj])
-                first: dict = {"trajectory": traj}
-                if has_token:
-                    first["token"] = flat // width
-                    if width > 1:
-                        first["element"] = flat % width
-                first.update(a=_num(xf[j]), b=_num(yf[j]), abs=_num(ad[j]))
-                e.status, e.first = "differs", first
-        elif not same and e.status == "identical":
-            e.status = "close"
+        def locate(pos: int) -> tuple[int, int, bool]:
+            traj = int(np.searchsorted(starts, pos, side="right")) - 1
+            return traj, pos - int(starts[traj]), has_token
+
+        self._compare(xf, yf, idx, width, same, locate)
 
 
 def _max(cur: float | None, v: float) -> float:
