@@ -76,6 +76,8 @@ class Pad:
     flat: int = -1  # small outputs: built together, a view at position ``pos`` of flat buffer ``flat``
     pos: int = 0
     home: bool = False  # its table in the arena the values were decoded into (``plan``'s ``home``)
+    fillv: int = 0  # its pad value (its only one: ``pv`` False), then its one value (``const``), as its bits
+    cval: int = 0
 
 
 @dataclass
@@ -183,7 +185,10 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
         if gk not in groups:
             # each row's first token: as the decoder knows it (right or left side), else from the mask
             first = j0.starts if j0.starts is not None else j0.mask.numpy().argmax(axis=1)
-            rows = np.stack([np.asarray(first, np.int64), lens])  # a row of no tokens: any start
+            first = np.asarray(first, np.int64)
+            # its tokens' positions in the [B * T] output: row b's token i (of all) goes to base_b + i
+            base = np.arange(n, dtype=np.int64) * T + first - (np.cumsum(lens) - lens)
+            rows = np.stack([first, lens, base])  # a row of no tokens: any start
             groups[gk] = len(ginfo)
             ginfo.append((rows, n, T, size))
             size += _round(rows.nbytes)
@@ -231,7 +236,7 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
             hend = max(hend, vend + row.nbytes)
             index[k] = len(pads)
             pads.append(Pad(tuple(t.shape), t.dtype, w, not j0.out.is_contiguous(), gi, at, nvals, False, False,
-                            home=True))
+                            home=True, fillv=_bits(j0.pad, bdt, t)))
             continue
         o = at
         for s in ([c] if c is not None else [j.src for j in js]):
@@ -246,10 +251,17 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
         last = not j0.out.is_contiguous()  # the [B, T, *trail] view of a [B, *trail, T] output
         index[k] = len(pads)
         pads.append(Pad(tuple(t.shape), t.dtype, w, last, gi, at, nvals, c is not None,
-                        j0.pv is not None, *_member(flats, k)))
+                        j0.pv is not None, *_member(flats, k), fillv=_bits(j0.pad, bdt, t),
+                        cval=0 if c is None else _bits(c.reshape(-1)[0].item(), bdt, t)))
     run_parallel(lambda c: np.copyto(c[0], c[1]), copies, size)
     return index, Plan(pads, [(at, n, T) for _, n, T, at in ginfo], buf, size, [f for f, _ in flats], hend,
                        [int(rows[1].sum()) for rows, _, _, _ in ginfo])
+
+
+def _bits(v: int, bdt: torch.dtype, t: torch.Tensor) -> int:
+    """The value ``v`` (raw bits in ``bdt``, the values' dtype) as a Python int of ``t``'s bits dtype."""
+    a = np.full(1, v, dtype=torch.empty(0, dtype=bdt).numpy().dtype)
+    return int(a.view(dt.bits_view(torch.empty(0, dtype=t.dtype)).numpy().dtype)[0])
 
 
 def _at_home(js: list[FillJob], home: tuple[torch.Tensor, int] | None, rowbytes: int) -> bool:
@@ -318,6 +330,15 @@ def _lines(src: torch.Tensor, f: Flat) -> torch.Tensor:
     return torch.where(valid, vb[line] + vstep[line] * rel, pb[line] + pstep[line] * k)
 
 
+def _dest(src: torch.Tensor, g: tuple[int, int, int], N: int) -> torch.Tensor:
+    """The ``[N]`` position in its ``[B * T]`` output of each of a group's ``N`` tokens (int64)."""
+    at, n, _ = g
+    base = src[at + 16 * n:at + 24 * n].view(torch.int64)
+    lens = src[at + 8 * n:at + 16 * n].view(torch.int64)
+    d = torch.repeat_interleave(base, lens, output_size=N)
+    return d.add_(torch.arange(N, device=src.device, dtype=torch.int64))
+
+
 def _index(src: torch.Tensor, g: tuple[int, int, int], mode: str, nvals: int) -> torch.Tensor:
     """The ``[B * T]`` table row of every position of a group's rows (on ``src``'s device)."""
     at, n, T = g
@@ -354,6 +375,7 @@ def build(p: Plan, src: torch.Tensor, outs: list[torch.Tensor], flat: list[torch
     ``src``, the staged buffer on the device, and ``home``, the arena's bytes there (the tables of
     ``Pad.home`` outputs). Temporaries are allocated on the current stream."""
     cache: dict[tuple[int, str], torch.Tensor] = {}
+    dests: dict[int, torch.Tensor] = {}
     for f, buf in zip(p.flats, flat):
         esize = buf.element_size()
         table = src[:src.numel() // (f.w * esize) * f.w * esize].view(f.dtype).view(-1, f.w)
@@ -362,6 +384,19 @@ def build(p: Plan, src: torch.Tensor, outs: list[torch.Tensor], flat: list[torch
         if pad.flat >= 0:
             continue
         g = p.groups[pad.group]
+        if not pad.pv and not pad.last and p.tokens:  # pad value, then the values scattered to their positions
+            d = dests.get(pad.group)
+            if d is None:
+                d = dests[pad.group] = _dest(src, g, p.tokens[pad.group])
+            o = dt.bits_view(out).view(-1) if pad.w == 1 else dt.bits_view(out).view(-1, pad.w)
+            o.fill_(pad.fillv)
+            if pad.const:  # w == 1
+                o.index_fill_(0, d, pad.cval)
+            else:
+                n = p.tokens[pad.group] * pad.w * o.element_size()
+                v = (home if pad.home else src)[pad.at:pad.at + n].view(o.dtype)
+                o.index_copy_(0, d, v if pad.w == 1 else v.view(-1, pad.w))
+            continue
         mode = "const" if pad.const else "pv" if pad.pv else "pad"
         key = (pad.group, mode) if mode == "const" else (pad.group, mode, pad.rows)
         idx = cache.get(key)
