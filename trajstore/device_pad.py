@@ -15,9 +15,14 @@ offsets, the ``[B, T]`` token mask of the rows, and the pad value or the recorde
   packed replay) keeps its values there: its pad row is written into the ``SPARE`` bytes after them,
   and only the other tables are written, after them in the arena too where they fit (else in a
   pinned buffer of their own). So a padded step stages the packed step's bytes, once;
-* per mask (shared by the fields that follow it), each row's first token position and length.
+* per mask (shared by the fields that follow it), each row's first token position, length, and
+  the position in the ``[B * T]`` output its tokens start from less their first index among all.
 
-``build`` then writes every output with one gather per field from an index of ``[B, T]`` table
+``build`` then writes an output padded with one value (or holding one repeated value) by filling
+it with its pad value and scattering its tokens to their positions (``index_copy_``), from one
+``[N]`` index of the group's ``N`` tokens (each row's base repeated over its tokens, plus the
+token's index: a few kernels per group, on the tokens only); the others (the recorded padded
+values, a token axis last) with one gather per field from an index of ``[B, T]`` table
 rows, computed on the device from the starts and lengths: the tokens of row ``b`` at positions
 ``start_b ..`` and the pad rows elsewhere, in the padded values' position order. Outputs up to
 ``FLAT_BYTES`` (a list batch's groups, a small step) are built together instead, one gather per
@@ -41,6 +46,7 @@ import numpy as np
 import torch
 
 from ._threads import PIECE_BYTES, run_parallel
+from . import device_index
 from .format import dtypes as dt
 from .format.decoder import fill
 from .format.tensors import FillJob
@@ -316,49 +322,6 @@ def _member(flats: list[tuple[Flat, dict]], k: int) -> tuple[int, int]:
     return -1, 0
 
 
-def _lines(src: torch.Tensor, f: Flat) -> torch.Tensor:
-    """The table row (in rows of ``f.w`` elements of the whole buffer) of every position of a flat buffer."""
-    ix = torch.int32 if src.numel() < 2 ** 31 and f.P < 2 ** 31 else torch.int64
-    meta = src[f.at:f.at + 64 * f.L].view(torch.int64).view(8, f.L)
-    first, width, start, length, vb, vstep, pb, pstep = meta.to(ix)
-    line = torch.repeat_interleave(torch.arange(f.L, device=src.device, dtype=ix), meta[1], output_size=f.P)
-    q = torch.arange(f.P, device=src.device, dtype=ix) - first[line]  # the position in its row
-    rel = q - start[line]
-    n = length[line]
-    valid = (rel >= 0) & (rel < n)
-    k = torch.where(rel < 0, q, q - n)  # the padded position's rank in its row
-    return torch.where(valid, vb[line] + vstep[line] * rel, pb[line] + pstep[line] * k)
-
-
-def _dest(src: torch.Tensor, g: tuple[int, int, int], N: int) -> torch.Tensor:
-    """The ``[N]`` position in its ``[B * T]`` output of each of a group's ``N`` tokens (int64)."""
-    at, n, _ = g
-    base = src[at + 16 * n:at + 24 * n].view(torch.int64)
-    lens = src[at + 8 * n:at + 16 * n].view(torch.int64)
-    d = torch.repeat_interleave(base, lens, output_size=N)
-    return d.add_(torch.arange(N, device=src.device, dtype=torch.int64))
-
-
-def _index(src: torch.Tensor, g: tuple[int, int, int], mode: str, nvals: int) -> torch.Tensor:
-    """The ``[B * T]`` table row of every position of a group's rows (on ``src``'s device)."""
-    at, n, T = g
-    rows = src[at:at + 16 * n].view(torch.int64).view(2, n)
-    ix = torch.int32 if n * T + nvals < 2 ** 31 else torch.int64  # half the memory where it fits
-    starts, lens = rows[0].to(ix), rows[1].to(ix)
-    ar = torch.arange(T, device=src.device, dtype=ix)
-    rel = ar[None, :] - starts[:, None]
-    valid = (rel >= 0) & (rel < lens[:, None])
-    if mode == "const":  # row 0: the value, row 1: the pad
-        return (~valid).to(ix).reshape(-1)
-    vbase = torch.cumsum(lens, 0, dtype=ix) - lens
-    if mode == "pad":  # the values, then one pad row
-        return torch.where(valid, vbase[:, None] + rel, nvals).reshape(-1)
-    # the values, then the recorded padded values row by row in position order
-    pbase = torch.cumsum(T - lens, 0, dtype=ix) - (T - lens)
-    k = torch.where(rel < 0, ar[None, :], ar[None, :] - lens[:, None])
-    return torch.where(valid, vbase[:, None] + rel, nvals + pbase[:, None] + k).reshape(-1)
-
-
 def alloc(p: Plan, device: torch.device) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Uninitialized outputs of ``p`` on ``device`` (on the current stream), and the flat buffers
     its small outputs are views of."""
@@ -379,7 +342,7 @@ def build(p: Plan, src: torch.Tensor, outs: list[torch.Tensor], flat: list[torch
     for f, buf in zip(p.flats, flat):
         esize = buf.element_size()
         table = src[:src.numel() // (f.w * esize) * f.w * esize].view(f.dtype).view(-1, f.w)
-        torch.index_select(table, 0, _lines(src, f), out=buf.view(f.P, f.w))
+        torch.index_select(table, 0, device_index.lines(src, f), out=buf.view(f.P, f.w))
     for pad, out in zip(p.pads, outs):
         if pad.flat >= 0:
             continue
@@ -387,7 +350,7 @@ def build(p: Plan, src: torch.Tensor, outs: list[torch.Tensor], flat: list[torch
         if not pad.pv and not pad.last and p.tokens:  # pad value, then the values scattered to their positions
             d = dests.get(pad.group)
             if d is None:
-                d = dests[pad.group] = _dest(src, g, p.tokens[pad.group])
+                d = dests[pad.group] = device_index.dest(src, g, p.tokens[pad.group])
             o = dt.bits_view(out).view(-1) if pad.w == 1 else dt.bits_view(out).view(-1, pad.w)
             o.fill_(pad.fillv)
             if pad.const:  # w == 1
@@ -404,10 +367,10 @@ def build(p: Plan, src: torch.Tensor, outs: list[torch.Tensor], flat: list[torch
             N = p.tokens[pad.group]
             base = cache.get((pad.group, "pad", N))
             if base is None:
-                base = cache[(pad.group, "pad", N)] = _index(src, g, "pad", N)
+                base = cache[(pad.group, "pad", N)] = device_index.index(src, g, "pad", N)
             idx = cache[key] = (base == N).to(base.dtype)
         if idx is None:
-            idx = cache[key] = _index(src, g, mode, pad.rows)
+            idx = cache[key] = device_index.index(src, g, mode, pad.rows)
         o = dt.bits_view(out)
         esize = o.element_size()
         nrows = pad.rows + (g[1] * g[2] - pad.rows if pad.pv else 1)  # pv: the positions the mask leaves out
