@@ -57,6 +57,7 @@ ALIGN = 256
 SPARE = 64  # unused bytes after each array of a torch_bridge.Arena: a pad row of up to this size fits there
 CONST_PROBE = 64  # values looked at before a field is scanned whole for one repeated value
 FLAT_BYTES = 4 << 20  # outputs up to this size are built together, one gather per dtype and width
+SCATTER = True  # an output with one pad value: filled, its tokens scattered (False: gathered, as a pv output)
 
 
 def _round(n: int) -> int:
@@ -347,7 +348,7 @@ def build(p: Plan, src: torch.Tensor, outs: list[torch.Tensor], flat: list[torch
         if pad.flat >= 0:
             continue
         g = p.groups[pad.group]
-        if not pad.pv and not pad.last and p.tokens:  # pad value, then the values scattered to their positions
+        if SCATTER and not pad.pv and not pad.last and p.tokens:  # pad value, then the values scattered to their positions
             d = dests.get(pad.group)
             if d is None:
                 d = dests[pad.group] = device_index.dest(src, g, p.tokens[pad.group])
