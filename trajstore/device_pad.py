@@ -141,7 +141,8 @@ def _const(srcs: list[torch.Tensor], w: int) -> torch.Tensor | None:
         return None
     if all(s.stride(0) == 0 for s in srcs if s.numel()):  # one value, repeated (format/tensors.py mask_of_ones)
         v0 = next(s for s in srcs if s.numel())[:1]
-        return v0 if all(bool((s[:1] == v0).all()) for s in srcs if s.numel()) else None
+        v = v0.numpy()[0]
+        return v0 if all(s.numpy()[0] == v for s in srcs if s.numel()) else None
     arrays = [s.numpy() for s in srcs if s.numel()]
     v = arrays[0][0]
     for a in arrays:
@@ -219,16 +220,16 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
     host = None if buf is None else buf.numpy()
     copies: list[tuple[np.ndarray, np.ndarray]] = []
 
-    def put(at: int, a: torch.Tensor) -> None:  # queued: copied in pieces on the shared pool below
-        x = a.numpy()
+    def put(at: int, a: torch.Tensor | np.ndarray) -> None:  # queued: copied in pieces on the shared pool below
+        x = a if isinstance(a, np.ndarray) else a.numpy()
         dst = host[at:at + x.nbytes].view(x.dtype)  # type: ignore[index]
         step = max(1, PIECE_BYTES // x.itemsize)
         copies.extend((dst[i:i + step], x[i:i + step]) for i in range(0, len(x), step))
 
     for rows, n, T, at in ginfo:
-        put(at, torch.from_numpy(rows).reshape(-1))
+        put(at, rows.reshape(-1))
     for (f, _), meta in zip(flats, lines):
-        put(f.at, torch.from_numpy(meta).reshape(-1))
+        put(f.at, meta.reshape(-1))
     index: dict[int, int] = {}
     pads: list[Pad] = []
     hend = 0
@@ -238,7 +239,7 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
         if at < 0:  # at home: the pad row after the values, in the arena
             at = j0.src.data_ptr() - home[0].data_ptr()  # type: ignore[index]
             vend = at + j0.src.numel() * j0.src.element_size()
-            row = np.full(w, j0.pad, dtype=torch.empty(0, dtype=bdt).numpy().dtype)
+            row = np.full(w, j0.pad, dtype=_npdt(bdt))
             home[0].numpy()[vend:vend + row.nbytes] = row.view(np.uint8)  # type: ignore[index]
             hend = max(hend, vend + row.nbytes)
             index[k] = len(pads)
@@ -250,7 +251,7 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
             put(o, s.reshape(-1))
             o += s.numel() * s.element_size()
         if j0.pv is None:
-            put(o, torch.from_numpy(np.full(w, j0.pad, dtype=torch.empty(0, dtype=bdt).numpy().dtype)))
+            put(o, np.full(w, j0.pad, dtype=_npdt(bdt)))
         else:
             for j in js:
                 put(o, j.pv[1].reshape(-1))
@@ -267,8 +268,19 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
 
 def _bits(v: int, bdt: torch.dtype, t: torch.Tensor) -> int:
     """The value ``v`` (raw bits in ``bdt``, the values' dtype) as a Python int of ``t``'s bits dtype."""
-    a = np.full(1, v, dtype=torch.empty(0, dtype=bdt).numpy().dtype)
-    return int(a.view(dt.bits_view(torch.empty(0, dtype=t.dtype)).numpy().dtype)[0])
+    return int(np.full(1, v, dtype=_npdt(bdt)).view(_npdt(_BITS[t.element_size()]))[0])
+
+
+_NP: dict[torch.dtype, np.dtype] = {}
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # dtypes.bits_view's
+
+
+def _npdt(d: torch.dtype) -> np.dtype:
+    """The numpy dtype of a torch dtype numpy has (cached: no torch call per use)."""
+    n = _NP.get(d)
+    if n is None:
+        n = _NP[d] = torch.empty(0, dtype=d).numpy().dtype
+    return n
 
 
 def _at_home(js: list[FillJob], home: tuple[torch.Tensor, int] | None, rowbytes: int) -> bool:
