@@ -186,11 +186,14 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
     for k, js in by_out.items():
         j0, t = js[0], leaves[keys[k]]
         n, T = j0.out.shape[0], j0.out.shape[1]
-        w = j0.out[0, 0].numel()
-        lens = np.diff(np.asarray(j0.off, dtype=np.int64)) // w
-        # a mask group: the same mask, or (no mask) the same starts and lengths
-        gk = id(j0.mask) if j0.mask is not None else (T, j0.starts.tobytes(), lens.tobytes())
+        w = math.prod(j0.out.shape[2:])
+        off = np.asarray(j0.off, dtype=np.int64)
+        off = off if w == 1 else off // w  # in tokens
+        # a mask group: the same mask, or (no mask) the same starts and offsets (few numpy calls per
+        # output: each may hand the GIL over, slow while other threads decode)
+        gk = id(j0.mask) if j0.mask is not None else (T, j0.starts.tobytes(), off.tobytes())
         if gk not in groups:
+            lens = np.diff(off)
             # each row's first token: as the decoder knows it (right or left side), else from the mask
             first = j0.starts if j0.starts is not None else j0.mask.numpy().argmax(axis=1)
             first = np.asarray(first, np.int64)
