@@ -28,7 +28,8 @@ def iterate(read: Callable[[int, Arena | None], Any], steps: list[int], device: 
             workers: int | None = None) -> Iterator[tuple[int, Any]]:
     """Yield ``(step, batch)`` for ``steps`` in order, decoding up to ``prefetch`` steps ahead on a
     thread pool (``read(step, arena)`` decodes one step, into ``arena`` when it is not None).
-    On CUDA, decoded batches are staged in pinned memory and the copy of the next
+    On CUDA, steps are decoded into pinned memory, staged on the consumer's thread
+    (``STAGE_ON_CONSUMER``; padded fields planned for the device) and the copy of the next
     batch is started (on a side stream) before the current one is handed out; the consumer's
     stream waits on each batch's event. Closing the iterator (``break``) cancels pending work,
     waits for running decodes and returns their staging buffers."""
