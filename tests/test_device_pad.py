@@ -228,6 +228,33 @@ def test_the_index_math_alone():
     assert outs[1].tolist() == [[10, 11, -7, -7, -7], [-7, -7, 12, 13, 14], [-7, -7, -7, -7, -7]]
 
 
+def test_the_scatter_math_alone():
+    """``build`` on a hand-made plan whose rows carry their base (``plan``'s third row): an output
+    with one pad value and a one-value output are filled and their tokens scattered, rows of no
+    tokens included; the gather (``SCATTER`` off) gives the same."""
+    n, T = 4, 5
+    starts, lens = np.array([0, 2, 1, 0]), np.array([2, 3, 0, 5])
+    base = np.arange(n) * T + starts - (np.cumsum(lens) - lens)
+    vals = torch.arange(10, 20, dtype=torch.int16)  # 10 tokens
+    buf = torch.zeros(4096, dtype=torch.uint8)
+    buf[:96].view(torch.int64).copy_(torch.from_numpy(np.stack([starts, lens, base]).reshape(-1)))
+    buf[512:512 + 22].view(torch.int16).copy_(torch.cat([vals, torch.tensor([-7], dtype=torch.int16)]))
+    buf[1024:1028].view(torch.int16).copy_(torch.tensor([3, 0], dtype=torch.int16))  # the value, the pad
+    plan = device_pad.Plan([device_pad.Pad((n, T), torch.int16, 1, False, 0, 512, 10, False, False, fillv=-7),
+                            device_pad.Pad((n, T), torch.int16, 1, False, 0, 1024, 1, True, False, cval=3)],
+                           [(0, n, T)], None, 4096, tokens=[10])
+    want = [[[10, 11, -7, -7, -7], [-7, -7, 12, 13, 14], [-7] * 5, [15, 16, 17, 18, 19]],
+            [[3, 3, 0, 0, 0], [0, 0, 3, 3, 3], [0] * 5, [3] * 5]]
+    for scatter in (True, False):
+        device_pad.SCATTER = scatter
+        try:
+            outs = [torch.full((n, T), 99, dtype=torch.int16) for _ in range(2)]
+            device_pad.build(plan, buf, outs, [])
+        finally:
+            device_pad.SCATTER = True
+        assert [o.tolist() for o in outs] == want
+
+
 @pytest.mark.parametrize("side", ["right", "left"])
 def test_joined_values_are_staged_where_they_were_decoded(tmp_path, side, monkeypatch):
     """A large output padded with one value, its column joined into the arena: its table is the

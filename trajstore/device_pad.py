@@ -15,9 +15,14 @@ offsets, the ``[B, T]`` token mask of the rows, and the pad value or the recorde
   packed replay) keeps its values there: its pad row is written into the ``SPARE`` bytes after them,
   and only the other tables are written, after them in the arena too where they fit (else in a
   pinned buffer of their own). So a padded step stages the packed step's bytes, once;
-* per mask (shared by the fields that follow it), each row's first token position and length.
+* per mask (shared by the fields that follow it), each row's first token position, length, and
+  the position in the ``[B * T]`` output its tokens start from less their first index among all.
 
-``build`` then writes every output with one gather per field from an index of ``[B, T]`` table
+``build`` then writes an output padded with one value (or holding one repeated value) by filling
+it with its pad value and scattering its tokens to their positions (``index_copy_``), from one
+``[N]`` index of the group's ``N`` tokens (each row's base repeated over its tokens, plus the
+token's index: a few kernels per group, on the tokens only); the others (the recorded padded
+values, a token axis last) with one gather per field from an index of ``[B, T]`` table
 rows, computed on the device from the starts and lengths: the tokens of row ``b`` at positions
 ``start_b ..`` and the pad rows elsewhere, in the padded values' position order. Outputs up to
 ``FLAT_BYTES`` (a list batch's groups, a small step) are built together instead, one gather per
@@ -41,6 +46,7 @@ import numpy as np
 import torch
 
 from ._threads import PIECE_BYTES, run_parallel
+from . import device_index
 from .format import dtypes as dt
 from .format.decoder import fill
 from .format.tensors import FillJob
@@ -51,6 +57,7 @@ ALIGN = 256
 SPARE = 64  # unused bytes after each array of a torch_bridge.Arena: a pad row of up to this size fits there
 CONST_PROBE = 64  # values looked at before a field is scanned whole for one repeated value
 FLAT_BYTES = 4 << 20  # outputs up to this size are built together, one gather per dtype and width
+SCATTER = True  # an output with one pad value: filled, its tokens scattered (False: gathered, as a pv output)
 
 
 def _round(n: int) -> int:
@@ -76,6 +83,8 @@ class Pad:
     flat: int = -1  # small outputs: built together, a view at position ``pos`` of flat buffer ``flat``
     pos: int = 0
     home: bool = False  # its table in the arena the values were decoded into (``plan``'s ``home``)
+    fillv: int = 0  # its pad value (its only one: ``pv`` False), then its one value (``const``), as its bits
+    cval: int = 0
 
 
 @dataclass
@@ -132,7 +141,8 @@ def _const(srcs: list[torch.Tensor], w: int) -> torch.Tensor | None:
         return None
     if all(s.stride(0) == 0 for s in srcs if s.numel()):  # one value, repeated (format/tensors.py mask_of_ones)
         v0 = next(s for s in srcs if s.numel())[:1]
-        return v0 if all(bool((s[:1] == v0).all()) for s in srcs if s.numel()) else None
+        v = v0.numpy()[0]
+        return v0 if all(s.numpy()[0] == v for s in srcs if s.numel()) else None
     arrays = [s.numpy() for s in srcs if s.numel()]
     v = arrays[0][0]
     for a in arrays:
@@ -176,14 +186,20 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
     for k, js in by_out.items():
         j0, t = js[0], leaves[keys[k]]
         n, T = j0.out.shape[0], j0.out.shape[1]
-        w = j0.out[0, 0].numel()
-        lens = np.diff(np.asarray(j0.off, dtype=np.int64)) // w
-        # a mask group: the same mask, or (no mask) the same starts and lengths
-        gk = id(j0.mask) if j0.mask is not None else (T, j0.starts.tobytes(), lens.tobytes())
+        w = math.prod(j0.out.shape[2:])
+        off = np.asarray(j0.off, dtype=np.int64)
+        off = off if w == 1 else off // w  # in tokens
+        # a mask group: the same mask, or (no mask) the same starts and offsets (few numpy calls per
+        # output: each may hand the GIL over, slow while other threads decode)
+        gk = id(j0.mask) if j0.mask is not None else (T, j0.starts.tobytes(), off.tobytes())
         if gk not in groups:
+            lens = np.diff(off)
             # each row's first token: as the decoder knows it (right or left side), else from the mask
             first = j0.starts if j0.starts is not None else j0.mask.numpy().argmax(axis=1)
-            rows = np.stack([np.asarray(first, np.int64), lens])  # a row of no tokens: any start
+            first = np.asarray(first, np.int64)
+            # its tokens' positions in the [B * T] output: row b's token i (of all) goes to base_b + i
+            base = np.arange(n, dtype=np.int64) * T + first - (np.cumsum(lens) - lens)
+            rows = np.stack([first, lens, base])  # a row of no tokens: any start
             groups[gk] = len(ginfo)
             ginfo.append((rows, n, T, size))
             size += _round(rows.nbytes)
@@ -207,16 +223,16 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
     host = None if buf is None else buf.numpy()
     copies: list[tuple[np.ndarray, np.ndarray]] = []
 
-    def put(at: int, a: torch.Tensor) -> None:  # queued: copied in pieces on the shared pool below
-        x = a.numpy()
+    def put(at: int, a: torch.Tensor | np.ndarray) -> None:  # queued: copied in pieces on the shared pool below
+        x = a if isinstance(a, np.ndarray) else a.numpy()
         dst = host[at:at + x.nbytes].view(x.dtype)  # type: ignore[index]
         step = max(1, PIECE_BYTES // x.itemsize)
         copies.extend((dst[i:i + step], x[i:i + step]) for i in range(0, len(x), step))
 
     for rows, n, T, at in ginfo:
-        put(at, torch.from_numpy(rows).reshape(-1))
+        put(at, rows.reshape(-1))
     for (f, _), meta in zip(flats, lines):
-        put(f.at, torch.from_numpy(meta).reshape(-1))
+        put(f.at, meta.reshape(-1))
     index: dict[int, int] = {}
     pads: list[Pad] = []
     hend = 0
@@ -226,19 +242,19 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
         if at < 0:  # at home: the pad row after the values, in the arena
             at = j0.src.data_ptr() - home[0].data_ptr()  # type: ignore[index]
             vend = at + j0.src.numel() * j0.src.element_size()
-            row = np.full(w, j0.pad, dtype=torch.empty(0, dtype=bdt).numpy().dtype)
+            row = np.full(w, j0.pad, dtype=_npdt(bdt))
             home[0].numpy()[vend:vend + row.nbytes] = row.view(np.uint8)  # type: ignore[index]
             hend = max(hend, vend + row.nbytes)
             index[k] = len(pads)
             pads.append(Pad(tuple(t.shape), t.dtype, w, not j0.out.is_contiguous(), gi, at, nvals, False, False,
-                            home=True))
+                            home=True, fillv=_bits(j0.pad, bdt, t)))
             continue
         o = at
         for s in ([c] if c is not None else [j.src for j in js]):
             put(o, s.reshape(-1))
             o += s.numel() * s.element_size()
         if j0.pv is None:
-            put(o, torch.from_numpy(np.full(w, j0.pad, dtype=torch.empty(0, dtype=bdt).numpy().dtype)))
+            put(o, np.full(w, j0.pad, dtype=_npdt(bdt)))
         else:
             for j in js:
                 put(o, j.pv[1].reshape(-1))
@@ -246,10 +262,28 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
         last = not j0.out.is_contiguous()  # the [B, T, *trail] view of a [B, *trail, T] output
         index[k] = len(pads)
         pads.append(Pad(tuple(t.shape), t.dtype, w, last, gi, at, nvals, c is not None,
-                        j0.pv is not None, *_member(flats, k)))
+                        j0.pv is not None, *_member(flats, k), fillv=_bits(j0.pad, bdt, t),
+                        cval=0 if c is None else _bits(c.reshape(-1)[0].item(), bdt, t)))
     run_parallel(lambda c: np.copyto(c[0], c[1]), copies, size)
     return index, Plan(pads, [(at, n, T) for _, n, T, at in ginfo], buf, size, [f for f, _ in flats], hend,
                        [int(rows[1].sum()) for rows, _, _, _ in ginfo])
+
+
+def _bits(v: int, bdt: torch.dtype, t: torch.Tensor) -> int:
+    """The value ``v`` (raw bits in ``bdt``, the values' dtype) as a Python int of ``t``'s bits dtype."""
+    return int(np.full(1, v, dtype=_npdt(bdt)).view(_npdt(_BITS[t.element_size()]))[0])
+
+
+_NP: dict[torch.dtype, np.dtype] = {}
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # dtypes.bits_view's
+
+
+def _npdt(d: torch.dtype) -> np.dtype:
+    """The numpy dtype of a torch dtype numpy has (cached: no torch call per use)."""
+    n = _NP.get(d)
+    if n is None:
+        n = _NP[d] = torch.empty(0, dtype=d).numpy().dtype
+    return n
 
 
 def _at_home(js: list[FillJob], home: tuple[torch.Tensor, int] | None, rowbytes: int) -> bool:
@@ -304,40 +338,6 @@ def _member(flats: list[tuple[Flat, dict]], k: int) -> tuple[int, int]:
     return -1, 0
 
 
-def _lines(src: torch.Tensor, f: Flat) -> torch.Tensor:
-    """The table row (in rows of ``f.w`` elements of the whole buffer) of every position of a flat buffer."""
-    ix = torch.int32 if src.numel() < 2 ** 31 and f.P < 2 ** 31 else torch.int64
-    meta = src[f.at:f.at + 64 * f.L].view(torch.int64).view(8, f.L)
-    first, width, start, length, vb, vstep, pb, pstep = meta.to(ix)
-    line = torch.repeat_interleave(torch.arange(f.L, device=src.device, dtype=ix), meta[1], output_size=f.P)
-    q = torch.arange(f.P, device=src.device, dtype=ix) - first[line]  # the position in its row
-    rel = q - start[line]
-    n = length[line]
-    valid = (rel >= 0) & (rel < n)
-    k = torch.where(rel < 0, q, q - n)  # the padded position's rank in its row
-    return torch.where(valid, vb[line] + vstep[line] * rel, pb[line] + pstep[line] * k)
-
-
-def _index(src: torch.Tensor, g: tuple[int, int, int], mode: str, nvals: int) -> torch.Tensor:
-    """The ``[B * T]`` table row of every position of a group's rows (on ``src``'s device)."""
-    at, n, T = g
-    rows = src[at:at + 16 * n].view(torch.int64).view(2, n)
-    ix = torch.int32 if n * T + nvals < 2 ** 31 else torch.int64  # half the memory where it fits
-    starts, lens = rows[0].to(ix), rows[1].to(ix)
-    ar = torch.arange(T, device=src.device, dtype=ix)
-    rel = ar[None, :] - starts[:, None]
-    valid = (rel >= 0) & (rel < lens[:, None])
-    if mode == "const":  # row 0: the value, row 1: the pad
-        return (~valid).to(ix).reshape(-1)
-    vbase = torch.cumsum(lens, 0, dtype=ix) - lens
-    if mode == "pad":  # the values, then one pad row
-        return torch.where(valid, vbase[:, None] + rel, nvals).reshape(-1)
-    # the values, then the recorded padded values row by row in position order
-    pbase = torch.cumsum(T - lens, 0, dtype=ix) - (T - lens)
-    k = torch.where(rel < 0, ar[None, :], ar[None, :] - lens[:, None])
-    return torch.where(valid, vbase[:, None] + rel, nvals + pbase[:, None] + k).reshape(-1)
-
-
 def alloc(p: Plan, device: torch.device) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Uninitialized outputs of ``p`` on ``device`` (on the current stream), and the flat buffers
     its small outputs are views of."""
@@ -354,14 +354,28 @@ def build(p: Plan, src: torch.Tensor, outs: list[torch.Tensor], flat: list[torch
     ``src``, the staged buffer on the device, and ``home``, the arena's bytes there (the tables of
     ``Pad.home`` outputs). Temporaries are allocated on the current stream."""
     cache: dict[tuple[int, str], torch.Tensor] = {}
+    dests: dict[int, torch.Tensor] = {}
     for f, buf in zip(p.flats, flat):
         esize = buf.element_size()
         table = src[:src.numel() // (f.w * esize) * f.w * esize].view(f.dtype).view(-1, f.w)
-        torch.index_select(table, 0, _lines(src, f), out=buf.view(f.P, f.w))
+        torch.index_select(table, 0, device_index.lines(src, f), out=buf.view(f.P, f.w))
     for pad, out in zip(p.pads, outs):
         if pad.flat >= 0:
             continue
         g = p.groups[pad.group]
+        if SCATTER and not pad.pv and not pad.last and p.tokens:  # pad value, then the values scattered to their positions
+            d = dests.get(pad.group)
+            if d is None:
+                d = dests[pad.group] = device_index.dest(src, g, p.tokens[pad.group])
+            o = dt.bits_view(out).view(-1) if pad.w == 1 else dt.bits_view(out).view(-1, pad.w)
+            o.fill_(pad.fillv)
+            if pad.const:  # w == 1
+                o.index_fill_(0, d, pad.cval)
+            else:
+                n = p.tokens[pad.group] * pad.w * o.element_size()
+                v = (home if pad.home else src)[pad.at:pad.at + n].view(o.dtype)
+                o.index_copy_(0, d, v if pad.w == 1 else v.view(-1, pad.w))
+            continue
         mode = "const" if pad.const else "pv" if pad.pv else "pad"
         key = (pad.group, mode) if mode == "const" else (pad.group, mode, pad.rows)
         idx = cache.get(key)
@@ -369,10 +383,10 @@ def build(p: Plan, src: torch.Tensor, outs: list[torch.Tensor], flat: list[torch
             N = p.tokens[pad.group]
             base = cache.get((pad.group, "pad", N))
             if base is None:
-                base = cache[(pad.group, "pad", N)] = _index(src, g, "pad", N)
+                base = cache[(pad.group, "pad", N)] = device_index.index(src, g, "pad", N)
             idx = cache[key] = (base == N).to(base.dtype)
         if idx is None:
-            idx = cache[key] = _index(src, g, mode, pad.rows)
+            idx = cache[key] = device_index.index(src, g, mode, pad.rows)
         o = dt.bits_view(out)
         esize = o.element_size()
         nrows = pad.rows + (g[1] * g[2] - pad.rows if pad.pv else 1)  # pv: the positions the mask leaves out

@@ -20,13 +20,16 @@ __all__ = ["iterate", "ReadAhead", "SERIAL_PREFETCH"]
 
 SERIAL_PREFETCH = 4  # from this prefetch depth on, each step's joins and conversions run on its worker
 # thread, not the shared pool; Arrow still decodes its row groups on Arrow's pool (benchmarks/RESULTS.md)
+STAGE_ON_CONSUMER = True  # CUDA: a decoded step is staged (padded fields planned) on the consumer's thread,
+# which mostly waits for the decodes, not on the prefetch thread that decoded it (benchmarks/RESULTS.md)
 
 
 def iterate(read: Callable[[int, Arena | None], Any], steps: list[int], device: Any = None, prefetch: int = 2,
             workers: int | None = None) -> Iterator[tuple[int, Any]]:
     """Yield ``(step, batch)`` for ``steps`` in order, decoding up to ``prefetch`` steps ahead on a
     thread pool (``read(step, arena)`` decodes one step, into ``arena`` when it is not None).
-    On CUDA, decoded batches are staged in pinned memory and the copy of the next
+    On CUDA, steps are decoded into pinned memory, staged on the consumer's thread
+    (``STAGE_ON_CONSUMER``; padded fields planned for the device) and the copy of the next
     batch is started (on a side stream) before the current one is handed out; the consumer's
     stream waits on each batch's event. Closing the iterator (``break``) cancels pending work,
     waits for running decodes and returns their staging buffers."""
@@ -44,9 +47,20 @@ def iterate(read: Callable[[int, Arena | None], Any], steps: list[int], device: 
             return read(step, None)
         arena = Arena(defer=True)  # padded fields are built on the device (trajstore/device_pad.py)
         try:
-            return stage(read(step, arena), arena=arena)
+            obj = read(step, arena)
+            return (obj, arena) if STAGE_ON_CONSUMER else stage(obj, arena=arena)
         except BaseException:
             arena.release()
+            raise
+
+    def staged(fut: Future) -> Any:  # CUDA: the step's Staged batch
+        x = fut.result()
+        if type(x) is not tuple:
+            return x
+        try:
+            return stage(x[0], arena=x[1])
+        except BaseException:
+            x[1].release()
             raise
 
     pool = ThreadPoolExecutor(max_workers=workers or max(1, prefetch), thread_name_prefix="trajstore-read")
@@ -72,11 +86,11 @@ def iterate(read: Callable[[int, Arena | None], Any], steps: list[int], device: 
                 continue
             if not issued:
                 s, fut = pending.popleft()
-                issued.append((s, *launch(fut.result(), d, consumer)))
+                issued.append((s, *launch(staged(fut), d, consumer)))
             # start the next copy now if its decode is done, so it overlaps the consumer's compute
             if pending and pending[0][1].done() and len(issued) < 2:
                 s, fut = pending.popleft()
-                issued.append((s, *launch(fut.result(), d, consumer)))
+                issued.append((s, *launch(staged(fut), d, consumer)))
             s, obj, ev = issued.popleft()
             if ev is not None:
                 consumer.wait_event(ev)
@@ -92,7 +106,8 @@ def iterate(read: Callable[[int, Arena | None], Any], steps: list[int], device: 
         pool.shutdown(wait=True)
         for _, fut in pending:
             if not fut.cancelled() and fut.exception() is None and cuda:
-                fut.result().release()
+                x = fut.result()
+                (x[1] if type(x) is tuple else x).release()
         pending.clear()
 
 
