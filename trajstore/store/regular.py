@@ -50,21 +50,25 @@ def kind(mode: int) -> str:
 
 def not_regular(path: Any, what: str, mode: int | None) -> FormatError:
     its = kind(mode) if mode is not None else "a socket or another special file"
+    links = "such a file is never read through a link" if mode is not None and stat.S_ISLNK(mode) else \
+        "a symbolic link must point to one"
     return FormatError(
-        f"{path}: {what} is {its}, not a regular file; trajstore reads only regular files from a dump (a "
-        "symbolic link must point to one), so it is not read: remove it, or replace it with the file it "
-        "stands for (docs/RELIABILITY.md, threat model)")
+        f"{path}: {what} is {its}, not a regular file; trajstore reads only regular files from a dump ({links}), "
+        "so it is not read: remove it, or replace it with the file it stands for (docs/RELIABILITY.md, threat model)")
 
 
-def open_checked(path: Any, what: str = "the file") -> tuple[int, os.stat_result]:
+def open_checked(path: Any, what: str = "the file", follow: bool = True) -> tuple[int, os.stat_result]:
     """A read-only descriptor of ``path`` and its ``fstat``, after checking it is a regular file
-    (FormatError naming it otherwise); the caller closes it. FileNotFoundError (and other OSErrors
-    of ``open``) pass through."""
+    (FormatError naming it otherwise; with ``follow=False`` a symbolic link is refused too); the
+    caller closes it. FileNotFoundError (and other OSErrors of ``open``) pass through."""
+    nofollow = 0 if follow else getattr(os, "O_NOFOLLOW", 0)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | nofollow)
     except OSError as e:
         if e.errno == errno.ENXIO:  # a socket, or a device without its driver
             raise not_regular(path, what, _lmode(path)) from None
+        if e.errno == errno.ELOOP and nofollow:  # the link itself
+            raise not_regular(path, what, stat.S_IFLNK) from None
         raise
     try:
         st = os.fstat(fd)
@@ -100,15 +104,16 @@ def fd_path(fd: int, path: Any) -> str:
     return f"/proc/self/fd/{fd}" if _PROC_FD else os.fspath(path)
 
 
-def read_small(path: Any, what: str, cap: int = MAX_SMALL_FILE_BYTES) -> bytes:
+def read_small(path: Any, what: str, cap: int = MAX_SMALL_FILE_BYTES, follow: bool = True) -> bytes:
     """The bytes of a small file of a dump (manifest, record, checksum), at most ``cap`` of them:
-    FormatError naming the file and the cap if it is larger, or if it is not a regular file."""
+    FormatError naming the file and the cap if it is larger, or if it is not a regular file (or, with
+    ``follow=False``, a symbolic link)."""
     if not isinstance(path, os.PathLike | str):  # a RemotePath: no special files on object storage
         data = path.read_at_most(cap + 1)
         if len(data) > cap:
             raise _too_large(path, what, cap, None)
         return data
-    fd, st = open_checked(path, what)
+    fd, st = open_checked(path, what, follow)
     with os.fdopen(fd, "rb") as f:
         if st.st_size > cap:
             raise _too_large(path, what, cap, st.st_size)

@@ -19,7 +19,6 @@ import hashlib
 import json
 import logging
 import os
-import stat
 import threading
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from ..format import limits
 from ..format.dtypes import as_value
 from . import digest, paths
 from .checksums import read_sum
+from .regular import read_small
 from .index import DERIVED, KEY, SEGMENT_RE, VERSION, _ident, dirs, fields, sum_of
 
 rlog = logging.getLogger("trajstore.reader")
@@ -47,12 +47,7 @@ def _bytes(path: Path) -> pa.Buffer:
     want = read_sum(sum_of(path))
     if want is None:
         raise FormatError(f"its checksum {sum_of(path).name} is missing or malformed")
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > limits.MAX_DECODED_BYTES:
-            raise FormatError(f"not a regular file of at most {limits.MAX_DECODED_BYTES} bytes")
-        data = fh.read(st.st_size + 1)
+    data = read_small(path, "the index segment", limits.MAX_DECODED_BYTES, follow=False)
     if hashlib.sha256(data).hexdigest() != want:
         raise FormatError(f"its SHA-256 is not the one recorded in {sum_of(path).name}: its bytes changed "
                           "since it was written")
