@@ -27,7 +27,6 @@ dimension, other fields repeated, and ``group`` (the element's index) where ``g 
 from __future__ import annotations
 
 import difflib
-import json
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -206,8 +205,8 @@ def _group_select(f: str) -> str | None:
     in DuckDB (a FormatError)."""
     try:
         with pq.ParquetFile(source(f), **limits.THRIFT_LIMITS) as pf:
-            doc = json.loads((pf.metadata.metadata or {}).get(b"trajstore", b"{}"))
-    except (*foreign_errors.MAPPED, ValueError, RecursionError):
+            doc = limits.load_doc((pf.metadata.metadata or {}).get(b"trajstore", b"{}"), str(f))
+    except (*foreign_errors.MAPPED, ValueError):  # FormatError is a ValueError
         return None  # DuckDB's own read of the file reports it
     spec = doc.get("batch") if isinstance(doc, dict) else None
     elem = spec.get("elem") if isinstance(spec, dict) and spec.get("t") == "seq" else None

@@ -26,14 +26,12 @@ from . import dtypes as dt
 from .arrow import Columns, TableBuilder, list_array
 from .check import MISSING, Cells, Struct
 from .layout import classify, span_mask, token_mask
-from .spec import PAD_PREFIX, RUNS_PREFIX, SHAPE_PREFIX
+from .spec import PAD_PREFIX, RUNS_COL, SHAPE_PREFIX
 from . import limits
 from .tensors import FillJob
 from .values import as_cpu, bits, storage
 
 __all__ = ["RunCells", "RUNS_COL", "plan", "encode_runs", "encode_cells", "decode_cells"]
-
-RUNS_COL = RUNS_PREFIX + "attention_mask"
 
 
 @dataclass
