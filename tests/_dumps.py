@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 import trajstore
@@ -210,3 +211,23 @@ def run(*args, check_rc: int | None = 0, env: dict | None = None, **kw) -> subpr
     if check_rc is not None:
         assert p.returncode == check_rc, f"rc {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
     return p
+
+
+def clone(x):
+    """A deep copy of a batch (tensors, arrays, object arrays, containers)."""
+    if isinstance(x, torch.Tensor):
+        return x.clone()
+    if isinstance(x, np.ndarray):
+        if x.dtype != object:
+            return x.copy()
+        out = np.empty(x.shape, dtype=object)
+        for i, v in enumerate(x.reshape(-1)):
+            out.reshape(-1)[i] = clone(v)
+        return out
+    if isinstance(x, dict):
+        return {k: clone(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [clone(v) for v in x]
+    if isinstance(x, tuple):
+        return tuple(clone(v) for v in x)
+    return x

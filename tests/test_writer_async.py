@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 import torch
-from _dumps import small_batch
+from _dumps import clone, small_batch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,20 +20,6 @@ from trajstore.testing import assert_batch_equal, batches, padded_batches
 
 def batch(B=3, T=5, seed=0):
     return small_batch(B, T, seed, logprobs=False)
-
-
-def clone(x):
-    if isinstance(x, torch.Tensor):
-        return x.clone()
-    if isinstance(x, np.ndarray):
-        return x.copy()
-    if isinstance(x, dict):
-        return {k: clone(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [clone(v) for v in x]
-    if isinstance(x, tuple):
-        return tuple(clone(v) for v in x)
-    return x
 
 
 def mutate(x):

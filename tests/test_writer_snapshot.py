@@ -9,6 +9,7 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 import torch
+from _dumps import clone
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,26 +19,6 @@ from trajstore import snapshot as snapshot_mod
 from trajstore import write_pool as pool_mod
 from trajstore.format.dtypes import bits_view
 from trajstore.testing import assert_batch_equal, padded_batches, typed_batches
-
-
-def clone(x):
-    """A deep copy of a batch (tensors, arrays, object arrays, containers)."""
-    if isinstance(x, torch.Tensor):
-        return x.clone()
-    if isinstance(x, np.ndarray):
-        if x.dtype != object:
-            return x.copy()
-        out = np.empty(x.shape, dtype=object)
-        for i, v in enumerate(x.reshape(-1)):
-            out.reshape(-1)[i] = clone(v)
-        return out
-    if isinstance(x, dict):
-        return {k: clone(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [clone(v) for v in x]
-    if isinstance(x, tuple):
-        return tuple(clone(v) for v in x)
-    return x
 
 
 def refill(x, k: int) -> int:
