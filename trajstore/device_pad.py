@@ -128,41 +128,48 @@ def key(t: torch.Tensor) -> int | None:
 def _whole(jobs: list[FillJob]) -> bool:
     """The jobs cover the output's rows in order, each from one chunk of its values."""
     n = jobs[0].out.shape[0]
+    if len(jobs) == 1:  # the usual case: a joined column
+        j = jobs[0]
+        return j.r0 == 0 and j.r1 == n and j.src.numel() == int(j.off[n])
     return (jobs[0].r0 == 0 and jobs[-1].r1 == n and all(a.r1 == b.r0 for a, b in zip(jobs, jobs[1:]))
             and all(j.mask is jobs[0].mask and j.starts is jobs[0].starts for j in jobs)
             and all((j.pv is None) == (jobs[0].pv is None) for j in jobs)
             and sum(j.src.numel() for j in jobs) == int(jobs[0].off[n]))
 
 
-def _const(srcs: list[torch.Tensor], w: int) -> torch.Tensor | None:
-    """The one token value every value repeats (an ``attention_mask`` of ones), or None. Scanned in
-    pieces of ``CONST_PROBE`` values and up, so a field of varied values stops early."""
-    if w != 1 or not any(s.numel() for s in srcs):
+def _const(srcs: list[torch.Tensor], w: int) -> np.ndarray | None:
+    """The one token value every value repeats (an ``attention_mask`` of ones), as a numpy array of
+    that one value, or None. Scanned in pieces of ``CONST_PROBE`` values and up, so a field of
+    varied values stops early."""
+    if w != 1:
         return None
-    if all(s.stride(0) == 0 for s in srcs if s.numel()):  # one value, repeated (format/tensors.py mask_of_ones)
-        v0 = next(s for s in srcs if s.numel())[:1]
-        v = v0.numpy()[0]
-        return v0 if all(s.numpy()[0] == v for s in srcs if s.numel()) else None
     arrays = [s.numpy() for s in srcs if s.numel()]
+    if not arrays:
+        return None
     v = arrays[0][0]
+    if all(a.strides[0] == 0 for a in arrays):  # one value, repeated (format/tensors.py mask_of_ones)
+        return arrays[0][:1] if all(a[0] == v for a in arrays) else None
     for a in arrays:
         i, step = 0, CONST_PROBE
         while i < len(a):
             if not (a[i:i + step] == v).all():
                 return None
             i, step = i + step, min(step * 4, 1 << 20)
-    return srcs[0][:1] if srcs[0].numel() else next(s for s in srcs if s.numel())[:1]
+    return arrays[0][:1]
 
 
 def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], torch.Tensor],
-         home: tuple[torch.Tensor, int] | None = None) -> tuple[dict[int, int], Plan]:
+         home: tuple[torch.Tensor, int] | None = None,
+         ks: list[int | None] | None = None) -> tuple[dict[int, int], Plan]:
     """Stage the padded outputs among ``leaves`` (the batch's torch tensors) for ``build``: returns
     ``{storage key: index into Plan.pads}`` and the plan, its buffer from ``take(nbytes)``. Jobs of
     other outputs (numpy fields) are filled here, on the CPU. ``home``: the pinned buffer the values
     were decoded into and its bytes used (``torch_bridge.Arena``, staged to the device as well): a
     large output padded with one value whose values lie there whole, with ``SPARE`` bytes after
-    them, keeps them there (its pad row written after them), not copied."""
-    keys = {k: i for i, t in enumerate(leaves) if (k := key(t)) is not None}
+    them, keeps them there (its pad row written after them), not copied. ``ks``: ``key`` of each
+    leaf, if the caller has them."""
+    ks = [key(t) for t in leaves] if ks is None else ks
+    keys = {k: i for i, k in enumerate(ks) if k is not None}
     by_out: dict[int, list[FillJob]] = {}
     rest: list[FillJob] = []
     for j in jobs:
@@ -174,7 +181,7 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
         else:
             rest.append(j)
     # a tensor of the batch that views part of an output would be staged as it is: fill those on the CPU
-    part = {t.untyped_storage().data_ptr() for t in leaves if t.numel() and t.device.type == "cpu" and key(t) is None}
+    part = {t.untyped_storage().data_ptr() for t, k in zip(leaves, ks) if k is None and t.numel() and t.device.type == "cpu"}
     for k, js in list(by_out.items()):
         if not _whole(js) or k in part:
             rest += by_out.pop(k)
@@ -198,8 +205,12 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
             first = j0.starts if j0.starts is not None else j0.mask.numpy().argmax(axis=1)
             first = np.asarray(first, np.int64)
             # its tokens' positions in the [B * T] output: row b's token i (of all) goes to base_b + i
-            base = np.arange(n, dtype=np.int64) * T + first - (np.cumsum(lens) - lens)
-            rows = np.stack([first, lens, base])  # a row of no tokens: any start
+            rows = np.empty((3, n), np.int64)  # a row of no tokens: any start
+            rows[0], rows[1] = first, lens
+            base = rows[2]
+            np.cumsum(lens, out=base)
+            base -= lens
+            np.subtract(np.arange(0, n * T, T, dtype=np.int64) + first, base, out=base)
             groups[gk] = len(ginfo)
             ginfo.append((rows, n, T, size))
             size += _round(rows.nbytes)
@@ -242,7 +253,7 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
         if at < 0:  # at home: the pad row after the values, in the arena
             at = j0.src.data_ptr() - home[0].data_ptr()  # type: ignore[index]
             vend = at + j0.src.numel() * j0.src.element_size()
-            row = np.full(w, j0.pad, dtype=_npdt(bdt))
+            row = _pad_row(j0.pad, bdt, w)
             home[0].numpy()[vend:vend + row.nbytes] = row.view(np.uint8)  # type: ignore[index]
             hend = max(hend, vend + row.nbytes)
             index[k] = len(pads)
@@ -250,11 +261,11 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
                             home=True, fillv=_bits(j0.pad, bdt, t)))
             continue
         o = at
-        for s in ([c] if c is not None else [j.src for j in js]):
+        for s in ([c] if c is not None else [j.src.numpy() for j in js]):
             put(o, s.reshape(-1))
-            o += s.numel() * s.element_size()
+            o += s.nbytes
         if j0.pv is None:
-            put(o, np.full(w, j0.pad, dtype=_npdt(bdt)))
+            put(o, _pad_row(j0.pad, bdt, w))
         else:
             for j in js:
                 put(o, j.pv[1].reshape(-1))
@@ -263,7 +274,7 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
         index[k] = len(pads)
         pads.append(Pad(tuple(t.shape), t.dtype, w, last, gi, at, nvals, c is not None,
                         j0.pv is not None, *_member(flats, k), fillv=_bits(j0.pad, bdt, t),
-                        cval=0 if c is None else _bits(c.reshape(-1)[0].item(), bdt, t)))
+                        cval=0 if c is None else _bits(int(c[0]), bdt, t)))
     run_parallel(lambda c: np.copyto(c[0], c[1]), copies, size)
     return index, Plan(pads, [(at, n, T) for _, n, T, at in ginfo], buf, size, [f for f, _ in flats], hend,
                        [int(rows[1].sum()) for rows, _, _, _ in ginfo])
@@ -271,7 +282,27 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
 
 def _bits(v: int, bdt: torch.dtype, t: torch.Tensor) -> int:
     """The value ``v`` (raw bits in ``bdt``, the values' dtype) as a Python int of ``t``'s bits dtype."""
-    return int(np.full(1, v, dtype=_npdt(bdt)).view(_npdt(_BITS[t.element_size()]))[0])
+    k = (v, bdt, t.element_size())
+    b = _BITS_OF.get(k)
+    if b is None:
+        b = _BITS_OF[k] = int(np.full(1, v, dtype=_npdt(bdt)).view(_npdt(_BITS[k[2]]))[0])
+    return b
+
+
+def _pad_row(v: int, bdt: torch.dtype, w: int) -> np.ndarray:
+    """A row of ``w`` pad values ``v`` in ``bdt`` (cached: read only)."""
+    k = (v, bdt, w)
+    r = _PAD_ROWS.get(k)
+    if r is None:
+        r = np.full(w, v, dtype=_npdt(bdt))
+        r.flags.writeable = False
+        if len(_PAD_ROWS) < 1024:
+            _PAD_ROWS[k] = r
+    return r
+
+
+_BITS_OF: dict[tuple, int] = {}
+_PAD_ROWS: dict[tuple, np.ndarray] = {}
 
 
 _NP: dict[torch.dtype, np.dtype] = {}

@@ -22,7 +22,9 @@ SERIAL_PREFETCH = 4  # from this prefetch depth on, each step's joins and conver
 # thread, not the shared pool; Arrow still decodes its row groups on Arrow's pool (benchmarks/RESULTS.md)
 STAGE_ON_CONSUMER = True  # CUDA: a decoded step is staged (padded fields planned) on the consumer's thread,
 # which mostly waits for the decodes, not on the prefetch thread that decoded it (benchmarks/RESULTS.md)
-
+EARLY_FILL = True  # CUDA: the next decode is submitted as soon as a decoded step is taken, before it is staged,
+# so no prefetch thread idles while the consumer stages (the steps held stay prefetch + 1). Starting each
+# step's copy on its prefetch thread instead measured slower (benchmarks/RESULTS.md)
 
 def iterate(read: Callable[[int, Arena | None], Any], steps: list[int], device: Any = None, prefetch: int = 2,
             workers: int | None = None) -> Iterator[tuple[int, Any]]:
@@ -67,13 +69,24 @@ def iterate(read: Callable[[int, Arena | None], Any], steps: list[int], device: 
     pending: deque[tuple[int, Future]] = deque()
     issued: deque[tuple[int, Any]] = deque()  # CUDA: copies started, not yet yielded
     todo = iter(steps)
+    hand = [0]  # CUDA: steps taken from ``pending``, being staged
 
     def fill() -> None:
-        while len(pending) + len(issued) < max(1, prefetch + (1 if cuda else 0)):
+        while len(pending) + len(issued) + hand[0] < max(1, prefetch + (1 if cuda else 0)):
             s = next(todo, None)
             if s is None:
                 return
             pending.append((s, pool.submit(load, s)))
+
+    def take() -> tuple[int, Any, Any]:  # CUDA: the next decoded step, staged and its copy started
+        s, fut = pending.popleft()
+        hand[0] = 1
+        try:
+            if EARLY_FILL:
+                fill()
+            return (s, *launch(staged(fut), d, consumer))
+        finally:
+            hand[0] = 0
 
     try:
         fill()
@@ -85,12 +98,10 @@ def iterate(read: Callable[[int, Arena | None], Any], steps: list[int], device: 
                 yield s, (on_device(map_tensors(obj, lambda t: t.to(d)), d) if other else obj)
                 continue
             if not issued:
-                s, fut = pending.popleft()
-                issued.append((s, *launch(staged(fut), d, consumer)))
+                issued.append(take())
             # start the next copy now if its decode is done, so it overlaps the consumer's compute
             if pending and pending[0][1].done() and len(issued) < 2:
-                s, fut = pending.popleft()
-                issued.append((s, *launch(staged(fut), d, consumer)))
+                issued.append(take())
             s, obj, ev = issued.popleft()
             if ev is not None:
                 consumer.wait_event(ev)

@@ -157,22 +157,49 @@ def _object_array(v: np.ndarray, leaf: Any, path: tuple) -> np.ndarray:
 
 def nbytes_of(obj: Any) -> int:
     """The tensor and array bytes of a plain batch, as ``Snapshot.nbytes`` will count them (before any copy)."""
-    n = 0
+    count = _ByteCount()
+    map_tree(obj, count)
+    return count.n
 
-    def leaf(v: Any, _path: Any) -> Any:
-        nonlocal n
+
+class _ByteCount:
+    """``nbytes_of``'s leaf. A class, not a closure calling itself (a reference cycle the cycle
+    collector would have to free: ``torch_bridge._TensorLeaf``)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self, v: Any, _path: Any) -> Any:
         if isinstance(v, torch.Tensor):
-            n += v.numel() * v.element_size()
+            self.n += v.numel() * v.element_size()
         elif isinstance(v, np.ndarray):
-            n += v.nbytes
+            self.n += v.nbytes
             if v.dtype == object:
-                _object_array(v, leaf, ())
+                _object_array(v, self, ())
         elif areal.is_rtensor(v):
-            n += v.data.numel() * v.data.element_size() if not areal.is_remote(v) else areal.nbytes(v)
+            self.n += v.data.numel() * v.data.element_size() if not areal.is_remote(v) else areal.nbytes(v)
         return None
 
-    map_tree(obj, leaf)
-    return n
+
+class _HostLeaf:
+    """``Snapshot.batch``'s leaf: each slot replaced by its host copy or fetched tensor (a class, as
+    ``_ByteCount``: a closure calling itself would hold the host copies in a reference cycle)."""
+
+    __slots__ = ("hosts", "fetched")
+
+    def __init__(self, hosts: list, fetched: list) -> None:
+        self.hosts, self.fetched = hosts, fetched
+
+    def __call__(self, v: Any, _path: Any) -> Any:
+        if isinstance(v, _CudaSlot):
+            return self.hosts[v.i]
+        if isinstance(v, _RemoteSlot):
+            return self.fetched[v.i]
+        if isinstance(v, np.ndarray) and v.dtype == object:
+            return _object_array(v, self, ())
+        return v
 
 
 class Snapshot:
@@ -269,18 +296,7 @@ class Snapshot:
         fetched = self._fetched()
         if not self._hosts and not fetched:
             return self._batch
-        hosts = self._hosts
-
-        def leaf(v: Any, _path: Any) -> Any:
-            if isinstance(v, _CudaSlot):
-                return hosts[v.i]
-            if isinstance(v, _RemoteSlot):
-                return fetched[v.i]
-            if isinstance(v, np.ndarray) and v.dtype == object:
-                return _object_array(v, leaf, ())
-            return v
-
-        return map_tree(self._batch, leaf)
+        return map_tree(self._batch, _HostLeaf(self._hosts, fetched))
 
     def _fetched(self) -> list[torch.Tensor]:
         """The local tensors of the remote RTensors, in order (waits for their fetch)."""

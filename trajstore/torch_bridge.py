@@ -60,20 +60,31 @@ def map_tree(obj: Any, leaf: Callable[[Any, tuple | None], Any], path: tuple | N
 def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     """Rebuild dict/list/tuple structure with ``fn`` applied to every torch tensor; a TensorDict or
     DataProto-like batch comes back as the same kind of container (``adapters``)."""
+    return map_tree(obj, _TensorLeaf(fn))
 
-    def leaf(x: Any, _path: tuple | None) -> Any:
+
+class _TensorLeaf:
+    """``map_tensors``' leaf: ``fn`` on a tensor, containers rebuilt around it. A class, not a
+    closure that calls itself: such a closure is a reference cycle holding ``fn`` and all it holds
+    (a step's tensors, its device batch) until Python's cycle collector runs, whose pauses then
+    free whole steps with every thread stopped (``tests/test_torch_bridge.py``)."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[torch.Tensor], Any]):
+        self.fn = fn
+
+    def __call__(self, x: Any, _path: tuple | None) -> Any:
         if isinstance(x, torch.Tensor):
-            return fn(x)
+            return self.fn(x)
         if x is None or isinstance(x, str | int | float | bool | np.ndarray | np.generic):
             return x
         plain, tag = containers.unwrap(x)
         if tag is not None:
-            return containers.wrap(map_tree(plain, leaf), tag)
+            return containers.wrap(map_tree(plain, self), tag)
         if isinstance(x, Mapping):
-            return {k: map_tree(v, leaf) for k, v in x.items()}
+            return {k: map_tree(v, self) for k, v in x.items()}
         return x
-
-    return map_tree(obj, leaf)
 
 
 def _leaves(obj: Any) -> list[torch.Tensor]:
@@ -286,6 +297,7 @@ def stage(obj: Any, pool: PinnedPool = _read_pool, arena: Arena | None = None) -
     a ``meta`` tensor in their place."""
     leaves = _leaves(obj)
     index: dict[int, int] = {}
+    ks: list[int | None] = []
     plan = None
     home = 0  # bytes of the arena the plan's tables reach into (staged with the batch)
     if arena is not None and arena.jobs:
@@ -296,12 +308,13 @@ def stage(obj: Any, pool: PinnedPool = _read_pool, arena: Arena | None = None) -
                 return torch.from_numpy(a.alloc(n, np.uint8))
             return pool.take(n)
 
-        index, plan = device_pad.plan(arena.jobs, leaves, take, None if arena.buf is None else (arena.buf, arena.used))
+        ks = [device_pad.key(t) for t in leaves]
+        index, plan = device_pad.plan(arena.jobs, leaves, take, None if arena.buf is None else (arena.buf, arena.used), ks)
         arena.jobs = []
         if plan.buf is not None and arena.holds(plan.buf):  # one buffer, one copy to the device
             plan.inside = plan.buf.data_ptr() - arena.buf.data_ptr()  # type: ignore[union-attr]
         home = max(plan.home, plan.inside + plan.total)
-    which = [index.get(device_pad.key(t), -1) if index else -1 for t in leaves]  # pad index, or -1
+    which = [index.get(k, -1) for k in ks] if index else [-1] * len(leaves)  # pad index, or -1
     views = [t for t, b in zip(leaves, which) if b < 0]
     size = [t.numel() * t.element_size() for t in views]
     held = [arena is not None and arena.holds(t) for t in views]
