@@ -259,10 +259,11 @@ def test_flipped_bit_in_any_data_page_fails_a_plain_read(tmp_path):
         data[pos] ^= 0x20
         f.write_bytes(bytes(data))
         r = trajstore.Reader(tmp_path)  # verify=False: no SHA-256
-        if path.startswith("attention_mask."):
+        if path.startswith("attention_mask.") or path == "step":
             # a padded batch's mask is rebuilt from the token columns' lengths (its stored values are
-            # ones, docs/FORMAT.md 3.4): a plain read never reads this column and stays exact; the
-            # file's SHA-256 (verify=True, `trajstore verify`) is what catches the flip
+            # ones, docs/FORMAT.md 3.4), and the step column is kept for outside readers:
+            # a plain read never reads these columns and stays exact; the file's SHA-256
+            # (verify=True, `trajstore verify`) is what catches the flip
             assert_batch_equal(r.read(7), _batch(7))
             with pytest.raises(ChecksumError, match=f.name):
                 trajstore.Reader(tmp_path, verify=True).read(7)

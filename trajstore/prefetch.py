@@ -22,9 +22,11 @@ SERIAL_PREFETCH = 4  # from this prefetch depth on, each step's joins and conver
 # thread, not the shared pool; Arrow still decodes its row groups on Arrow's pool (benchmarks/RESULTS.md)
 STAGE_ON_CONSUMER = True  # CUDA: a decoded step is staged (padded fields planned) on the consumer's thread,
 # which mostly waits for the decodes, not on the prefetch thread that decoded it (benchmarks/RESULTS.md)
-EARLY_FILL = True  # CUDA: the next decode is submitted as soon as a decoded step is taken, before it is staged,
-# so no prefetch thread idles while the consumer stages (the steps held stay prefetch + 1). Starting each
-# step's copy on its prefetch thread instead measured slower (benchmarks/RESULTS.md)
+# CUDA: ``prefetch`` decodes stay in flight while the consumer stages a step and copies are under
+# way (the steps held are at most prefetch decoding or decoded, one being staged, two copying): a
+# prefetch thread that finished its step does not wait for the consumer's staging to start the next.
+# Starting each step's copy on its prefetch thread instead measured slower (benchmarks/RESULTS.md)
+
 
 def iterate(read: Callable[[int, Arena | None], Any], steps: list[int], device: Any = None, prefetch: int = 2,
             workers: int | None = None) -> Iterator[tuple[int, Any]]:
@@ -69,10 +71,9 @@ def iterate(read: Callable[[int, Arena | None], Any], steps: list[int], device: 
     pending: deque[tuple[int, Future]] = deque()
     issued: deque[tuple[int, Any]] = deque()  # CUDA: copies started, not yet yielded
     todo = iter(steps)
-    hand = [0]  # CUDA: steps taken from ``pending``, being staged
 
     def fill() -> None:
-        while len(pending) + len(issued) + hand[0] < max(1, prefetch + (1 if cuda else 0)):
+        while len(pending) < max(1, prefetch):
             s = next(todo, None)
             if s is None:
                 return
@@ -80,13 +81,8 @@ def iterate(read: Callable[[int, Arena | None], Any], steps: list[int], device: 
 
     def take() -> tuple[int, Any, Any]:  # CUDA: the next decoded step, staged and its copy started
         s, fut = pending.popleft()
-        hand[0] = 1
-        try:
-            if EARLY_FILL:
-                fill()
-            return (s, *launch(staged(fut), d, consumer))
-        finally:
-            hand[0] = 0
+        fill()  # the next decode starts before this step is staged
+        return (s, *launch(staged(fut), d, consumer))
 
     try:
         fill()

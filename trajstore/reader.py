@@ -18,7 +18,7 @@ from .format import typed
 from .format import limits, validate
 from .format.arrow import flat_nbytes
 from .format.parquet import read_sample
-from .format.spec import is_dict_batch, is_plain_sample, is_token
+from .format.spec import STEP_COLUMN, is_dict_batch, is_plain_sample, is_token
 from .format.tensors import ones_source
 from .prefetch import iterate
 from .store import paths, remote, stepfile
@@ -267,8 +267,9 @@ class Reader:
         if cols is None and layout != "packed" and ones_source(spec) is not None:
             # a padded batch's attention mask holds ones on its tokens (docs/FORMAT.md 3.4): built
             # from the lengths of another token column (format/tensors.py ``mask_of_ones``)
-            skip = dict(spec["keys"])["attention_mask"]["col"]
-            cols = [c for c in sf.pf.schema_arrow.names if c != skip]
+            # (nor the step column kept for outside readers)
+            skip = {dict(spec["keys"])["attention_mask"]["col"], STEP_COLUMN}
+            cols = [c for c in sf.pf.schema_arrow.names if c not in skip]
         with foreign_errors(f, "reading step {}", step, then="the step is damaged"):
             table = _read_columns(sf.pf, sf.src, cols)
         if table.num_rows != doc.get("num_rows", table.num_rows):

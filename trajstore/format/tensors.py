@@ -274,8 +274,8 @@ def decode_padded(cols: Columns, node: TensorNode, n: int, T: int | None, side: 
     rows = np.diff(off)
     if len(off) != n + 1 or bool((rows < 0).any()):
         raise FormatError(f"{cols.where}: column {node['col']!r} has inconsistent offsets")
-    lengths = rows // w
-    if bool((rows % w).any()) or (not math.prod(trail) and bool(rows.any())):
+    lengths = rows // w if w != 1 else rows
+    if (w != 1 and bool((rows % w).any())) or (not math.prod(trail) and bool(rows.any())):
         raise FormatError(f"{cols.where}: column {node['col']!r} rows are not whole tokens of {trail}")
     longest = int(lengths.max()) if len(lengths) else 0
     T = longest if T is None else T
