@@ -5,6 +5,7 @@ those rows; shards padded to widths of their own join widened."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -93,6 +94,23 @@ def test_join_of_tables_read_for_one_field(data):
                                                  **got.non_tensor_batch} if isinstance(got, DataProtoLike) \
             else dict(got.items())
         assert_batch_equal(got[name], plain[name])
+
+
+@pytest.mark.parametrize("rows", [
+    [{"a": np.False_}, None, []],  # found by hypothesis: a struct in one shard, a value in the other
+    [{"a": np.int64(3)}, {"a": np.int64(4)}, [], None],
+    [{"a": np.float32(1.5)}, torch.ones(2)],  # a struct and a tensor cell
+])
+@pytest.mark.parametrize("cut", [1, 2])
+def test_join_of_a_dict_field_and_other_values_in_other_shards(rows, cut):
+    # a dict holding numpy scalars is stored as a struct; [None, []] or a tensor are not: the joined
+    # field holds every row as a typed document, each value (and its numpy type) as it was
+    batch = {"r": torch.arange(len(rows), dtype=torch.float32), "lst": rows}
+    parts = [shard(select(batch, list(range(0, cut))), 0, 2), shard(select(batch, list(range(cut, len(rows)))), 1, 2)]
+    got = decode(*join(parts))
+    assert_batch_equal(got, batch)
+    assert [type(x.get("a")) if isinstance(x, dict) else type(x) for x in got["lst"]] == \
+        [type(x.get("a")) if isinstance(x, dict) else type(x) for x in rows]
 
 
 def test_join_of_one_shard_drops_rank_and_shard():

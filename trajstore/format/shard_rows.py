@@ -42,8 +42,11 @@ class Rows:
             out: dict = {"t": "empty"}
         else:
             ts = {n["t"] for _, n in live}
-            if ts <= {"cell", "value"} and (len(ts) > 1 or not same([n for _, n in live], ("lib", "dtype"))):
-                out = self.as_typed(nodes, live)  # tensors of other dtypes, or values: typed documents
+            if ts <= {"cell", "value"} and (len(ts) > 1 or not same([n for _, n in live], ("lib", "dtype"))) \
+                    or len(ts) > 1 and ts <= {"cell", "value", "struct"} and ts != {"struct"}:
+                # tensors of other dtypes, values, or dicts in one shard and other values in another
+                # (a dict holding a numpy scalar is a struct, [None, []] a value): typed documents
+                out = self.as_typed(nodes, live)
             elif len(ts) > 1:
                 raise self.fail(f"field {name_of(path)!r} holds {sorted(ts)} in different shards")
             else:
@@ -146,8 +149,9 @@ class Rows:
         return self.as_typed(nodes, live)
 
     def as_typed(self, nodes: list[dict], live: list) -> dict:
-        """Rows whose types differ between the shards: every row a typed document (3.8)."""
-        name = self.col(live, "col")
+        """Rows whose types differ between the shards: every row a typed document (3.8), in the
+        column of the first shard that has one (a struct's shard has its own columns, left out)."""
+        name = self.col([(k, n) for k, n in live if "col" in n], "col")
         for k, n in enumerate(nodes):
             if n.get("t") == "empty":
                 vals: list = [None] * self.n[k]
