@@ -370,7 +370,8 @@ def _read_columns(pf: pq.ParquetFile, src: Any, cols: list[str] | None) -> pa.Ta
     joins the row-group chunks of each column in parallel. Small reads (a column of
     per-trajectory values) skip its second footer parse. ``src`` is what ``pf`` reads from."""
     md = pf.metadata
-    leaves = [md.schema.column(j).path for j in range(md.num_columns)]
+    sch = pq.ParquetSchema(md)  # not md.schema: FileMetaData would keep it, a cycle freed only by the collector
+    leaves = [sch.column(j).path for j in range(md.num_columns)]
     want = [j for j, p in enumerate(leaves)  # an estimate: it only picks the faster path
             if cols is None or any(p == c or p.startswith(c + ".") for c in cols)]
     # row-group totals, not md.row_group(i).column(j): pyarrow aborts the process (instead of
