@@ -285,7 +285,9 @@ def _bits(v: int, bdt: torch.dtype, t: torch.Tensor) -> int:
     k = (v, bdt, t.element_size())
     b = _BITS_OF.get(k)
     if b is None:
-        b = _BITS_OF[k] = int(np.full(1, v, dtype=_npdt(bdt)).view(_npdt(_BITS[k[2]]))[0])
+        b = int(np.full(1, v, dtype=_npdt(bdt)).view(_npdt(_BITS[k[2]]))[0])
+        if len(_BITS_OF) < 1024:  # pad values repeat; a constant field's value may change every step
+            _BITS_OF[k] = b
     return b
 
 
