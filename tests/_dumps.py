@@ -29,6 +29,15 @@ def write(path: str | Path, steps: Mapping[int, Any], *, split: str = "train", m
     return trajstore.Reader(path, split)
 
 
+def many_row_groups(mp: Any) -> None:
+    """With the pytest ``MonkeyPatch`` ``mp``: every step written from now on is split into row
+    groups, and read as one chunk per row group (so joins and fill jobs see several chunks)."""
+    from trajstore.format import parquet
+
+    mp.setattr(parquet, "ROW_GROUP_BYTES", 1)
+    mp.setattr(trajstore.reader, "PARALLEL_READ_BYTES", 0)
+
+
 def roundtrip(batch: Any, meta: Any = None, step: int = 3) -> tuple[Any, Any]:
     """``batch`` (and ``meta``) written as step ``step`` of a fresh temporary dump and read back."""
     with tempfile.TemporaryDirectory() as d:

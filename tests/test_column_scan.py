@@ -7,6 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from _dumps import write
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -33,10 +34,7 @@ def _names(batch):
 @given(st.lists(batches(), min_size=1, max_size=3), st.sampled_from([None, 1, 3]))
 def test_column_equals_per_step_reads(steps, workers):
     with tempfile.TemporaryDirectory() as d:
-        with trajstore.Writer(d) as w:
-            for s, b in enumerate(steps):
-                w.append(s, b)
-        r = trajstore.Reader(d)
+        r = write(d, dict(enumerate(steps)))
         for name in sorted({n for b in steps for n in _names(b)}):
             have = [s for s, b in enumerate(steps) if name in _names(b)]
             got = r.column(name, have, workers=workers)
@@ -119,9 +117,7 @@ def test_many_row_groups_and_parallel_fill_round_trip(batch):
     mp.setattr(_threads, "PARALLEL_BYTES", 0)
     try:
         with tempfile.TemporaryDirectory() as d:
-            with trajstore.Writer(d) as w:
-                w.append(0, batch)
-            r = trajstore.Reader(d)
+            r = write(d, {0: batch})
             assert_batch_equal(batch, r[0])
             f = r.file(0)
             table, spec = pq.read_table(f), r.info(0)["batch"]

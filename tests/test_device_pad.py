@@ -7,6 +7,7 @@ import tempfile
 import numpy as np
 import pytest
 import torch
+from _dumps import many_row_groups, write
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -56,13 +57,10 @@ def test_device_builder_on_cpu_equals_the_padded_decode(batch, layout, many_grou
     mp = pytest.MonkeyPatch()
     mp.setattr(device_pad, "FLAT_BYTES", 1 << 30 if flat else 0)  # small outputs built together, or one by one
     if many_groups:  # several row groups: one fill job per chunk
-        mp.setattr(parquet, "ROW_GROUP_BYTES", 1)
-        mp.setattr(trajstore.reader, "PARALLEL_READ_BYTES", 0)
+        many_row_groups(mp)
     try:
         with tempfile.TemporaryDirectory() as d:
-            with trajstore.Writer(d) as w:
-                w.append(0, batch)
-            r = trajstore.Reader(d)
+            r = write(d, {0: batch})
             try:
                 want = r.read(0, layout=layout)
             except trajstore.ConfigError:

@@ -6,6 +6,7 @@ import threading
 import numpy as np
 import pytest
 import torch
+from _dumps import many_row_groups, write
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -148,13 +149,10 @@ def test_decode_into_arena_equals_plain_read_and_stages_in_place(batch, layout, 
     already there. Runs on the CPU too (the pool hands out unpinned memory without CUDA)."""
     mp = pytest.MonkeyPatch()
     if many_groups:  # every step split into row groups: the joins land in the arena
-        mp.setattr(parquet, "ROW_GROUP_BYTES", 1)
-        mp.setattr(trajstore.reader, "PARALLEL_READ_BYTES", 0)  # read as one chunk per row group
+        many_row_groups(mp)
     try:
         with tempfile.TemporaryDirectory() as d:
-            with trajstore.Writer(d) as w:
-                w.append(0, batch)
-            r = trajstore.Reader(d)
+            r = write(d, {0: batch})
             try:
                 want = r.read(0, layout=layout)
             except trajstore.errors.ConfigError:
