@@ -259,40 +259,35 @@ class Pool:
 
     def _one(self, job: Job) -> None:
         t0 = time.perf_counter()
-        err: BaseException | None = None
-        table = written = None
-        nbytes = rows = 0
-        try:
-            table = self.steps.encode(job)
-        except BaseException as e:  # noqa: BLE001 - every failure is reported to the caller
-            err = e
+        failed: list[BaseException] = []  # the first failure; the later stages are skipped
+
+        def stage(fn: Callable[..., Any], *args: Any) -> Any:
+            if failed:
+                return None
+            try:
+                return fn(*args)
+            except BaseException as e:  # noqa: BLE001 - every failure is reported to the caller
+                failed.append(e)
+                return None
+
+        table = stage(self.steps.encode, job)
         self._fits.wait(job.seq)
         try:
-            if err is None:
-                table = self.steps.fit(job, table)
-        except BaseException as e:  # noqa: BLE001
-            err = e
+            table = stage(self.steps.fit, job, table)
         finally:
             self._fits.done(job.seq)
-        try:
-            if err is None:
-                written = self.steps.write(job, table)
-        except BaseException as e:  # noqa: BLE001
-            err = e
+        written = stage(self.steps.write, job, table)
         table = None
         self._commits.wait(job.seq)
         try:
             try:
-                if err is None:
-                    nbytes, rows = self.steps.commit(job, written)
-            except BaseException as e:  # noqa: BLE001
-                err = e
+                nbytes, rows = stage(self.steps.commit, job, written) or (0, 0)
             finally:
                 _quietly(lambda: self.steps.discard(written), job)
                 _quietly(job.snap.release, job)
                 job.snap = None
             try:
-                self.finish(job, nbytes, rows, err, time.perf_counter() - t0)
+                self.finish(job, nbytes, rows, failed[0] if failed else None, time.perf_counter() - t0)
             except BaseException as e:  # noqa: BLE001 - the pool must go on (flush would wait forever)
                 log.error("trajstore: the writer's bookkeeping of step %d failed: %s: %s", job.step,
                           type(e).__name__, e, exc_info=True)
