@@ -43,7 +43,7 @@ class Rows:
         else:
             ts = {n["t"] for _, n in live}
             if ts <= {"cell", "value"} and (len(ts) > 1 or not same([n for _, n in live], ("lib", "dtype"))) \
-                    or len(ts) > 1 and ts <= {"cell", "value", "struct"} and ts != {"struct"}:
+                    or len(ts) > 1 and ts <= {"cell", "value", "struct"}:
                 # tensors of other dtypes, values, or dicts in one shard and other values in another
                 # (a dict holding a numpy scalar is a struct, [None, []] a value): typed documents
                 out = self.as_typed(nodes, live)
