@@ -194,11 +194,39 @@ def _where(fd: dict | None) -> str:
         return "-"
     short = {"step": "step", "field": "field", "trajectory": "traj", "token": "tok", "element": "elem"}
     s = " ".join(f"{short[k]} {fd[k]}" for k in short if k in fd)
+    if fd.get("id"):
+        s += f" (id {_id(fd)})"
     if "a" in fd:
         s += f": {out.fmt(fd['a'])} vs {out.fmt(fd['b'])}"
     if fd.get("note"):
         s += f" ({fd['note']})"
     return s
+
+
+def _id(loc: dict | None) -> str:
+    """A trajectory's id ``(step, row)`` (docs/FORMAT.md 3.13), or its index."""
+    if not loc:
+        return "-"
+    return "({}, {})".format(*loc["id"]) if loc.get("id") else str(loc.get("trajectory", "-"))
+
+
+DIVERGING_ROWS = 200  # the per-step table's rows in text; --json has every entry
+
+
+def _diverging(rep: Any) -> None:
+    """Every (step, field) beyond tolerance: max/mean abs and rel differences, where the worst value is
+    (trajectory id, token), and the trajectories with a value beyond tolerance."""
+    bad = [e for e in rep.entries if e.status not in ("identical", "close")]
+    if not bad:
+        return
+    rows = [[e.step, e.field, e.status, e.max_abs, e.mean_abs, e.max_rel, e.mean_rel, _id(e.worst),
+             (e.worst or {}).get("token", "-"),
+             " ".join("({}, {})".format(*b) if isinstance(b, list) else str(b) for b in e.beyond) or e.note or "-"]
+            for e in bad[:DIVERGING_ROWS]]
+    out.table(["step", "field", "status", "max abs", "mean abs", "max rel", "mean rel", "worst traj", "token",
+               "trajectories beyond tol"], rows, title="beyond tolerance, per step and field")
+    if len(bad) > DIVERGING_ROWS:
+        print(f"... and {len(bad) - DIVERGING_ROWS} more (--json lists every one)")
 
 
 @command("diff", "compare two dumps (or two fields of one) step by step, field by field",
@@ -242,6 +270,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     for name, f in summ.items():
         if f["first"]:
             print(f"{name}: first beyond tolerance at {_where(f['first'])}")
+    _diverging(rep)
     first = rep.first_divergence
     if rep.identical:
         print("identical")

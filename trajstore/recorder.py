@@ -171,6 +171,7 @@ class Recorder:
         self._key: tuple[str, str] | None = None
         self._ahead: ReadAhead | None = None  # replay: the next step, read while the caller trains
         self._replayed: Callable[[], None] | None = None  # replay to CUDA: the last step's log line, not yet written
+        self._others: dict[str, Writer] = {}  # record(..., split=): the writers of other splits (outputs)
         if self.mode == "replay":
             self._open_replay()
 
@@ -205,8 +206,20 @@ class Recorder:
             self.record(step, b, meta)
         return b
 
-    def record(self, step: int, batch: Any, meta: dict | None = None) -> None:
-        """Record ``batch`` as ``step`` (dump mode), then apply ``max_keep``."""
+    def record(self, step: int, batch: Any, meta: dict | None = None, *, split: str | None = None,
+               ids: Any = None) -> None:
+        """Record ``batch`` as ``step`` (dump mode), then apply ``max_keep``.
+
+        ``split``: another split of this run, e.g. ``"outputs"``: the trainer's per-trajectory outputs
+        (recomputed logprobs, per-sample loss, entropy, values) next to the inputs, with per-step
+        scalars (loss, grad-norm) in ``meta``; each rank records its own rows, joined like any sharded
+        step. When dumping they go to this dump; at replay to the dump ``cfg.outputs``, each row with
+        the trajectory id of the row it was computed from (``ids``, default ``self.ids(step)``, the rows
+        this rank was given), so a comparison joins them whatever the layout (docs/PRECISION.md). When
+        dumping, rank r's rows are taken as the rows of its input shard, in order (or pass ``ids``).
+        Off: nothing is recorded. A batch that cannot be stored is logged and skipped, as in ``batch``."""
+        if split is not None and split != self.split:
+            return self._record_other(step, batch, meta, paths.check_split(split), ids)
         if self.mode != "dump":
             raise ConfigError(f"record(step={step}): this Recorder is in {self.mode!r} mode, not 'dump'")
         step = paths.check_step(step)
@@ -215,20 +228,59 @@ class Recorder:
         try:
             self._dumped.appending(step, _tokens(containers.unwrap(batch)[0]))
             landing = True
-            w.append(step, batch, meta)
+            w.append(step, batch, meta, ids=ids)
         except BaseException as e:
             if landing:
                 self._dumped.forget(step)
-            if self.cfg.strict or not isinstance(e, BatchError):
-                raise
-            commit.record_skipped(w.dir, step, f"{type(e).__name__}: {e}", w.final(step).name)  # Reader.skipped
-            log.error("trajstore dump step=%d was not recorded, training goes on (strict=True raises): %s: %s",
-                      step, type(e).__name__, e)
+            self._skip(w, step, e)
             return
         if step in self._kept:
             self._kept.remove(step)
         self._kept.append(step)
         self._rotate()
+
+    def ids(self, step: int) -> Any:
+        """The trajectory ids of the rows ``load(step)`` gives this rank (``Reader.ids``: ``[B, 2]`` int64
+        of ``(step, row)`` of the logical batch as dumped), at replay."""
+        if self._reader is None:
+            raise ConfigError(f"ids(step={step}): this Recorder is in {self.mode!r} mode; ids of the rows a rank "
+                              "gets are known at replay (when dumping, a rank's rows are its shard's)")
+        return self._reader.ids(step)
+
+    def _skip(self, w: Writer, step: int, e: BaseException) -> None:
+        """A batch that could not be recorded: raised when strict (or not a BatchError), else recorded as
+        skipped and logged, and training goes on."""
+        if self.cfg.strict or not isinstance(e, BatchError):
+            raise e
+        commit.record_skipped(w.dir, step, f"{type(e).__name__}: {e}", w.final(step).name)  # Reader.skipped
+        log.error("trajstore dump step=%d was not recorded, training goes on (strict=True raises): %s: %s",
+                  step, type(e).__name__, e)
+
+    def _record_other(self, step: int, batch: Any, meta: dict | None, split: str, ids: Any) -> None:
+        """``record(..., split=split)``: this rank's rows of ``step`` in another split (see ``record``)."""
+        if self._off:
+            return
+        step = paths.check_step(step)
+        if self.mode == "replay":
+            if self.cfg.outputs is None:
+                raise ConfigError(f"record(step={step}, split={split!r}) at replay: set DumpReplayConfig.outputs (or "
+                                  "TRAJSTORE_OUTPUTS) to the dump this run's outputs go to; the replayed dump "
+                                  f"{self.path} is only read")
+            if ids is None:
+                ids = self.ids(step)
+        w = self._others.get(split)
+        if w is None:
+            root = self.path if self.mode == "dump" else self.cfg.outputs
+            if self.mode == "replay" and "://" not in root and Path(root).resolve() == Path(str(self.path)).resolve():
+                raise ConfigError(f"DumpReplayConfig.outputs is the replayed dump {self.path}; give the replay's "
+                                  "outputs a dump of their own, so both runs' outputs can be compared")
+            w = self._others[split] = Writer(root, split=split, overwrite=True, masks=self.cfg.masks,
+                                             on_error="raise" if self.cfg.strict else "warn",
+                                             encodings=self.cfg.encodings, **self._shard())
+        try:
+            w.append(step, batch, meta, ids=ids)
+        except BaseException as e:
+            self._skip(w, step, e)
 
     def load(self, step: int) -> Any:
         """The recorded batch of ``step`` (replay mode), on ``cfg.device`` if set, else CPU."""
@@ -288,6 +340,8 @@ class Recorder:
         if self._ahead is not None:
             self._ahead, ahead = None, self._ahead
             ahead.close()
+        while self._others:
+            self._others.popitem()[1].close()
         if self._writer is not None:
             try:
                 self._writer.close()
