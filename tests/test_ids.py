@@ -118,3 +118,31 @@ def test_ids_refused_with_reasons(tmp_path):
     with pytest.raises(trajstore.errors.WriterError, match="3 ids for a batch of 2"):
         with trajstore.Writer(tmp_path, split="o", on_error="raise") as w:
             w.append(1, {"x": torch.zeros(2)}, ids=[0, 1, 2])
+
+
+def test_recorder_outputs_next_to_the_inputs(tmp_path):
+    """Dumping, outputs go to the dump's own split (implicit ids: the rank's rows); at replay to the dump
+    ``outputs`` names, each row with the id of the row it came from; off, nowhere."""
+    base, out = tmp_path / "base", tmp_path / "out"
+    with trajstore.Recorder(dump=True, path=base) as rec:
+        b = rec.batch(STEP, lambda: _padded(4, 3))
+        rec.record(STEP, {"loss": b["score"] * 2}, split="outputs", meta={"loss": 0.5})
+    assert trajstore.Reader(base, "outputs").ids(STEP).tolist() == [[STEP, i] for i in range(4)]
+    assert trajstore.Reader(base, "outputs").meta(STEP) == {"loss": 0.5}
+    with pytest.raises(trajstore.ConfigError, match="DumpReplayConfig.outputs"):
+        trajstore.Recorder(replay=True, path=base).record(STEP, {"x": torch.zeros(4)}, split="outputs")
+    with pytest.raises(trajstore.ConfigError, match="is the replayed dump"):
+        trajstore.Recorder(replay=True, path=base, outputs=str(base)).record(STEP, {"x": torch.zeros(4)},
+                                                                             split="outputs")
+    with pytest.raises(trajstore.ConfigError, match="known at replay"):
+        trajstore.Recorder(dump=True, path=tmp_path / "other").ids(STEP)
+    with trajstore.Recorder(replay=True, path=base, outputs=str(out)) as rec:
+        b = rec.batch(STEP, lambda: pytest.fail("replay samples"))
+        assert rec.ids(STEP).tolist() == [[STEP, i] for i in range(4)]
+        rec.record(STEP, {"loss": b["score"] * 2}, split="outputs", meta={"loss": 0.5})
+    assert trajstore.Reader(out, "outputs").ids(STEP).tolist() == [[STEP, i] for i in range(4)]
+    assert trajstore.diff(base, out, split="outputs").identical
+    assert [e.field for e in trajstore.diff(base, out, split="outputs").entries] == ["loss", "meta.loss"]
+    off = trajstore.Recorder()
+    off.record(STEP, {"x": torch.zeros(1)}, split="outputs")  # off: nothing recorded, nothing raised
+    assert not (tmp_path / "trajstore_dumps").exists()
