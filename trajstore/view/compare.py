@@ -22,6 +22,7 @@ from ..format import containers
 from ..format.rows import rows
 from ..inspection.diff import diff
 from ..inspection.diff_field import OK
+from ..inspection.traces import decode_ids
 from ..reader import Reader
 from .pages import _f, dump_name
 
@@ -149,8 +150,6 @@ def aligned(view: Any, step: int, row: int, field: str | None = None, split: str
     ids = _token_ids(view, ra, step, row, n)
     text = None
     if ids is not None and view.tokenizer is not None:
-        from ..inspection.traces import decode_ids
-
         text = [decode_ids(view.tokenizer, [i]) for i in ids]
     toks = [{"pos": j, "id": None if ids is None else ids[j], "text": str(j) if ids is None else (
              text[j] if text else str(ids[j])), "a": _f(float(a[j])), "b": _f(float(b[j])), "diff": _f(float(d[j]))}
