@@ -14,9 +14,10 @@ import trajstore
 from _shards import batch_rows, cuts, select
 from test_shards import FORMS
 from trajstore.errors import BatchError
-from trajstore.testing import assert_batch_equal
+from trajstore.testing import assert_batch_equal, multimodal_batches, non_tensor_batches
 
-SETTINGS = settings(deadline=None, suppress_health_check=list(HealthCheck), max_examples=25)
+SETTINGS = settings(deadline=None, suppress_health_check=list(HealthCheck), max_examples=30)
+EVERY = st.one_of(FORMS, multimodal_batches(), non_tensor_batches())  # every batch strategy of trajstore.testing
 STEP = 5
 
 
@@ -37,12 +38,13 @@ def test_ids_name_the_rows_of_every_slice(tmp_path_factory, data):
     """For every batch strategy, cut by N ranks and replayed on M (contiguous or token-balanced, read
     padded or packed): each slice's rows are the logical rows its ids name, every row of the step once;
     outputs recorded with those ids read back in id order whatever the replay's layout."""
-    batch = data.draw(FORMS)
+    batch = data.draw(EVERY)
     B = batch_rows(batch)
     if not B:
         return
     d = tmp_path_factory.mktemp("ids")
-    _dump(d, batch, cuts(data.draw, B))
+    chunks = cuts(data.draw, B)
+    _dump(d, batch, chunks)
     whole = trajstore.Reader(d)
     assert whole.ids(STEP).tolist() == [[STEP, i] for i in range(B)]
     M = data.draw(st.sampled_from([m for m in range(1, min(B, 4) + 1) if B % m == 0]))
@@ -51,7 +53,9 @@ def test_ids_name_the_rows_of_every_slice(tmp_path_factory, data):
     for k in range(M):
         r = trajstore.Reader(d, rank=k, world_size=M, balance=balance)
         ids = r.ids(STEP)
-        assert ids.dtype == np.int64 and ids.shape == (B // M, 2) and (ids[:, 0] == STEP).all()
+        as_dumped = balance == "contiguous" and M == len(chunks) > 1  # the shard rank k dumped
+        n = len(chunks[k]) if as_dumped else B // M
+        assert ids.dtype == np.int64 and ids.shape == (n, 2) and (ids[:, 0] == STEP).all()
         rows = ids[:, 1].tolist()
         assert_batch_equal(r[STEP], select(batch, rows))
         seen += rows
@@ -146,3 +150,18 @@ def test_recorder_outputs_next_to_the_inputs(tmp_path):
     off = trajstore.Recorder()
     off.record(STEP, {"x": torch.zeros(1)}, split="outputs")  # off: nothing recorded, nothing raised
     assert not (tmp_path / "trajstore_dumps").exists()
+
+
+def test_diff_names_the_trajectories_on_one_side_only(tmp_path):
+    """Runs whose outputs of a step hold other trajectories: that step is one mismatch naming their ids,
+    the other steps are compared row by row in id order."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    with trajstore.Writer(a, split="outputs") as w:
+        for s in (0, 1):
+            w.append(s, {"loss": torch.arange(4, dtype=torch.float32)})
+    with trajstore.Writer(b, split="outputs") as w:
+        w.append(0, {"loss": torch.tensor([3.0, 1.0, 2.0, 0.0])}, ids=[3, 1, 2, 0])
+        w.append(1, {"loss": torch.tensor([2.0, 0.0, 1.0])}, ids=[[1, 2], [1, 0], [1, 1]])
+    rep = trajstore.diff(a, b, split="outputs")
+    assert [(e.step, e.field, e.status) for e in rep.entries] == [(0, "loss", "identical"), (1, "*", "mismatch")]
+    assert "1 only in a ((1, 3))" in rep.entries[1].note and not rep.ok
