@@ -174,24 +174,21 @@ def diff(a: Any, b: Any = None, *, steps: Iterable[int] | str | None = None,
     entries: list[FieldDiff] = []
     absd: dict[str, list] = {}
     it = progress(all_steps) if progress else all_steps
-    aligned = None if rb is ra else diff_ids.align(ra, rb, all_steps)  # rows joined on their trajectory ids
-    try:
-        for s in it:
-            in_a, in_b = s in ra.steps, s in rb.steps
-            if not (in_a and in_b):
-                side = "b" if in_a else "a"
-                entries.append(FieldDiff(s, "*", "missing", note=f"step {s} is not in {side}"))
-            elif aligned is not None and (why := diff_ids.id_mismatch(ra, rb, s)):
-                entries.append(FieldDiff(s, "*", "mismatch", note=why))
-            else:
-                entries.extend(_step(ra, rb, s, fields, atol, rtol, pair, mask, absd, first))
-                if aligned is not None and fields is None:  # outputs: their per-step scalars too
-                    entries.extend(diff_ids.meta_entries(ra, rb, s, lambda k: _Field(s, k, atol, rtol, False)))
-            if first and entries and entries[-1].status not in OK:
-                break
-        diff_ids.finish(entries, ra, aligned is not None)
-    finally:
-        diff_ids.restore(ra, rb, aligned)
+    ra, rb, aligned = diff_ids.align(ra, rb, all_steps)  # rows joined on their trajectory ids
+    for s in it:
+        in_a, in_b = s in ra.steps, s in rb.steps
+        if not (in_a and in_b):
+            side = "b" if in_a else "a"
+            entries.append(FieldDiff(s, "*", "missing", note=f"step {s} is not in {side}"))
+        elif aligned and (why := diff_ids.id_mismatch(ra, rb, s)):
+            entries.append(FieldDiff(s, "*", "mismatch", note=why))
+        else:
+            entries.extend(_step(ra, rb, s, fields, atol, rtol, pair, mask, absd, first))
+            if aligned and fields is None:  # outputs: their per-step scalars too
+                entries.extend(diff_ids.meta_entries(ra, rb, s, lambda k: _Field(s, k, atol, rtol, False)))
+        if first and entries and entries[-1].status not in OK:
+            break
+    diff_ids.finish(entries, ra, aligned)
     return DiffReport(str(ra.path), str(rb.path), atol, rtol, entries, tuple(pair) if pair else None, absd)
 
 

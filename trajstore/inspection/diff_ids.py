@@ -11,6 +11,7 @@ are compared trajectory by trajectory.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
@@ -18,26 +19,21 @@ import numpy as np
 from ..format import ids as idcol
 from ..reader import Reader
 
-__all__ = ["align", "restore", "id_mismatch", "finish", "meta_entries"]
+__all__ = ["align", "id_mismatch", "finish", "meta_entries"]
 
 
 def _stored(r: Reader, step: int) -> bool:
     return any(idcol.has_ids(r._open(step, check=False, f=f).doc) for f in r.files(step))
 
 
-def align(ra: Reader, rb: Reader, steps: list[int]) -> tuple[bool, bool] | None:
-    """Put both readers in id order when a step of either holds stored ids; returns what ``restore``
-    needs (None: nothing changed)."""
-    if not any(_stored(r, s) for s in steps for r in dict.fromkeys((ra, rb)) if s in r.steps):
-        return None
-    old = (ra._by_id, rb._by_id)
+def align(ra: Reader, rb: Reader, steps: list[int]) -> tuple[Reader, Reader, bool]:
+    """``(ra, rb, aligned)``: when a step of either dump holds stored ids, copies of both readers that read
+    every step in id order (the caller's readers are left as they are), else the readers themselves."""
+    if rb is ra or not any(_stored(r, s) for s in steps for r in (ra, rb) if s in r.steps):
+        return ra, rb, False
+    ra, rb = copy.copy(ra), copy.copy(rb)
     ra._by_id = rb._by_id = True
-    return old
-
-
-def restore(ra: Reader, rb: Reader, old: tuple[bool, bool] | None) -> None:
-    if old is not None:
-        ra._by_id, rb._by_id = old
+    return ra, rb, True
 
 
 def _show(ids: np.ndarray, n: int = 5) -> str:
