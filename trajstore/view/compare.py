@@ -2,7 +2,7 @@
 
 * ``/api/compare/run``: both runs' per-step curves of the split, overlaid on the run page: the mean of
   each numeric field over a step's trajectories (and tokens), and the numbers of the step metadata
-  (``meta.loss``, ``meta.grad_norm``);
+  (``meta.loss``, ``meta.grad_norm``); each step is read once (kept on the ``View``);
 * ``/api/compare/diff``: every (step, field) of the diff beyond tolerance (``trajstore diff``, joined on
   trajectory ids where a dump holds them), with the worst trajectory's id and token;
 * ``/api/compare/traj``: one trajectory of both runs, found by its id ``(step, row)`` in each (whatever
@@ -71,7 +71,9 @@ def curves(view: Any, split: str | None = None) -> dict:
     ra, rb = _readers(view, split)
     ra.refresh()
     steps = sorted(set(ra.steps) | set(rb.steps))
-    per = [{s: _means(r, s) for s in steps if s in r.steps} for r in (ra, rb)]
+    cache = view.__dict__.setdefault("_compare_means", {})  # a committed step does not change
+    per = [{s: cache[k] if (k := (str(r.path), r.split, s)) in cache else cache.setdefault(k, _means(r, s))
+            for s in steps if s in r.steps} for r in (ra, rb)]
     names: dict[str, None] = {}
     for p in per:
         for m in p.values():
