@@ -169,14 +169,15 @@ def test_step_and_trajectory_pages_hold_the_readers_data(dumps, tok):
                 toks = tr["tokens"]
                 assert [k["id"] for k in toks] == [int(v) for v in x["input_ids"]]
                 assert [k["mask"] for k in toks] == [int(v) for v in m]
-                assert [k["logprob"] for k in toks] == [repr(float(v)) for v in x["old_logprobs"]]
-                assert [k["other"] for k in toks] == [repr(float(v)) for v in x["logprobs"]]
+                # float32 (and bf16, held as float32) values at float32 precision: the shortest repr
+                assert [k["logprob"] for k in toks] == [str(np.float32(float(v))) for v in x["old_logprobs"]]
+                assert [k["other"] for k in toks] == [str(np.float32(float(v))) for v in x["logprobs"]]
                 assert [k["version"] for k in toks] == [str(int(v)) for v in x["versions"]]
                 assert [k["text"] for k in toks] == [decode_ids(t, [int(v)]) for v in x["input_ids"]]
                 assert any(re.search("[a-z]", k["text"]) for k in toks)  # decoded text, not ids
                 k = toks[0]
-                assert k["title"] == (f"id={k['id']} text={k['text']!r} logprob={k['logprob']} mask={k['mask']} "
-                                      f"version={k['version']} other={k['other']}")
+                assert k["title"] == (f"id={k['id']} text={k['text']!r} old_logprobs={k['logprob']} "
+                                      f"logprobs={k['other']} loss_mask={k['mask']} versions={k['version']}")
         assert srv.get("/api/traj?split=train&step=0&index=3")[0] == 404  # no such trajectory
         assert srv.get("/api/step?split=train&step=4")[0] == 404  # incomplete
         assert srv.get("/api/step?split=train&step=x")[0] == 400
