@@ -211,13 +211,31 @@ class View:
         ra = self.reader(None)
         rep = diff(ra, rb, split=self.split)
         first = rep.first_divergence
-        out = {"a": str(ra.path), "b": str(rb.path), "split": self.split, "first": first and _plain(first),
+        out = {"a": str(ra.path), "b": str(rb.path), "split": self.split, "first": first and _first(ra, rb, first),
                "summary": _summary(rep, ra.steps, rb.steps),
-               "fields": [{"field": k, **_plain(v)} for k, v in rep.fields().items() if k != "*"]}
+               "fields": [{"field": k, **_plain(v), "first": v["first"] and _first(ra, rb, {"field": k, **v["first"]}),
+                           "differ_steps": format_ranges(runs(
+                               [e.step for e in rep.entries if e.field == k and e.status not in OK]))}
+                          for k, v in rep.fields().items() if k != "*"]}
         if first and first.get("trajectory") is not None and first["step"] in ra.steps and first["step"] in rb.steps:
             out["tokens_a"] = self.traj(None, first["step"], first["trajectory"], ra)["tokens"]
             out["tokens_b"] = self.traj(None, first["step"], first["trajectory"], rb)["tokens"]
         return out
+
+
+def _first(ra: Reader, rb: Reader, first: dict) -> dict:
+    """A first difference as JSON, its values ``a`` and ``b`` at the precision of their stored dtype
+    (float32 as ``-0.61626863``, not ``-0.6162686347961426``)."""
+    out = _plain(first)
+    for side, r in (("a", ra), ("b", rb)):
+        v = out.get(side)
+        if isinstance(v, float) and first.get("step") in r.steps:
+            spec = r.info(first["step"])["batch"]
+            keys = spec.get("keys") if isinstance(spec, dict) and isinstance(spec.get("keys"), list) else []
+            node = dict(keys).get(first.get("field"))
+            if isinstance(node, dict) and str(node.get("dtype")) in ("float32", "float16", "bfloat16"):
+                out[side] = number(v, np.float32)
+    return out
 
 
 def _plain(d: dict) -> dict:

@@ -65,17 +65,26 @@
       hovertemplate: "step %{x}<br>%{y}<extra></extra>"}];
     var title = TITLES[m] || m;
     if (m === "reward_mean" && d.series.reward_std) {  // the mean with a band of one standard deviation
-      var sd = d.series.reward_std, lo = d.series[m].map(function (v, i) { return v === null || sd[i] === null ? null : v - sd[i]; });
-      var hi = d.series[m].map(function (v, i) { return v === null || sd[i] === null ? null : v + sd[i]; });
-      var band = {type: "scatter", mode: "lines", line: {width: 0}, hoverinfo: "skip", showlegend: false};
-      trace.push(Object.assign({x: xy.x, y: gapped(d, lo).y, name: "mean - std"}, band));
-      trace.push(Object.assign({x: xy.x, y: gapped(d, hi).y, name: "mean + std", fill: "tonexty",
-        fillcolor: "rgba(31, 119, 180, 0.18)"}, band));
+      var sd = d.series.reward_std, bx = [], by = [], seg = [];
+      function close() {  // one closed shape per run of steps with a value: mean + std forth, mean - std back
+        if (!seg.length) return;
+        if (bx.length) { bx.push(null); by.push(null); }
+        seg.forEach(function (p) { bx.push(p[0]); by.push(p[1] + p[2]); });
+        seg.slice().reverse().forEach(function (p) { bx.push(p[0]); by.push(p[1] - p[2]); });
+        seg = [];
+      }
+      xy.x.forEach(function (x, i) {
+        var k = d.steps.indexOf(x), v = xy.y[i];
+        if (v === null || k < 0 || sd[k] === null) close(); else seg.push([x, v, sd[k]]);
+      });
+      close();
+      trace.push({x: bx, y: by, type: "scatter", mode: "lines", fill: "toself", fillcolor: "rgba(31, 119, 180, 0.18)",
+        line: {width: 0}, hoverinfo: "skip", showlegend: false, name: "mean \u00b1 std"});
       title = "reward mean \u00b1 std";
     }
     var empty = !d.pending && d.series[m].every(function (v) { return v === null; });
     div.setAttribute("data-empty", empty ? "1" : "0");
-    var layout = {title: {text: title}, height: 250, margin: {l: 60, r: 10, t: 36, b: 40}, showlegend: false,
+    var layout = {title: {text: title}, height: 250, margin: {l: 70, r: 10, t: 36, b: 40}, showlegend: false,
       xaxis: {title: {text: "step"}}, yaxis: {title: {text: YTITLES[m] || m}}};
     if (empty) {
       layout.xaxis.visible = false; layout.yaxis.visible = false;
@@ -442,7 +451,7 @@
       var tb = el("tbody");
       bad.forEach(function (f) {
         var tr = el("tr", {"data-field": f.field, "data-status": f.status}), fst = f.first || {};
-        [f.field, STATUS[f.status] || f.status, f.steps, f.n ? f.n_exceed + " of " + f.n : "",
+        [f.field, STATUS[f.status] || f.status, f.differ_steps, f.n ? f.n_exceed + " of " + f.n : "",
           f.max_abs === null || f.max_abs === undefined ? "" : show(f.max_abs), f.first ? where(fst) + (fst.note ? " (" + fst.note + ")" : "") : "",
           fst.a === undefined ? "" : typeof fst.a === "object" ? JSON.stringify(fst.a) : fst.a,
           fst.b === undefined ? "" : typeof fst.b === "object" ? JSON.stringify(fst.b) : fst.b].forEach(function (v, i) {
