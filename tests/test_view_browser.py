@@ -2,9 +2,10 @@
 tests/_browser.py): the run page plots the reader's statistics and a click opens the step; the step
 table sorts, filters and opens a trajectory; token colours and tooltips follow the documented formulas;
 the diff page shows a planted divergence; dump text stays text; no path leaves the dump; the exported
-HTML works with no network; a 16k-token trajectory renders whole. The dumps and the expected values
-come from tests/_viewdumps.py (trajstore.Reader only). ``pytest --screenshots DIR`` also writes the
-PNG of each page (docs/img/ in the repository)."""
+HTML works with no network; a 16k-token trajectory renders whole; the demo's pages. The dumps and the
+expected values come from tests/_viewdumps.py (trajstore.Reader only). ``pytest --screenshots DIR`` also
+writes the PNG of each page of the demo's dump (20 steps, against a second run of 5 steps on 2 CPU
+threads): ``pytest tests/test_view_browser.py -k demo --screenshots docs/img``."""
 
 from __future__ import annotations
 
@@ -108,6 +109,19 @@ def only_local_resources(driver, base: str) -> None:
     assert names and all(n.startswith(base) for n in names), names
 
 
+def gapped(xs: list, ys: list) -> tuple[list, list]:
+    """Split train's curve as plotted: a null point at the skipped step breaks the line."""
+    k = xs.index(SKIPPED + 1)
+    return xs[:k] + [SKIPPED] + xs[k:], ys[:k] + [None] + ys[k:]
+
+
+def same_curve(got: list, xs: list, ys: list, what: str) -> None:
+    assert got[0] == xs, (what, got[0])
+    assert [y is None for y in got[1]] == [y is None for y in ys], (what, got[1])
+    assert [y for y in got[1] if y is not None] == pytest.approx([y for y in ys if y is not None],
+                                                                 rel=1e-6, abs=1e-12), (what, got[1], ys)
+
+
 def test_run_page_plots_the_readers_statistics_and_a_point_opens_its_step(env, browser, shots):
     from selenium.webdriver.common.action_chains import ActionChains
 
@@ -118,12 +132,8 @@ def test_run_page_plots_the_readers_statistics_and_a_point_opens_its_step(env, b
             got = plot(browser, prefix + metric)
             assert got is not None, f"no plot {prefix + metric}"
             if split == "train":  # the skipped step is a gap in the line: its point is null
-                k = xs.index(SKIPPED + 1)
-                xs, ys = xs[:k] + [SKIPPED] + xs[k:], ys[:k] + [None] + ys[k:]
-            assert got[0] == xs, (prefix + metric, got[0])
-            assert [y is None for y in got[1]] == [y is None for y in ys], (prefix + metric, got[1])
-            assert [y for y in got[1] if y is not None] == pytest.approx([y for y in ys if y is not None],
-                                                                         rel=1e-6, abs=1e-12), (prefix + metric, got[1], ys)
+                xs, ys = gapped(xs, ys)
+            same_curve(got, xs, ys, prefix + metric)
             axes = browser.execute_script("const l = document.getElementById(arguments[0])._fullLayout;"
                                           "return [l.xaxis.title.text, l.yaxis.title.text]", prefix + metric)
             assert axes[0] == "step" and axes[1], (prefix + metric, axes)  # both axes titled
@@ -152,7 +162,7 @@ def test_run_page_plots_the_readers_statistics_and_a_point_opens_its_step(env, b
                                      ".map(li => [li.dataset.step, li.dataset.why, li.dataset.split])")
     assert sorted(missing) == [[str(INCOMPLETE), "incomplete", "ranks"], [str(SKIPPED), "skipped", "train"]]
     only_local_resources(browser, env.url)
-    save_shot(browser, "test-run", shots)
+    save_shot(browser, "test-run", shots[:1])
 
     # click the plotted point of step 2: Plotly's own hover and click handling, then navigation
     x, y = curves(env.dump, "train")["reward_mean"][0][2], curves(env.dump, "train")["reward_mean"][1][2]
@@ -320,7 +330,7 @@ def test_trajectory_page_colours_and_tooltips_follow_the_data(env, browser, shot
             assert "rgb(255, 0, 0)" in want and top < 0.2  # the real bf16 mismatch is small and still visible
         if mode == "version":
             assert [int(x.split()[0]) for x in g["swatches"][:-1]] == sorted(set(r["versions"][resp].tolist()), reverse=True)
-    save_shot(browser, "test-trajectory", shots)
+    save_shot(browser, "test-trajectory", shots[:1])
 
 
 def test_multi_byte_characters_come_out_whole(env, browser):
@@ -386,7 +396,7 @@ def test_diff_page_highlights_the_planted_divergence(env, browser, shots):
     text = browser.find_element("tag name", "body").text
     assert "field *" not in text and "\nb: " not in text and "(differs)" in text
     only_local_resources(browser, env.diff_url)
-    save_shot(browser, "test-diff", shots)
+    save_shot(browser, "test-diff", shots[:1])
 
 
 def test_diff_page_of_equal_dumps_says_so(env, browser):
@@ -402,7 +412,7 @@ def test_diff_page_of_equal_dumps_says_so(env, browser):
 def test_dump_text_is_shown_as_text_never_run(env, browser):
     open_page(browser, f"{env.url}/traj/train/0/{XSS_INDEX}", "traj", "document.querySelectorAll('#tokens span.tok').length")
     no_alert(browser)
-    assert PAYLOAD in browser.execute_script("return document.getElementById('tokens').textContent")
+    assert PAYLOAD in browser.execute_script(SHOWN_TEXT, "#tokens")
     assert browser.execute_script("return document.querySelectorAll('#tokens img, #tokens script, body img').length") == 0
     open_page(browser, f"{env.url}/step/train/0", "step", f"document.querySelectorAll('#traj-table tbody tr').length === {B}")
     no_alert(browser)
@@ -457,9 +467,7 @@ def test_exported_html_works_with_no_network(env, tmp_path):
         sizes = driver.execute_script("return Array.from(document.querySelectorAll('.js-plotly-plot'))"
                                       ".map(d => d.data ? d.data.length : 0)")
         assert sizes and all(sizes), sizes
-        xs, ys = curves(env.dump, "train")["reward_mean"]
-        got = plot(driver, "curve-reward_mean")
-        assert got[0] == xs and got[1] == pytest.approx(ys, rel=1e-6)
+        same_curve(plot(driver, "curve-reward_mean"), *gapped(*curves(env.dump, "train")["reward_mean"]), "export")
         res = driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
         assert all(n.startswith(("file:", "data:", "blob:")) for n in res), res
         no_alert(driver)
@@ -479,3 +487,77 @@ def test_a_16k_token_trajectory_renders_whole(env, browser):
     assert last == [LONG, str(LONG - 1), str(int(r["input_ids"][-1]))]
     assert not math.isnan(float(browser.execute_script(
         "return document.querySelector('#tokens span.tok[data-mask=\"1\"]').dataset.logprob")))
+
+
+# -- the demo's dump: the pages a newcomer first sees (and docs/img/, with --screenshots docs/img)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def demo(request, tmp_path_factory):
+    """The demo's dump (examples/rl_loop.py, as examples/demo.py runs it) and a second run of the same
+    seed on 2 CPU threads (``b``): 20 and 5 steps for the screenshots, else 3 and 2 (quicker)."""
+    import os
+    import subprocess
+    import sys
+
+    need_chromium()
+    d = tmp_path_factory.mktemp("demo")
+    full = bool(request.config.getoption("--screenshots", None))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    for name, steps, extra in (("demo", 20 if full else 3, []), ("demo2", 5 if full else 2, ["--threads", "2"])):
+        subprocess.run([sys.executable, str(ROOT / "examples" / "rl_loop.py"), "--dump", f"dumps/{name}", "--steps",
+                        str(steps), "--quiet", *extra], check=True, env=env, timeout=600, cwd=d)
+    tok = ROOT / "examples" / "tokenizer.json"
+    # served from the folder holding dumps/, so the pages name dumps/demo and dumps/demo2 as README.md does
+    srv = ViewServer("dumps/demo", "dumps/demo2", "--tokenizer", tok, log=d / "view.log", cwd=d)
+    try:
+        yield SimpleNamespace(dump=d / "dumps" / "demo", b=d / "dumps" / "demo2", tok=tok, url=srv.url)
+    finally:
+        srv.stop()
+
+
+def test_the_demo_dumps_pages(demo, browser, shots):
+    import trajstore
+    from selenium.webdriver.support.ui import Select
+    from tokenizers import Tokenizer
+
+    r = trajstore.Reader(demo.dump)
+    open_page(browser, demo.url + "/", "run", "document.querySelector('#curve-reward_mean .main-svg')"
+              " && !document.querySelector('p.pending').textContent")
+    g = browser.execute_script("const g = document.getElementById('curve-version_lag');"
+                               "return [g.dataset.empty, (g.layout.annotations || []).map(a => a.text)]")
+    assert g[0] == "1" and "no versions field" in g[1][0]  # the demo records no policy versions
+    assert browser.execute_script("return document.getElementById('curve-reward_mean').data.length") == 2
+    save_shot(browser, "run", shots)
+
+    step = min(12, r.steps[-1])
+    open_page(browser, f"{demo.url}/step/train/{step}", "step", "document.querySelectorAll('#traj-table tbody tr').length")
+    keys = browser.execute_script("return Array.from(document.querySelectorAll('#traj-table th')).map(th => th.dataset.key)")
+    assert keys == ["index", "reward", "length", "group", "prompt", "response"], keys  # no versions: no column
+    save_shot(browser, "step", shots)
+
+    # a trajectory whose response has several tokens: no <pad> or <bos> sampled, the mismatch coloured
+    b = r[step]
+    index = int(b["response_mask"].sum(1).argmax())
+    resp = b["input_ids"][index][b["response_mask"][index].bool()].tolist()
+    tok = Tokenizer.from_file(str(demo.tok))
+    assert not {"<pad>", "<bos>", "="} & {tok.decode([t], skip_special_tokens=False) for t in resp}
+    open_page(browser, f"{demo.url}/traj/train/{step}/{index}", "traj", "document.querySelectorAll('#tokens span.tok').length")
+    modes = browser.execute_script("return Array.from(document.querySelectorAll('#colour option')).map(o => o.value)")
+    assert modes == ["logprob", "diff"]  # no versions field: no colour by version
+    Select(browser.find_element("id", "colour")).select_by_value("diff")
+    wait_js(browser, "document.getElementById('legend').dataset.mode === 'diff'")
+    top = float(legend(browser)["max"])
+    mask = b["response_mask"][index].bool()
+    want = (b["old_logprobs"][index].float() - b["logprobs"][index].float()).abs()[mask].max().item()
+    assert top == pytest.approx(want, rel=1e-6) and 0 < top < 0.1  # the bf16 vs fp32 gap, on its own scale
+    save_shot(browser, "trajectory", shots)
+
+    open_page(browser, demo.url + "/diff", "diff", "document.getElementById('diff-summary')")
+    rep = trajstore.diff(demo.dump, demo.b)
+    bad = [k for k, v in rep.fields().items() if v["status"] not in ("identical", "close") and k != "*"]
+    got = browser.execute_script("return document.getElementById('diff-summary').dataset.differFields")
+    assert (got.split(",") if got else []) == bad
+    save_shot(browser, "diff", shots)

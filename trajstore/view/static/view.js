@@ -43,7 +43,7 @@
   function why(d, m) {  // why a curve has no point, in words
     var f = d.fields;
     if (m.indexOf("reward") === 0 && !f.reward) return "no data: this split has no reward field";
-    if (m === "version_lag" && !f.versions) return "no data: this split has no versions field (versions / version)";
+    if (m === "version_lag" && !f.versions) return "no data: this split has no versions field";
     return "no data at these steps";
   }
 
@@ -198,10 +198,10 @@
       frag.appendChild(tr);
     });
     tbody.appendChild(frag);
-    sec.appendChild(table);
     if (d.empty && d.empty.length) {
-      sec.appendChild(el("p", {"class": "fields", id: "empty-columns" + suffix}, "hidden (no value in any trajectory): " + d.empty.join(", ")));
+      sec.appendChild(el("p", {"class": "fields", id: "empty-columns" + suffix}, "columns hidden (no value in any trajectory): " + d.empty.join(", ")));
     }
+    sec.appendChild(table);
     app.appendChild(sec);
     var state = {key: null, dir: 1};
     head.addEventListener("click", function (ev) {
