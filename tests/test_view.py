@@ -291,7 +291,8 @@ def test_diff_page_names_the_planted_divergence(tmp_path, tok):
         srv.close()
     f = d["first"]
     assert (f["step"], f["field"], f["trajectory"], f["token"]) == (1, "logprobs", 2, 3)
-    assert f["a"] - f["b"] == pytest.approx(-0.5, abs=1e-6)
+    assert float(f["a"]) - float(f["b"]) == pytest.approx(-0.5, abs=1e-6)  # float32 values as float32 text
+    assert f["a"] == str(np.float32(f["a"])) and f["b"] == str(np.float32(f["b"]))
     ids_a = [t["id"] for t in d["tokens_a"]]
     rows = step_rows(trajstore.Reader(tmp_path / "a"), 1)
     assert ids_a == [int(v) for v in rows[2]["input_ids"]] == [t["id"] for t in d["tokens_b"]]
