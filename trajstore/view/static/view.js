@@ -62,7 +62,7 @@
   function curve(div, d, m, fresh) {
     var xy = gapped(d, d.series[m]), mode = d.steps.length > 300 ? "lines" : "lines+markers";
     var trace = [{x: xy.x, y: xy.y, type: "scatter", mode: mode, name: TITLES[m] || m, line: {color: "#1f77b4"},
-      hovertemplate: "step %{x}<br>%{y}<extra></extra>"}];
+      hovertemplate: "step %{x}<br>%{y:.7~g}<extra></extra>"}];
     var title = TITLES[m] || m;
     if (m === "reward_mean" && d.series.reward_std) {  // the mean with a band of one standard deviation
       var sd = d.series.reward_std, bx = [], by = [], seg = [];
@@ -85,7 +85,7 @@
     var empty = !d.pending && d.series[m].every(function (v) { return v === null; });
     div.setAttribute("data-empty", empty ? "1" : "0");
     var layout = {title: {text: title}, height: 250, margin: {l: 70, r: 10, t: 36, b: 40}, showlegend: false,
-      xaxis: {title: {text: "step"}}, yaxis: {title: {text: YTITLES[m] || m}}};
+      xaxis: {title: {text: "step"}}, yaxis: {title: {text: YTITLES[m] || m}, automargin: true}};
     if (empty) {
       layout.xaxis.visible = false; layout.yaxis.visible = false;
       layout.annotations = [{text: why(d, m), showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5,
