@@ -48,11 +48,12 @@
   }
 
   function gapped(d, ys) {  // x and y with a null at each skipped or incomplete step: the line breaks there
-    var miss = {}, x = [], y = [];
-    d.missing.forEach(function (m) { miss[m.step] = true; });
+    var miss = d.missing.map(function (m) { return m.step; }).sort(function (a, b) { return a - b; });
+    var x = [], y = [], k = 0;
     d.steps.forEach(function (s, i) {
-      if (i && Object.keys(miss).some(function (k) { return Number(k) > d.steps[i - 1] && Number(k) < s; })) {
-        x.push(d.steps[i - 1] + 1); y.push(null);
+      while (k < miss.length && miss[k] < s) {
+        if (i && miss[k] > d.steps[i - 1] && (!x.length || y[y.length - 1] !== null)) { x.push(d.steps[i - 1] + 1); y.push(null); }
+        k++;
       }
       x.push(s); y.push(ys[i]);
     });
