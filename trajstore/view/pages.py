@@ -210,13 +210,13 @@ class View:
         rb = Reader(self.other, self.split)
         ra = self.reader(None)
         rep = diff(ra, rb, split=self.split)
-        first = rep.first_divergence
+        first, fields = rep.first_divergence, rep.fields()
         out = {"a": str(ra.path), "b": str(rb.path), "split": self.split, "first": first and _first(ra, rb, first),
-               "summary": _summary(rep, ra.steps, rb.steps),
+               "summary": _summary(rep.entries, fields, ra.steps, rb.steps),
                "fields": [{"field": k, **_plain(v), "first": v["first"] and _first(ra, rb, {"field": k, **v["first"]}),
                            "differ_steps": format_ranges(runs(
                                [e.step for e in rep.entries if e.field == k and e.status not in OK]))}
-                          for k, v in rep.fields().items() if k != "*"]}
+                          for k, v in fields.items() if k != "*"]}
         if first and first.get("trajectory") is not None and first["step"] in ra.steps and first["step"] in rb.steps:
             out["tokens_a"] = self.traj(None, first["step"], first["trajectory"], ra)["tokens"]
             out["tokens_b"] = self.traj(None, first["step"], first["trajectory"], rb)["tokens"]
@@ -242,19 +242,18 @@ def _plain(d: dict) -> dict:
     return {k: _plain(v) if isinstance(v, dict) else v if isinstance(v, list) else _f(v) for k, v in d.items()}
 
 
-def _summary(rep: Any, steps_a: list[int], steps_b: list[int]) -> dict:
+def _summary(entries: list, fields: dict, steps_a: list[int], steps_b: list[int]) -> dict:
     """Steps identical, within tolerance, differing and in one dump only (as ranges ``0-3, 7``), and
     the fields identical at every step compared and those that differ somewhere."""
     rank = lambda st: 0 if st == "identical" else 1 if st in OK else 2  # noqa: E731
     worst: dict[int, str] = {}
-    for e in rep.entries:
+    for e in entries:
         if e.field != "*":
             worst[e.step] = max(worst.get(e.step, "identical"), e.status, key=rank)
     ranges = lambda xs: format_ranges(runs(sorted(xs)))  # noqa: E731
     both = sorted(set(steps_a) & set(steps_b))
     by = {k: [s for s in both if rank(worst.get(s, "identical")) == i]
           for i, k in enumerate(("identical", "close", "differ"))}
-    fields = rep.fields()
     return {"compared": len(both), **{f"{k}_steps": ranges(v) for k, v in by.items()},
             **{f"n_{k}": len(v) for k, v in by.items()},
             "only_a": ranges(set(steps_a) - set(steps_b)), "only_b": ranges(set(steps_b) - set(steps_a)),
