@@ -186,6 +186,11 @@ def table(driver, key: str) -> list[tuple[str, str]]:
         ".map(tr => [tr.dataset.index, tr.querySelector(`td[data-key='${arguments[0]}']`).dataset.value]);", key)]
 
 
+def headers(driver) -> list[str]:
+    """The keys of the step table's columns, in page order."""
+    return driver.execute_script("return Array.from(document.querySelectorAll('#traj-table th')).map(th => th.dataset.key)")
+
+
 def test_step_page_sorts_filters_and_opens_a_trajectory(env, browser, shots):
     import trajstore
 
@@ -193,7 +198,7 @@ def test_step_page_sorts_filters_and_opens_a_trajectory(env, browser, shots):
     rs = rows(trajstore.Reader(env.dump)[step])
     open_page(browser, f"{env.url}/step/train/{step}", "step",
               f"document.querySelectorAll('#traj-table tbody tr').length === {B}")
-    keys = browser.execute_script("return Array.from(document.querySelectorAll('#traj-table th')).map(th => th.dataset.key)")
+    keys = headers(browser)
     assert keys[:4] == ["index", "reward", "length", "version"] and "kl" in keys, keys
     got = {i: float(v) for i, v in table(browser, "reward")}
     assert got == {str(i): pytest.approx(r["reward"], rel=1e-7) for i, r in enumerate(rs)}
@@ -239,7 +244,7 @@ def test_step_page_sorts_filters_and_opens_a_trajectory(env, browser, shots):
 
     # split "packed" has no versions field: no version column, and the page says it hid it
     open_page(browser, f"{env.url}/step/packed/0", "step", "document.querySelectorAll('#traj-table tbody tr').length")
-    keys = browser.execute_script("return Array.from(document.querySelectorAll('#traj-table th')).map(th => th.dataset.key)")
+    keys = headers(browser)
     assert keys == ["index", "reward", "length"], keys
     assert "version" in browser.find_element("id", "empty-columns").text
 
@@ -329,7 +334,8 @@ def test_trajectory_page_colours_and_tooltips_follow_the_data(env, browser, shot
             assert float(g["ticks"][1].split()[0]) == pytest.approx(top, rel=1e-2)
             assert "rgb(255, 0, 0)" in want and top < 0.2  # the real bf16 mismatch is small and still visible
         if mode == "version":
-            assert [int(x.split()[0]) for x in g["swatches"][:-1]] == sorted(set(r["versions"][resp].tolist()), reverse=True)
+            shown = [int(x.split()[0]) for x in g["swatches"][:-1]]  # newest first, then the mask's grey
+            assert shown == sorted(set(r["versions"][resp].tolist()), reverse=True)
     save_shot(browser, "test-trajectory", shots[:1])
 
 
@@ -383,7 +389,8 @@ def test_diff_page_highlights_the_planted_divergence(env, browser, shots):
     assert bad == [plant["field"], "rewards"]
     summary = browser.execute_script("const s = document.getElementById('diff-summary');"
                                      "return [s.dataset.differFields, s.dataset.differSteps,"
-                                     " Array.from(s.querySelectorAll('li')).map(li => [li.dataset.what, li.textContent])]")
+                                     " Array.from(s.querySelectorAll('li'))"
+                                     ".map(li => [li.dataset.what, li.textContent])]")
     assert summary[0].split(",") == bad and summary[1] == f"{plant['step']}-{PLANT_REWARDS}"
     said = dict(summary[2])
     assert said["steps"].startswith("4 steps in both dumps: 2 identical (0-1)") and "2 differ (2-3)" in said["steps"]
@@ -533,8 +540,9 @@ def test_the_demo_dumps_pages(demo, browser, shots):
     save_shot(browser, "run", shots)
 
     step = min(12, r.steps[-1])
-    open_page(browser, f"{demo.url}/step/train/{step}", "step", "document.querySelectorAll('#traj-table tbody tr').length")
-    keys = browser.execute_script("return Array.from(document.querySelectorAll('#traj-table th')).map(th => th.dataset.key)")
+    open_page(browser, f"{demo.url}/step/train/{step}", "step",
+              "document.querySelectorAll('#traj-table tbody tr').length")
+    keys = headers(browser)
     assert keys == ["index", "reward", "length", "group", "prompt", "response"], keys  # no versions: no column
     save_shot(browser, "step", shots)
 
@@ -544,7 +552,8 @@ def test_the_demo_dumps_pages(demo, browser, shots):
     resp = b["input_ids"][index][b["response_mask"][index].bool()].tolist()
     tok = Tokenizer.from_file(str(demo.tok))
     assert not {"<pad>", "<bos>", "="} & {tok.decode([t], skip_special_tokens=False) for t in resp}
-    open_page(browser, f"{demo.url}/traj/train/{step}/{index}", "traj", "document.querySelectorAll('#tokens span.tok').length")
+    open_page(browser, f"{demo.url}/traj/train/{step}/{index}", "traj",
+              "document.querySelectorAll('#tokens span.tok').length")
     modes = browser.execute_script("return Array.from(document.querySelectorAll('#colour option')).map(o => o.value)")
     assert modes == ["logprob", "diff"]  # no versions field: no colour by version
     Select(browser.find_element("id", "colour")).select_by_value("diff")

@@ -99,7 +99,8 @@ def test_diff_summary_names_every_field_that_differs(tmp_path, tok):
     write(tmp_path / "b", {2: b}, overwrite=True)  # step 2 of b: step 0's values, other rewards
     d = View(tmp_path / "a", tokenizer=tok, other=tmp_path / "b").diff()
     s = d["summary"]
-    assert (s["compared"], s["identical_steps"], s["differ_steps"], s["only_a"], s["only_b"]) == (3, "0", "1-2", "3", "none")
+    got = (s["compared"], s["identical_steps"], s["differ_steps"], s["only_a"], s["only_b"])
+    assert got == (3, "0", "1-2", "3", "none")
     assert sorted(s["differ_fields"]) == ["logprobs", "old_logprobs", "rewards", "uid", "versions"], s
     assert sorted(s["identical_fields"]) == ["attention_mask", "input_ids", "loss_mask"]
     by = {f["field"]: f for f in d["fields"]}
