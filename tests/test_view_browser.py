@@ -560,8 +560,10 @@ def test_the_demo_dumps_pages(demo, browser, shots):
     wait_js(browser, "document.getElementById('legend').dataset.mode === 'diff'")
     top = float(legend(browser)["max"])
     mask = b["response_mask"][index].bool()
-    want = (b["old_logprobs"][index].float() - b["logprobs"][index].float()).abs()[mask].max().item()
-    assert top == pytest.approx(want, rel=1e-6) and 0 < top < 0.1  # the bf16 vs fp32 gap, on its own scale
+    shown = [[float(str(np.float32(x))) for x in b[k][index][mask].float().tolist()]
+             for k in ("old_logprobs", "logprobs")]
+    want = max(abs(x - y) for x, y in zip(*shown))  # of the values as the page shows them (float32 text)
+    assert top == pytest.approx(want, rel=1e-12) and 0 < top < 0.1  # the bf16 vs fp32 gap, on its own scale
     save_shot(browser, "trajectory", shots)
 
     open_page(browser, demo.url + "/diff", "diff", "document.getElementById('diff-summary')")
