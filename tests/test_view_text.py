@@ -56,6 +56,21 @@ def test_multi_byte_characters_come_out_whole_and_their_pieces_as_bytes(tok):
     assert "\ufffd" in "".join(t.decode([i]) for i in ids)
 
 
+def test_byte_fallback_pieces_show_their_bytes():
+    """SentencePiece-style byte fallback: a character outside the vocabulary is ``<0xNN>`` pieces."""
+    from tokenizers import Tokenizer, decoders, models
+
+    vocab = {"<unk>": 0, **{c: i + 1 for i, c in enumerate("abc ")}}
+    vocab.update({f"<0x{b:02X}>": len(vocab) + b for b in range(256)})
+    t = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
+    t.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
+    ids = t.encode("aïb 日").ids
+    out = token_texts(t, ids)
+    assert shown(out) == "aïb 日"
+    assert [(o.get("whole"), o.get("part")) for o in out] == [
+        (None, None), ("ï", "c3"), (None, "af"), (None, None), (None, None), ("日", "e6"), (None, "97"), (None, "a5")]
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40))
 def test_any_text_reads_back_whole(tok, text):
