@@ -3,8 +3,9 @@
 A tiny causal transformer learns to reverse strings ("abc=" -> "cba<eos>").  Each step:
 
 * rollout: sample G responses of variable length for each of P prompts (temperature 1,
-  stop at <eos>; the policy never emits <pad>, <bos> or "="), keep each sampled token's log-probability, score them with a rule
-  reward (characters in the right place, a bonus for the exact answer);
+  stop at <eos>; the policy never emits <pad>, <bos> or "="), keep each sampled token's
+  log-probability, score them with a rule reward (characters in the right place, a bonus
+  for the exact answer);
 * train: group-relative advantages, then PPO-clip updates against the recorded
   log-probabilities; print the step's loss and grad-norm.
 

@@ -50,7 +50,7 @@ class Cols:
     counts: np.ndarray  # tokens of each trajectory
     tok: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # name -> (offsets, values)
     scal: dict[str, list] = field(default_factory=dict)  # name -> one value per trajectory (None: absent)
-    f32: set[str] = field(default_factory=set)  # scalar fields stored as float32 (or narrower): shown so
+    f32: set[str] = field(default_factory=set)  # scalar fields stored as float32 or narrower (shown as float32)
 
     def row(self, name: str, i: int) -> np.ndarray | None:
         got = self.tok.get(name)
