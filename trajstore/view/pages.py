@@ -218,8 +218,9 @@ class View:
                                [e.step for e in rep.entries if e.field == k and e.status not in OK]))}
                           for k, v in fields.items() if k != "*"]}
         if first and first.get("trajectory") is not None and first["step"] in ra.steps and first["step"] in rb.steps:
-            out["tokens_a"] = self.traj(None, first["step"], first["trajectory"], ra)["tokens"]
-            out["tokens_b"] = self.traj(None, first["step"], first["trajectory"], rb)["tokens"]
+            for side, r in (("a", ra), ("b", rb)):
+                t = self.traj(None, first["step"], first["trajectory"], r)
+                out[f"tokens_{side}"], out[f"token_fields_{side}"] = t["tokens"], t["fields"]
         return out
 
 

@@ -488,8 +488,11 @@
         if (!toks) return;
         app.appendChild(el("h2", null, "trajectory " + f.trajectory + " of step " + f.step + " in dump " + side.toUpperCase() + " (" + d[side] + ")"));
         var v = tokenView({tokens: toks}, "-" + side, f.token === undefined ? null : f.token);
+        var fs = d["token_fields_" + side] || {}, mode = fs.logprob ? "logprob" : "none";
+        var key = el("div", {id: "legend-" + side, "class": "legend"});
+        app.appendChild(key);
         app.appendChild(v.box);
-        v.paint("logprob");
+        legend(key, mode, v.paint(mode), fs, toks);
       });
       ready();
     }).catch(fail);
