@@ -37,6 +37,8 @@ SHARD_SKIPPED_RE = re.compile(r"^step_([0-9]{8,})\.rank([0-9]{5,})-of-([0-9]{5,}
 SUM_RE = re.compile(r"^(step_[0-9]{8,}(?:\.rank[0-9]{5,}-of-[0-9]{5,})?)\.sha256\Z")  # a step file's checksum
 TMP_SUM_RE = re.compile(r"^\.(step_[0-9]{8,}(?:\.rank[0-9]{5,}-of-[0-9]{5,})?)\.sha256\.tmp-")  # its temporary
 TMP_PREFIX = ".step_"
+MAX_WORLD_SIZE = 99999  # the most ranks a step is written by: a shard name of more is ambiguous, never listed
+TOO_LARGE = "a step number of 2**63 or more (no writer makes one)"  # Listing.odd's reason for such a name
 _SPLIT_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
 
 
@@ -81,7 +83,7 @@ def check_shard(rank: Any, world_size: Any, who: str) -> tuple[int, int] | None:
     if rank is None and world_size is None:
         return None
     ok = all(type(v) is int or hasattr(v, '__index__') and not isinstance(v, bool | float) for v in (rank, world_size))
-    if not ok or not 0 <= rank < world_size or world_size > 99999:
+    if not ok or not 0 <= rank < world_size or world_size > MAX_WORLD_SIZE:
         raise ConfigError(f"{who}: rank={rank!r}, world_size={world_size!r}: give both, ints with 0 <= rank < "
                           "world_size <= 99999 (this rank's shards, or its slice of each step), or neither (whole steps)")
     return rank.__index__(), world_size.__index__()
@@ -130,6 +132,12 @@ def scan(split_dir: Path) -> Listing:
             names, odd = listdir(split_dir), {}
         except FileNotFoundError:
             names, odd = [], {}
+    odd = dict(odd)
+    for n in names:  # a step number no writer makes (check_step): not a step, `verify` reports the name
+        if len(n) > 25 and (m := STEP_RE.match(n) or SHARD_RE.match(n)) and int(m.group(1)) >= 2**63:
+            odd[n] = TOO_LARGE
+    if odd:
+        names = [n for n in names if n not in odd]
     steps = [int(m.group(1)) for n in names if (m := STEP_RE.match(n))]
     parts: dict[int, dict[int, set[int]]] = {}
     if len(steps) < len(names):  # other names: shard files, maybe
@@ -142,7 +150,8 @@ def scan(split_dir: Path) -> Listing:
     whole = set(steps)
     shards, incomplete, ambiguous = {}, {}, {}
     for s, by in parts.items():
-        bad = any(N < 1 or max(ranks) >= N for N, ranks in by.items())  # a name no writer makes
+        # a name no writer makes; a world size over MAX_WORLD_SIZE is never expanded (no range(10**12))
+        bad = any(not 1 <= N <= MAX_WORLD_SIZE or max(ranks) >= N for N, ranks in by.items())
         if s in whole or len(by) > 1 or bad:
             ambiguous[s] = sorted(([step_name(s)] if s in whole else [])
                                   + [shard_name(s, r, N) for N, ranks in by.items() for r in ranks])
