@@ -28,7 +28,6 @@ from trajstore.testing import assert_batch_equal
 from _dumps import small_batch, write
 
 STEPS = (0, 1, 2)
-B = 3  # small_batch's trajectories
 
 
 def _side(d: Path) -> Path:
@@ -87,7 +86,12 @@ def base(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("matrix") / "base"
     write(d, {s: small_batch(seed=s) for s in STEPS})
     commit.record_skipped(d / "train", 3, "disk full")
+    write(d.parent / "other", {s: small_batch(seed=100 + s) for s in STEPS})
     return d
+
+
+def _rows(batch: dict) -> tuple[int, float]:
+    return len(batch["rewards"]), round(sum(float(x) for x in batch["rewards"]), 4)
 
 
 def _cli(argv: list[str]) -> tuple[int, str, str]:
@@ -129,13 +133,13 @@ def _readable(d: Path, verify: bool) -> dict[int, object]:
     return out
 
 
-def _sql_rows(d: Path) -> dict[int, int]:
-    rc, out, err = _cli(["sql", str(d), "SELECT step, count(*) AS n FROM train GROUP BY step ORDER BY step",
-                         "--format", "csv"])
+def _sql_rows(d: Path) -> dict[int, tuple[int, float]]:
+    rc, out, err = _cli(["sql", str(d), "SELECT step, count(*) AS n, round(sum(rewards), 4) AS r FROM train "
+                         "GROUP BY step ORDER BY step", "--format", "csv"])
     assert "--debug" not in err, err
     if rc != 0:
         raise TrajstoreError(err)
-    return {int(r["step"]): int(r["n"]) for r in csv.DictReader(io.StringIO(out))}
+    return {int(r["step"]): (int(r["n"]), float(r["r"])) for r in csv.DictReader(io.StringIO(out))}
 
 
 def _command(argv: list[str]) -> int:
@@ -186,7 +190,7 @@ def _http(d: Path) -> None:
 def test_hostile_dump_every_entry_point(base, tmp_path, case):
     d = tmp_path / "run[1]"  # glob characters in every path, with a sibling they would match
     shutil.copytree(base, d, symlinks=True)
-    shutil.copytree(base, tmp_path / "run1", symlinks=True)
+    shutil.copytree(base.parent / "other", tmp_path / "run1", symlinks=True)
     HOSTILE[case](d)
     m = Matrix()
     plain = m.cell("reader", lambda: _readable(d, False))
@@ -195,7 +199,7 @@ def test_hostile_dump_every_entry_point(base, tmp_path, case):
                               for s, v in trajstore.Reader(d).column("rewards").items()])
     sql = m.cell("sql", lambda: _sql_rows(d))
     if plain is not None and sql is not None:  # the SQL views hold exactly the steps the Reader reads
-        m.cell("sql=reader", lambda: _same(sql, {s: B for s in plain}))
+        m.cell("sql=reader", lambda: _same(sql, {s: _rows(b) for s, b in plain.items()}))
     for cmd in (["info"], ["show", "--step", "0"], ["export", "-o", str(tmp_path / "t.jsonl")],
                 ["diff", str(base)], ["view", "--export", str(tmp_path / "v.html"), "--steps", "0-2"]):
         m.cell(cmd[0], lambda cmd=cmd: _command([cmd[0], str(d), *cmd[1:]]))
