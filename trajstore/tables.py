@@ -14,7 +14,9 @@ a split whose name needs quotes has a second view that does not (``train-rank0``
 rank splits of one split (``train-rank0``, ``train-rank1``...) a logical view (``train``) with a ``rank`` column. A
 split written by N ranks as shard files (docs/FORMAT.md section 1) is one view whose shard rows carry their
 ``rank`` column (NULL for whole-step files): the view lists the files of complete steps only, so the shards
-of a step whose other shards are not committed are not in it (a glob of ``*.parquet`` sees them). Columns are the stored Arrow
+of a step whose other shards are not committed are not in it (a glob of ``*.parquet`` sees them). A view holds
+exactly the steps a Reader reads (``_opened``: a step whose footer the Reader refuses is left out, with a warning),
+each file handed to DuckDB by its literal name (``_literal``: no glob, no hive partitions). Columns are the stored Arrow
 columns (docs/FORMAT.md): per-token fields are lists, nested fields have dotted names (quote
 them: ``"a.b"``), JSON-valued fields are JSON strings, and bfloat16 / float16 values appear as
 float32 numbers (as their raw uint16 bits / halffloat in step files of format versions 1 and 2:
