@@ -132,12 +132,10 @@ def scan(split_dir: Path) -> Listing:
             names, odd = listdir(split_dir), {}
         except FileNotFoundError:
             names, odd = [], {}
-    odd = dict(odd)
-    for n in names:  # a step number no writer makes (check_step): not a step, `verify` reports the name
-        if len(n) > 25 and (m := STEP_RE.match(n) or SHARD_RE.match(n)) and int(m.group(1)) >= 2**63:
-            odd[n] = TOO_LARGE
-    if odd:
-        names = [n for n in names if n not in odd]
+    big = {n: TOO_LARGE for n in names if len(n) > 25 and (m := STEP_RE.match(n) or SHARD_RE.match(n))
+           and int(m.group(1)) >= 2**63}
+    if big:  # a step number no writer makes (check_step): not a step, `verify` reports the name
+        names, odd = [n for n in names if n not in big], {**odd, **big}
     steps = [int(m.group(1)) for n in names if (m := STEP_RE.match(n))]
     parts: dict[int, dict[int, set[int]]] = {}
     if len(steps) < len(names):  # other names: shard files, maybe
