@@ -8,7 +8,8 @@ items 1-3; docs/RELIABILITY.md, threat model).
 2. A planted copy of a step under another number, or a step number of 2**63 or more, is not in the SQL
    views (the Reader refuses both), and not counted twice.
 3. An empty file named ``...rank00000-of-1000000000000.parquet`` is refused by a bound, in a child process
-   under ``RLIMIT_AS`` (it made every tool build ``set(range(10**12))``)."""
+   under ``RLIMIT_AS`` (it made every tool build ``set(range(10**12))``), and 2000 empty shard names of
+   99999 ranks list 16 missing ranks each (they made 2000 lists of 99998)."""
 
 from __future__ import annotations
 
@@ -150,6 +151,11 @@ _CHILD = textwrap.dedent("""
             out[name] = ["raw " + type(e).__name__, str(e)[:300]]
 
     cell("steps", lambda: trajstore.Reader(dump).steps)
+    def incomplete():
+        from trajstore.store.paths import ranks_text
+        inc = trajstore.Reader(dump)._listing.incomplete
+        return [len(inc), ranks_text(inc[100][1])]
+    cell("incomplete", incomplete)
     cell("read", lambda: trajstore.Reader(dump)[0]["rewards"].tolist())
     cell("read5", lambda: trajstore.Reader(dump)[5])
     for cmd in ("info", "verify", "show", "sql"):
@@ -172,6 +178,8 @@ def test_absurd_rank_count_is_refused_by_a_bound(tmp_path):
     d = tmp_path / "d"
     write(d, {0: {"rewards": torch.zeros(3)}})
     (d / "train" / "step_00000005.rank00000-of-1000000000000.parquet").touch()
+    for s in range(100, 2100):  # 2000 incomplete steps of 99999 ranks: no list of their 99998 missing ranks each
+        (d / "train" / f"step_{s:08d}.rank00000-of-99999.parquet").touch()
     p = subprocess.run([sys.executable, "-c", _CHILD.format(cap=CAP), str(d)], capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -181,4 +189,5 @@ def test_absurd_rank_count_is_refused_by_a_bound(tmp_path):
     assert got["read5"][0] == "FormatError" and "ambiguous" in got["read5"][1]
     assert got["info"] == ["ok", 0] and got["show"] == ["ok", 0] and got["sql"] == ["ok", 0]
     assert got["verify"] == ["ok", 1]  # step 5 reported, not expanded
+    assert got["incomplete"] == ["ok", [2000, "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, ... (99998 in all)"]]
     assert got["writer"] == ["ok", [0, 5, 7]] and got["replay"] == ["ok", [0.0, 0.0, 0.0]]

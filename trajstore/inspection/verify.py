@@ -67,7 +67,7 @@ def verify(path: str | Path, split: str | None = None, *, deep: bool = False) ->
         steps = listing.steps
         rep.checked[s] = len(steps)
         rep.skipped.update({(s, k): why for k, why in paths.list_skipped(d).items()})
-        rep.incomplete.update({(s, k): f"written by {n} ranks; the shard(s) of rank(s) {', '.join(map(str, miss))} "
+        rep.incomplete.update({(s, k): f"written by {n} ranks; the shard(s) of rank(s) {paths.ranks_text(miss)} "
                                "are not committed (a rank still writing, or stopped): the step is not readable"
                                for k, (n, miss) in listing.incomplete.items()})
         rep.damaged.update({(s, paths.step_of(Path(n))): f"{d / n}: {what}"

@@ -9,6 +9,7 @@ keeps its layout when appended to, and readers look in both places."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -104,11 +105,21 @@ def shard_name(step: int, rank: int, world_size: int) -> str:
     return f"step_{step:08d}{shard_tag(rank, world_size)}parquet"
 
 
+class Missing(list):
+    """An incomplete step's missing ranks: the first ``MAX_LISTED``, ``total`` in all (``scan`` never builds
+    a list of 99999 ints per step of a folder of shard names); ``ranks_text`` writes them for a message."""
+
+    total = 0
+
+
+MAX_LISTED = 16
+
+
 class Listing(NamedTuple):
     """What a split folder holds (``scan``). ``steps``: the logical steps a reader lists, sorted:
     whole step files, complete shard sets (all N shards of one N committed) and ambiguous steps
     (reading one raises a FormatError naming its files). ``shards``: step -> N of its complete
-    shard set. ``incomplete``: step -> (N, missing ranks) of shard sets not complete (a rank still
+    shard set. ``incomplete``: step -> (N, missing ranks: ``Missing``) of shard sets not complete (a rank still
     writing, or dead); they are not in ``steps``. ``ambiguous``: step -> its files, for a step
     with a whole file and shards, or shards of two world sizes. ``parts``: step -> N -> the ranks
     whose shard is there (complete and incomplete sets alike). ``odd``: name -> what it is, of the
@@ -117,7 +128,7 @@ class Listing(NamedTuple):
 
     steps: list[int]
     shards: dict[int, int]
-    incomplete: dict[int, tuple[int, list[int]]]
+    incomplete: dict[int, tuple[int, Missing]]
     ambiguous: dict[int, list[str]]
     parts: dict[int, dict[int, set[int]]]
     odd: dict[str, str] = {}
@@ -158,8 +169,19 @@ def scan(split_dir: Path) -> Listing:
         if len(ranks) == N:
             shards[s] = N
         else:
-            incomplete[s] = (N, sorted(set(range(N)) - ranks))
+            incomplete[s] = (N, _missing(N, ranks))
     return Listing(sorted(whole | shards.keys() | ambiguous.keys()), shards, incomplete, ambiguous, parts, odd)
+
+
+def _missing(n: int, ranks: set[int]) -> Missing:  # at most len(ranks) + MAX_LISTED turns
+    out = Missing(itertools.islice((r for r in range(n) if r not in ranks), MAX_LISTED))
+    out.total = n - len(ranks)
+    return out
+
+
+def ranks_text(missing: list[int]) -> str:
+    total = getattr(missing, "total", len(missing))
+    return ", ".join(map(str, missing)) + (f", ... ({total} in all)" if total > len(missing) else "")
 
 
 def step_files(split_dir: Path, listing: Listing, step: int) -> list[Path]:
