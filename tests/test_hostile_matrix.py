@@ -27,6 +27,8 @@ from trajstore.testing import assert_batch_equal
 
 from _dumps import small_batch, write
 
+pytestmark = pytest.mark.filterwarnings("ignore::trajstore.errors.TrajstoreWarning")  # SQL's "left out" warnings
+
 STEPS = (0, 1, 2)
 
 

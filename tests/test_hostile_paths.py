@@ -191,3 +191,16 @@ def test_absurd_rank_count_is_refused_by_a_bound(tmp_path):
     assert got["verify"] == ["ok", 1]  # step 5 reported, not expanded
     assert got["incomplete"] == ["ok", [2000, "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, ... (99998 in all)"]]
     assert got["writer"] == ["ok", [0, 5, 7]] and got["replay"] == ["ok", [0.0, 0.0, 0.0]]
+
+
+def test_sql_views_do_not_apply_the_decode_budget(tmp_path, monkeypatch):
+    """DuckDB reads the columns itself, within its own memory_limit: a step over the Reader's decode budget
+    is in the views (only a footer the Reader refuses leaves a step out)."""
+    from trajstore.format import limits
+
+    write(tmp_path / "d", {s: {"tokens": torch.zeros(4, 50_000, dtype=torch.int64), "rewards": torch.ones(4)}
+                           for s in range(2)})  # 1.6 MB decoded per step
+    monkeypatch.setattr(limits, "MAX_DECODED_BYTES", 1 << 20)
+    with pytest.raises(trajstore.FormatError, match="over the limit"):
+        trajstore.Reader(tmp_path / "d")[0]
+    assert _sum(tmp_path / "d") == (8.0, 8)

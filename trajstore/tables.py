@@ -154,14 +154,15 @@ def _files(d: Any) -> list[tuple[Any, dict]]:
 
 def _opened(d: Any, steps: list[tuple[int, list]]) -> list[tuple[Any, dict]]:
     """``(file, description)`` of each file of ``steps`` (step, its files) whose footer the Reader accepts
-    (``stepfile.open_step``: the step its name says, a known format version, the spec consistent with the
-    columns), so a view holds exactly the steps a Reader reads. A step with a refused file (a copy of
-    another step planted under a new name, a damaged footer) is left out of the view whole, with a
-    ``TrajstoreWarning`` naming the file and why (``trajstore verify`` reports it too)."""
+    (``stepfile.open_step``: a trajstore description of a known format version, of the step its name says,
+    that fits the file's columns), so a view holds exactly the steps a Reader reads. A step with a refused file (a
+    copy of another step planted under a new name, a damaged footer) is left out of the view whole, with a
+    ``TrajstoreWarning`` naming the file and why (``trajstore verify`` reports it too). The decode budget is
+    not applied: DuckDB reads the columns itself, within its own ``memory_limit``."""
     out = []
     for s, fs in steps:
         try:
-            out += [(f, stepfile.open_step(f, s).doc) for f in fs]
+            out += [(f, stepfile.open_step(f, s, budget=False).doc) for f in fs]
         except (TrajstoreError, OSError) as e:
             out = [(f, doc) for f, doc in out if f not in fs]
             warn(f"{e}; step {s} is left out of the SQL views, as a Reader refuses it", TrajstoreWarning)
