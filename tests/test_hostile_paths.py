@@ -69,6 +69,21 @@ def test_s3_hash_in_a_path_is_part_of_the_key(s3_dump, s3_server):
     assert {k.split("/run/")[0] for k in keys} == {"exp#lr1", "exp#lr2"}
 
 
+def test_s3_hash_without_s3fs_falls_back_to_pyarrow_literally(s3_server, monkeypatch):
+    """TRAJSTORE_FS=auto where s3fs is not installed: pyarrow's S3, the key still taken literally."""
+    from trajstore.store import fs
+
+    for k, v in s3_server.env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("TRAJSTORE_FS", raising=False)
+    monkeypatch.setattr(fs, "_has", lambda pkg: False)
+    b = s3_server.bucket()
+    p = fs.resolve(f"s3://{b}/exp#lr1/run [a]%20", "test")
+    assert p.store.library == "pyarrow" and p.key == f"{b}/exp#lr1/run [a]%20"
+    write(f"s3://{b}/exp#lr1/run", {0: _batch(1.0)})
+    assert [k for k in s3_server.keys(b) if k.endswith(".parquet")] == ["exp#lr1/run/train/step_00000000.parquet"]
+
+
 def test_s3_question_mark_is_refused_naming_it(s3_dump):
     with pytest.raises(ConfigError, match="'\\?'"):
         trajstore.Writer(s3_dump + "?versionId=1")
