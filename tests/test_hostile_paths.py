@@ -134,6 +134,17 @@ def test_sql_views_leave_out_what_the_reader_refuses(tmp_path, capsys):
     assert "2**63 or more" in rep.damaged[("train", 2**64)]
 
 
+def test_the_cli_shows_a_trajstore_warning_as_one_line():
+    import warnings
+
+    from trajstore._cli_support import warnings_as_lines
+
+    with warnings_as_lines("sql"):
+        assert warnings.formatwarning("f: no\nstep", TrajstoreWarning, "x.py", 1) == "trajstore sql: warning: f: no; step\n"
+        assert "UserWarning" in warnings.formatwarning("other", UserWarning, "x.py", 1)
+    assert "TrajstoreWarning" in warnings.formatwarning("f", TrajstoreWarning, "x.py", 1)  # restored
+
+
 def test_s3_sql_views_leave_out_a_planted_step(s3_dump, s3_server):
     write(s3_dump, {s: _batch(float(s + 1)) for s in range(2)})
     bucket, key = s3_dump[len("s3://"):].split("/", 1)

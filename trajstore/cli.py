@@ -460,7 +460,8 @@ def run(argv: list[str] | None = None) -> int:
         args = parser().parse_args(argv)
         command, debug = args.command, getattr(args, "debug", False)
         support.locate(args)
-        return args._fn(args)
+        with support.warnings_as_lines(command):
+            return args._fn(args)
     except KeyboardInterrupt:
         return support.interrupted(command)
     except BrokenPipeError:  # e.g. piped into head
