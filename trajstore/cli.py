@@ -77,6 +77,7 @@ def _fields(args: argparse.Namespace) -> dict:
          arg("--all-steps", action="store_true", help="list every step (default: the first and last 10)"), JSON)
 def cmd_info(args: argparse.Namespace) -> int:
     from .inspection.describe import describe, short
+    from .store.paths import ranks_text
 
     d = describe(args.path, args.split, progress=lambda s, name: out.progress(s, f"reading {name}"))
     if args.json:
@@ -97,7 +98,7 @@ def cmd_info(args: argparse.Namespace) -> int:
             print(f"written by {', '.join(map(str, ranks))} ranks (one shard file per rank and step)")
         for inc in sp.get("incomplete", []):  # shards not all committed: not readable (docs/RELIABILITY.md)
             print(f"INCOMPLETE step {inc['step']}: {inc['ranks']} ranks, rank(s) "
-                  f"{', '.join(map(str, inc['missing']))} not committed; the step is not readable")
+                  f"{ranks_text(inc['missing'])} not committed; the step is not readable")
         for amb in sp.get("ambiguous", []):  # a whole file and shards, or shards of two world sizes
             print(f"AMBIGUOUS step {amb['step']}: {', '.join(amb['files'])}; keep the files of one writing")
         per = sp["per_step"]
@@ -488,7 +489,8 @@ def run(argv: list[str] | None = None) -> int:
         args = parser().parse_args(argv)
         command, debug = args.command, getattr(args, "debug", False)
         support.locate(args)
-        return args._fn(args)
+        with support.warnings_as_lines(command):
+            return args._fn(args)
     except KeyboardInterrupt:
         return support.interrupted(command)
     except BrokenPipeError:  # e.g. piped into head

@@ -61,7 +61,7 @@ def incomplete(r: Any, step: int) -> str:
     if got is None:
         return ""
     n, missing = got
-    return (f"; it was written by {n} ranks and the shard(s) of rank(s) {', '.join(map(str, missing))} are not "
+    return (f"; it was written by {n} ranks and the shard(s) of rank(s) {paths.ranks_text(missing)} are not "
             "committed (still being written, or that rank stopped): a step is readable once all its shards "
             "are (`trajstore verify` lists incomplete steps)")
 
