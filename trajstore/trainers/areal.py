@@ -1,0 +1,152 @@
+"""AReaL 1.0.4: ``debug.dump_rollout_data`` / ``debug.replay_rollout_data`` / ``debug.path`` on the
+trainer's config, and the one wrap of its rollout engine behind them.
+
+AReaL's trainer asks its rollout engine (``RemoteSGLangEngine`` / ``RemotevLLMEngine``, or in
+single-controller mode its ``RolloutController``) for each step's batch: ``actor.prepare_batch``
+reaches the engine's ``prepare_batch`` (``DistRolloutCoordinator`` on the data-parallel heads,
+``TrainController`` on the single controller), ``rollout_batch`` likewise. ``RecordedRollout`` is that
+engine with those two calls recorded (dump) or answered from the dump (replay, where there is no
+engine at all). Its mixin ``Switch`` goes first in a subclass of AReaL's trainer::
+
+    from areal.trainer import PPOTrainer
+    from trajstore.trainers.areal import PPOConfig, Switch
+
+    class Trainer(Switch, PPOTrainer):
+        pass
+
+    config, _ = load_expr_config(args, PPOConfig)   # AReaL's PPOConfig plus ``debug``
+    Trainer(config, train_dataset=..., valid_dataset=...).train(workflow=...)
+
+and ``debug.dump_rollout_data=true debug.path=dumps/run1`` on the command line dumps,
+``debug.replay_rollout_data=true debug.path=dumps/run1`` replays: ``_init_rollout`` then builds no
+inference engine (no server is launched or connected to), and each step's ``prepare_batch`` returns the
+recorded list. The weight updates and version bumps the trainer sends to the engine are no-ops then.
+
+The step key is the trainer's ``global_step`` (``RecordedRollout.step``: the first step of ``train``,
+then one more per ``prepare_batch`` / ``rollout_batch`` call). Evaluation rollouts are never recorded.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigError
+from ..recorder import Recorder
+
+__all__ = ["DebugConfig", "RecordedRollout", "Switch", "recorder", "PPOConfig", "GRPOConfig"]
+
+
+@dataclass
+class DebugConfig:
+    """The trainer config's ``debug`` section: dump every step's rollout batch to ``path``, or replay
+    the batches recorded there (mutually exclusive; neither: off)."""
+
+    dump_rollout_data: bool = False
+    replay_rollout_data: bool = False
+    path: str | None = None
+
+
+def recorder(debug: DebugConfig | None) -> Recorder:
+    """The Recorder of a ``debug`` section (off when ``debug`` is None)."""
+    if debug is None:
+        return Recorder({})
+    return Recorder({"dump": debug.dump_rollout_data, "replay": debug.replay_rollout_data, "path": debug.path})
+
+
+def _done(value: Any = None) -> Future:
+    f: Future = Future()
+    f.set_result(value)
+    return f
+
+
+# what a trainer asks of its rollout engine besides batches; in replay (no engine) each is a no-op
+_NO_ENGINE = {
+    "initialize": None, "destroy": None, "pause": None, "resume": None, "pause_generation": None,
+    "continue_generation": None, "set_version": None, "onload": None, "offload": None,
+    "config_perf_tracer": None, "save_perf_tracer": None, "init_weights_update_group": _done,
+    "update_weights_from_distributed": _done, "update_weights_from_disk": _done, "update_weights": _done,
+}
+
+
+class RecordedRollout:
+    """AReaL's rollout engine (or controller) ``engine``, its ``prepare_batch`` and ``rollout_batch``
+    recorded by ``rec`` (dump), or answered from it (replay: ``engine`` is None). Everything else is
+    the engine's; without one, the calls of ``_NO_ENGINE`` do nothing (``get_version`` gives the
+    last ``set_version``) and any other raises, naming it."""
+
+    def __init__(self, engine: Any, rec: Recorder, step: int = 0):
+        if engine is None and not rec.replaying:
+            raise ConfigError("RecordedRollout: an engine is needed unless replaying (debug.replay_rollout_data)")
+        self.engine, self.rec, self.step, self._version = engine, rec, step, 0
+
+    def prepare_batch(self, *args: Any, **kwargs: Any) -> list:
+        return self._batch("prepare_batch", args, kwargs)
+
+    def rollout_batch(self, *args: Any, **kwargs: Any) -> list:
+        return self._batch("rollout_batch", args, kwargs)
+
+    def _batch(self, name: str, args: tuple, kwargs: dict) -> list:
+        step, self.step = self.step, self.step + 1
+        return self.rec.batch(step, lambda: getattr(self.engine, name)(*args, **kwargs))
+
+    def set_version(self, version: int) -> None:
+        self._version = version
+        if self.engine is not None:
+            self.engine.set_version(version)
+
+    def get_version(self) -> int:
+        return self._version if self.engine is None else self.engine.get_version()
+
+    def __getattr__(self, name: str) -> Any:
+        engine = self.__dict__.get("engine")
+        if engine is not None:
+            return getattr(engine, name)
+        if name in _NO_ENGINE:
+            result = _NO_ENGINE[name]
+            return lambda *a, **k: None if result is None else result()
+        raise AttributeError(f"RecordedRollout.{name}: replay (debug.replay_rollout_data) builds no inference "
+                             f"engine, so {name} cannot run; only prepare_batch / rollout_batch are replayed")
+
+
+class Switch:
+    """Mixin for AReaL's ``PPOTrainer`` (first in the bases): the ``debug`` section of its config turns
+    the dump or the replay of its rollout batches on (module doc)."""
+
+    def __init__(self, config: Any, *args: Any, **kwargs: Any):
+        self.trajstore = recorder(getattr(config, "debug", None))
+        super().__init__(config, *args, **kwargs)
+
+    def _init_rollout(self, rollout_config: Any, is_eval: bool = False, lora_path: str | None = None) -> Any:
+        rec = self.trajstore
+        if rec.replaying:
+            return RecordedRollout(None, rec)  # no inference engine is built
+        engine = super()._init_rollout(rollout_config, is_eval, lora_path)
+        return engine if is_eval or not rec.dumping else RecordedRollout(engine, rec)
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        info = getattr(self, "recover_info", None)
+        if isinstance(self.rollout, RecordedRollout):  # AReaL's own first step (rl_trainer.py, train())
+            self.rollout.step = info.last_step_info.next().global_step if info is not None else 0
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            self.trajstore.close()
+
+
+def _with_debug(base: type) -> type:
+    return dataclass(type(base.__name__, (base,), {"__annotations__": {"debug": DebugConfig},
+                                                   "debug": field(default_factory=DebugConfig),
+                                                   "__module__": __name__}))
+
+
+def __getattr__(name: str) -> type:
+    """``PPOConfig`` / ``GRPOConfig``: AReaL's, with the ``debug`` section (imported on first use)."""
+    if name in ("PPOConfig", "GRPOConfig"):
+        from areal.api import cli_args
+
+        cls = _with_debug(getattr(cli_args, name))
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
