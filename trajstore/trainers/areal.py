@@ -32,6 +32,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from areal.api import cli_args
+
 from ..errors import ConfigError
 from ..recorder import Recorder
 
@@ -136,17 +138,11 @@ class Switch:
 
 
 def _with_debug(base: type) -> type:
+    """AReaL's config class ``base`` with the ``debug`` section."""
     return dataclass(type(base.__name__, (base,), {"__annotations__": {"debug": DebugConfig},
                                                    "debug": field(default_factory=DebugConfig),
                                                    "__module__": __name__}))
 
 
-def __getattr__(name: str) -> type:
-    """``PPOConfig`` / ``GRPOConfig``: AReaL's, with the ``debug`` section (imported on first use)."""
-    if name in ("PPOConfig", "GRPOConfig"):
-        from areal.api import cli_args
-
-        cls = _with_debug(getattr(cli_args, name))
-        globals()[name] = cls
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+PPOConfig = _with_debug(cli_args.PPOConfig)
+GRPOConfig = _with_debug(cli_args.GRPOConfig)
