@@ -39,7 +39,7 @@ def reward(completions, **_):
     return [float(len(c.split())) for c in completions]
 
 
-def train(kind, tmp_path, mode, losses):
+def train(kind, tmp_path, mode, losses, batches):
     tok = tokenizer()
     prompts = [" ".join(WORDS[i:i + 3]) for i in range(0, 24, 3)]
     Config, Trainer = {"grpo": (trl.GRPOConfig, switch.GRPOTrainer), "rloo": (trl.RLOOConfig, switch.RLOOTrainer)}[kind]
@@ -47,7 +47,12 @@ def train(kind, tmp_path, mode, losses):
                   max_completion_length=4, max_steps=3, beta=0.0, learning_rate=1e-2, logging_steps=1, report_to="none",
                   use_cpu=True, save_strategy="no", seed=0, dataloader_num_workers=0, disable_tqdm=True)
 
-    class Probe(Trainer):  # the losses TRL's own compute_loss returns, as computed
+    class Probe(Trainer):  # the batches the switch gives TRL, and the losses TRL's own compute_loss returns
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            batches.append({k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in out.items()})
+            return out
+
         def compute_loss(self, *a, **k):
             loss = super().compute_loss(*a, **k)
             losses.append(loss.detach().clone())
@@ -62,10 +67,13 @@ def train(kind, tmp_path, mode, losses):
 
 @pytest.mark.parametrize("kind", ["grpo", "rloo"])
 def test_replay_trains_without_generating_and_losses_are_equal(tmp_path, monkeypatch, kind):
-    dumped, replayed = [], []
-    a = train(kind, tmp_path, "dump", dumped)
-    steps = trajstore.Reader(tmp_path / "dump").steps
-    assert steps == [0, 1, 2] and len(dumped) == 3
+    dumped, replayed, generated, loaded = [], [], [], []
+    a = train(kind, tmp_path, "dump", dumped, generated)
+    r = trajstore.Reader(tmp_path / "dump")
+    assert r.steps == [0, 1, 2] and len(dumped) == 3
+    for step, batch in zip(r.steps, generated, strict=True):  # what TRL's method returned, as it returned it
+        assert_batch_equal(r[step], batch)
+        assert set(r.meta(step)) == {switch.RNG_KEY}
 
     base = type(a).__mro__[2]  # TRL's own class
     assert base.__module__.startswith("trl.")
@@ -75,30 +83,11 @@ def test_replay_trains_without_generating_and_losses_are_equal(tmp_path, monkeyp
     monkeypatch.setattr(base, "_generate_and_score_completions", no_generation)
     monkeypatch.setattr(base, "_generate", no_generation)
     monkeypatch.setattr(Qwen2ForCausalLM, "generate", no_generation)
-    b = train(kind, tmp_path, "replay", replayed)
+    b = train(kind, tmp_path, "replay", replayed, loaded)
     assert len(replayed) == 3
+    for x, y in zip(generated, loaded, strict=True):
+        assert_batch_equal(y, x)
     for x, y in zip(dumped, replayed, strict=True):
         assert torch.equal(x, y), (dumped, replayed)
     for (n, p), (_, q) in zip(a.model.named_parameters(), b.model.named_parameters(), strict=True):
         assert torch.equal(p, q), n
-
-
-def test_recorded_batch_is_the_trainers_output(tmp_path):
-    """What replay returns is what TRL's method returned in the dump run (keys, dtypes, padding)."""
-    seen = []
-
-    class Keep(switch.GRPOTrainer):
-        def _generate_and_score_completions(self, inputs):
-            out = super()._generate_and_score_completions(inputs)
-            seen.append({k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in out.items()})
-            return out
-
-    switch_grpo, switch.GRPOTrainer = switch.GRPOTrainer, Keep
-    try:
-        train("grpo", tmp_path, "dump", [])
-    finally:
-        switch.GRPOTrainer = switch_grpo
-    r = trajstore.Reader(tmp_path / "dump")
-    for step, want in zip(r.steps, seen, strict=True):
-        assert_batch_equal(r[step], want)
-        assert set(r.meta(step)) == {switch.RNG_KEY}
