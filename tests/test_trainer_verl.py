@@ -21,6 +21,13 @@ from verl.utils.skip import SkipManager  # noqa: E402
 from trajstore.trainers import verl as switch  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _skip_manager_back(monkeypatch):
+    """SkipManager keeps its state on the class: put it back, so later tests generate as usual."""
+    for k in ("config", "step", "skip_instances"):
+        monkeypatch.setattr(SkipManager, k, getattr(SkipManager, k))
+
+
 def config(dump_dir, action="cache"):
     return OmegaConf.create({
         "trainer": {"experiment_name": "e", "project_name": "p", "v1": {"trainer_mode": "sync"}},
