@@ -74,7 +74,7 @@ def recorded(base: type) -> type:
             if rec.replaying:
                 batch = rec.load(step)
                 state = rec.meta(step).get(RNG_KEY)
-                if state is not None:
+                if isinstance(state, dict):  # this rank's (on another world size: the ranks' list, not used)
                     set_rng_state(state)
                 return batch
             batch = super()._generate_and_score_completions(inputs)
