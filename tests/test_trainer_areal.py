@@ -114,13 +114,18 @@ def test_dump_then_replay_without_an_inference_engine(tmp_path, world, kind):
     assert Engine.built == 1 and trajstore.Reader(d).steps == [0, 1, 2]
 
     t = Trainer(config(tmp_path, "debug.replay_rollout_data=true", f"debug.path={d}"), world)
-    assert Engine.built == 1  # replay built no engine
-    replayed = t.train(kind)
+    assert Engine.built == 1 and type(t.rollout) is switch.NoEngine  # replay built no engine
+    coordinator = type(t.actor).prepare_batch
+    type(t.actor).prepare_batch = None  # AReaL's coordinator is not called either
+    try:
+        replayed = t.train(kind)
+    finally:
+        type(t.actor).prepare_batch = coordinator
     for a, b in zip(dumped, replayed, strict=True):
         assert_batch_equal(b, a)
-    assert t.rollout.get_version() == 3
-    with pytest.raises(AttributeError, match="agenerate"):
-        t.rollout.agenerate
+    assert t.rollout.get_version() == 3 and t.rollout.update_weights_from_disk(None).result() is None
+    with pytest.raises(AttributeError, match="rollout_batch: replay .* builds no inference engine"):
+        t.rollout.rollout_batch  # an evaluation, say
 
 
 def test_config_keys(tmp_path, world):

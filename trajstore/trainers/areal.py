@@ -1,12 +1,11 @@
 """AReaL 1.0.4: ``debug.dump_rollout_data`` / ``debug.replay_rollout_data`` / ``debug.path`` on the
 trainer's config, and the one wrap of its rollout engine behind them.
 
-AReaL's trainer asks its rollout engine (``RemoteSGLangEngine`` / ``RemotevLLMEngine``, or in
-single-controller mode its ``RolloutController``) for each step's batch: ``actor.prepare_batch``
-reaches the engine's ``prepare_batch`` (``DistRolloutCoordinator`` on the data-parallel heads,
-``TrainController`` on the single controller), ``rollout_batch`` likewise. ``RecordedRollout`` is that
-engine with those two calls recorded (dump) or answered from the dump (replay, where there is no
-engine at all). Its mixin ``Switch`` goes first in a subclass of AReaL's trainer::
+AReaL's trainer asks its train engine for each step's batch, ``actor.prepare_batch`` (or
+``rollout_batch``), on every rank; that goes to the rollout engine (``RemoteSGLangEngine`` /
+``RemotevLLMEngine``; in single-controller mode the ``TrainController`` asks the ``RolloutController``)
+and, in SPMD mode, the data-parallel heads' batches are redistributed to every rank
+(``DistRolloutCoordinator``). The mixin ``Switch`` goes first in a subclass of AReaL's trainer::
 
     from areal.trainer import PPOTrainer
     from trajstore.trainers.areal import PPOConfig, Switch
@@ -18,9 +17,12 @@ engine at all). Its mixin ``Switch`` goes first in a subclass of AReaL's trainer
     Trainer(config, train_dataset=..., valid_dataset=...).train(workflow=...)
 
 and ``debug.dump_rollout_data=true debug.path=dumps/run1`` on the command line dumps,
-``debug.replay_rollout_data=true debug.path=dumps/run1`` replays: ``_init_rollout`` then builds no
-inference engine (no server is launched or connected to), and each step's ``prepare_batch`` returns the
-recorded list. The weight updates and version bumps the trainer sends to the engine are no-ops then.
+``debug.replay_rollout_data=true debug.path=dumps/run1`` replays. During ``train``, the actor's
+``prepare_batch`` and ``rollout_batch`` are wrapped in ``RecordedRollout``: dump records what each
+returns on each rank (the Recorder writes one shard per rank, joined into the logical step), replay
+returns the recorded batch of the step and calls neither. At replay ``_init_rollout`` builds no
+inference engine (no server is launched or connected to) but a ``NoEngine``: the weight updates and
+version bumps the trainer sends to it are no-ops.
 
 The step key is the trainer's ``global_step`` (``RecordedRollout.step``: the first step of ``train``,
 then one more per ``prepare_batch`` / ``rollout_batch`` call). Evaluation rollouts are never recorded.
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 from areal.api import cli_args
@@ -37,7 +40,7 @@ from areal.api import cli_args
 from ..errors import ConfigError
 from ..recorder import Recorder
 
-__all__ = ["DebugConfig", "RecordedRollout", "Switch", "recorder", "PPOConfig", "GRPOConfig"]
+__all__ = ["DebugConfig", "RecordedRollout", "NoEngine", "Switch", "recorder", "PPOConfig", "GRPOConfig"]
 
 
 @dataclass
@@ -72,16 +75,39 @@ _NO_ENGINE = {
 }
 
 
+class NoEngine:
+    """What replay gives the trainer instead of an inference engine: the calls of ``_NO_ENGINE`` (the
+    trainer's pauses, version bumps and weight updates) do nothing, ``get_version`` gives the last
+    ``set_version``; any other (a generation, an evaluation) raises, naming it."""
+
+    def __init__(self) -> None:
+        self._version = 0
+
+    def set_version(self, version: int) -> None:
+        self._version = version
+
+    def get_version(self) -> int:
+        return self._version
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _NO_ENGINE:
+            result = _NO_ENGINE[name]
+            return lambda *a, **k: None if result is None else result()
+        raise AttributeError(f"{name}: replay (debug.replay_rollout_data) builds no inference engine, so "
+                             f"{name} cannot run; the rollout batches come from the dump (turn the evaluator "
+                             "off when replaying)")
+
+
 class RecordedRollout:
-    """AReaL's rollout engine (or controller) ``engine``, its ``prepare_batch`` and ``rollout_batch``
-    recorded by ``rec`` (dump), or answered from it (replay: ``engine`` is None). Everything else is
-    the engine's; without one, the calls of ``_NO_ENGINE`` do nothing (``get_version`` gives the
-    last ``set_version``) and any other raises, naming it."""
+    """``engine`` (AReaL's train engine, rollout engine or controller: anything with ``prepare_batch`` /
+    ``rollout_batch``), those two calls recorded by ``rec`` (dump) or answered from it (replay, where
+    ``engine`` may be None), one step per call from ``step``. Everything else is the engine's (without
+    one: ``NoEngine``'s)."""
 
     def __init__(self, engine: Any, rec: Recorder, step: int = 0):
         if engine is None and not rec.replaying:
             raise ConfigError("RecordedRollout: an engine is needed unless replaying (debug.replay_rollout_data)")
-        self.engine, self.rec, self.step, self._version = engine, rec, step, 0
+        self.engine, self.rec, self.step = (NoEngine() if engine is None else engine), rec, step
 
     def prepare_batch(self, *args: Any, **kwargs: Any) -> list:
         return self._batch("prepare_batch", args, kwargs)
@@ -93,23 +119,8 @@ class RecordedRollout:
         step, self.step = self.step, self.step + 1
         return self.rec.batch(step, lambda: getattr(self.engine, name)(*args, **kwargs))
 
-    def set_version(self, version: int) -> None:
-        self._version = version
-        if self.engine is not None:
-            self.engine.set_version(version)
-
-    def get_version(self) -> int:
-        return self._version if self.engine is None else self.engine.get_version()
-
     def __getattr__(self, name: str) -> Any:
-        engine = self.__dict__.get("engine")
-        if engine is not None:
-            return getattr(engine, name)
-        if name in _NO_ENGINE:
-            result = _NO_ENGINE[name]
-            return lambda *a, **k: None if result is None else result()
-        raise AttributeError(f"RecordedRollout.{name}: replay (debug.replay_rollout_data) builds no inference "
-                             f"engine, so {name} cannot run; only prepare_batch / rollout_batch are replayed")
+        return getattr(self.__dict__["engine"], name)
 
 
 class Switch:
@@ -121,20 +132,24 @@ class Switch:
         super().__init__(config, *args, **kwargs)
 
     def _init_rollout(self, rollout_config: Any, is_eval: bool = False, lora_path: str | None = None) -> Any:
-        rec = self.trajstore
-        if rec.replaying:
-            return RecordedRollout(None, rec)  # no inference engine is built
-        engine = super()._init_rollout(rollout_config, is_eval, lora_path)
-        return engine if is_eval or not rec.dumping else RecordedRollout(engine, rec)
+        if self.trajstore.replaying:
+            return NoEngine()  # no inference engine is built
+        return super()._init_rollout(rollout_config, is_eval, lora_path)
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
-        info = getattr(self, "recover_info", None)
-        if isinstance(self.rollout, RecordedRollout):  # AReaL's own first step (rl_trainer.py, train())
-            self.rollout.step = info.last_step_info.next().global_step if info is not None else 0
+        rec, actor = self.trajstore, self.actor
+        if rec.mode == "off":
+            return super().train(*args, **kwargs)
+        info = getattr(self, "recover_info", None)  # AReaL's own first step (rl_trainer.py, train())
+        own = None if rec.replaying else SimpleNamespace(prepare_batch=actor.prepare_batch,
+                                                         rollout_batch=actor.rollout_batch)
+        wrap = RecordedRollout(own, rec, info.last_step_info.next().global_step if info is not None else 0)
+        actor.prepare_batch, actor.rollout_batch = wrap.prepare_batch, wrap.rollout_batch  # every rank's batch
         try:
             return super().train(*args, **kwargs)
         finally:
-            self.trajstore.close()
+            del actor.prepare_batch, actor.rollout_batch
+            rec.close()
 
 
 def _with_debug(base: type) -> type:
