@@ -60,17 +60,44 @@ class Engine:
                 for i in range(2)]
 
 
+class Actor:
+    """The train engine's side (``FSDPEngine``): ``connect_engine`` makes AReaL's real
+    ``DistRolloutCoordinator`` of the rollout engine, ``prepare_batch`` asks it, ``update_weights`` would
+    send the weights to the inference servers."""
+
+    def __init__(self, world):
+        self.world, self.weight_updates = world, 0
+
+    def connect_engine(self, engine, meta):
+        w = self.world
+        me = SimpleNamespace(is_data_parallel_head=lambda: True, current_data_parallel_head=lambda: 0,
+                             data_parallel_group=w, cpu_group=w, context_and_model_parallel_group=w, config=None)
+        self.coordinator = DistRolloutCoordinator(rollout_engine=engine, train_engine=me)
+
+    def prepare_batch(self, *args, **kwargs):
+        return self.coordinator.prepare_batch(*args, **kwargs)
+
+    def rollout_batch(self, *args, **kwargs):
+        return self.coordinator.rollout_batch(*args, **kwargs)
+
+    def update_weights(self, meta):
+        self.weight_updates += 1
+
+
 class AReaLTrainer:
-    """Stands in for ``areal.trainer.PPOTrainer`` (whose module needs swanlab, wandb, tensorboardX): its
-    ``__init__`` builds the rollout engine with ``_init_rollout`` and connects the actor to it."""
+    """Stands in for ``areal.trainer.PPOTrainer`` (whose module needs swanlab, wandb, tensorboardX), as
+    its ``__init__`` and ``train`` use the methods the switch overrides or wraps: ``_create_train_engine``,
+    ``_init_rollout``, ``actor.connect_engine``, ``actor.prepare_batch``, ``actor.update_weights`` and the
+    rollout's ``set_version``."""
 
     def __init__(self, config, world):
-        self.config, self.recover_info = config, None
+        self.config, self.recover_info, self.world = config, None, world
+        self.actor = self._create_train_engine(config.actor)
         self.rollout = self._init_rollout(config.rollout)
-        actor = SimpleNamespace(is_data_parallel_head=lambda: True, current_data_parallel_head=lambda: 0,
-                                data_parallel_group=world, cpu_group=world, context_and_model_parallel_group=world,
-                                config=None)
-        self.actor = DistRolloutCoordinator(rollout_engine=self.rollout, train_engine=actor)  # connect_engine
+        self.actor.connect_engine(self.rollout, None)
+
+    def _create_train_engine(self, actor_config):
+        return Actor(self.world)
 
     def _init_rollout(self, rollout_config, is_eval=False, lora_path=None):
         return Engine(rollout_config)
@@ -80,7 +107,8 @@ class AReaLTrainer:
         loader = iter(range(100))
         for _ in range(3):
             batches.append(self.actor.prepare_batch(loader, workflow=workflow, group_size=2))
-            self.rollout.set_version(self.rollout.get_version() + 1)  # after the weight update
+            self.actor.update_weights(None)
+            self.rollout.set_version(self.rollout.get_version() + 1)
         return batches
 
 
@@ -110,17 +138,15 @@ def config(tmp_path, *keys, yaml=YAML):
 def test_dump_then_replay_without_an_inference_engine(tmp_path, world, kind):
     d = str(tmp_path / "d")
     Engine.built = 0
-    dumped = Trainer(config(tmp_path, "debug.dump_rollout_data=true", f"debug.path={d}"), world).train(kind)
-    assert Engine.built == 1 and trajstore.Reader(d).steps == [0, 1, 2]
+    t = Trainer(config(tmp_path, "debug.dump_rollout_data=true", f"debug.path={d}"), world)
+    dumped = t.train(kind)
+    assert Engine.built == 1 and t.actor.weight_updates == 3 and trajstore.Reader(d).steps == [0, 1, 2]
 
     t = Trainer(config(tmp_path, "debug.replay_rollout_data=true", f"debug.path={d}"), world)
     assert Engine.built == 1 and type(t.rollout) is switch.NoEngine  # replay built no engine
-    coordinator = type(t.actor).prepare_batch
-    type(t.actor).prepare_batch = None  # AReaL's coordinator is not called either
-    try:
-        replayed = t.train(kind)
-    finally:
-        type(t.actor).prepare_batch = coordinator
+    assert not hasattr(t.actor, "coordinator")  # nor connected the actor to one
+    replayed = t.train(kind)
+    assert t.actor.weight_updates == 0  # nor sent it weights
     for a, b in zip(dumped, replayed, strict=True):
         assert_batch_equal(b, a)
     assert t.rollout.get_version() == 3 and t.rollout.update_weights_from_disk(None).result() is None

@@ -21,8 +21,9 @@ and ``debug.dump_rollout_data=true debug.path=dumps/run1`` on the command line d
 ``prepare_batch`` and ``rollout_batch`` are wrapped in ``RecordedRollout``: dump records what each
 returns on each rank (the Recorder writes one shard per rank, joined into the logical step), replay
 returns the recorded batch of the step and calls neither. At replay ``_init_rollout`` builds no
-inference engine (no server is launched or connected to) but a ``NoEngine``: the weight updates and
-version bumps the trainer sends to it are no-ops.
+inference engine (no server is launched or connected to) but a ``NoEngine``: the version bumps and
+pauses the trainer sends to it are no-ops, and the actor's ``connect_engine`` and ``update_weights``
+(which would join a weight-update group with the servers, or send them weights) do nothing.
 
 The step key is the trainer's ``global_step`` (``RecordedRollout.step``: the first step of ``train``,
 then one more per ``prepare_batch`` / ``rollout_batch`` call). Evaluation rollouts are never recorded.
@@ -73,6 +74,10 @@ _NO_ENGINE = {
     "config_perf_tracer": None, "save_perf_tracer": None, "init_weights_update_group": _done,
     "update_weights_from_distributed": _done, "update_weights_from_disk": _done, "update_weights": _done,
 }
+
+
+def _nothing(*_: Any, **__: Any) -> None:
+    return None
 
 
 class NoEngine:
@@ -130,6 +135,12 @@ class Switch:
     def __init__(self, config: Any, *args: Any, **kwargs: Any):
         self.trajstore = recorder(getattr(config, "debug", None))
         super().__init__(config, *args, **kwargs)
+
+    def _create_train_engine(self, *args: Any, **kwargs: Any) -> Any:
+        engine = super()._create_train_engine(*args, **kwargs)
+        if self.trajstore.replaying:  # no inference server to join a weight-update group with or send weights to
+            engine.connect_engine = engine.update_weights = _nothing
+        return engine
 
     def _init_rollout(self, rollout_config: Any, is_eval: bool = False, lora_path: str | None = None) -> Any:
         if self.trajstore.replaying:
