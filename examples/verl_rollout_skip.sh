@@ -10,6 +10,8 @@ SWITCH=(
   'skip.rollout.steps=[1,2,3,4,5]'
   trainer.total_training_steps=5
 )
-python -m verl.trainer.main_ppo "$@" "${SWITCH[@]}"                         # dump: generate and record
-TRAJSTORE_VERL_FIT=1 python -m verl.trainer.main_ppo "$@" "${SWITCH[@]}"    # replay (nothing left to generate)
+# dump: generate and record each step (TRAJSTORE_VERL_FIT=1: fit()'s batch after advantages too, split "fit")
+TRAJSTORE_VERL_FIT=1 python -m verl.trainer.main_ppo "$@" "${SWITCH[@]}"
+# replay: every step is in the dump, validation off, so no agent-loop worker starts and nothing generates
+python -m verl.trainer.main_ppo "$@" "${SWITCH[@]}" trainer.val_before_train=False trainer.test_freq=-1
 trajstore info dumps/verl/*/*                                               # the recorded steps
