@@ -6,6 +6,8 @@
 trainer makes, replays each step without starting a worker or generating."""
 
 import asyncio
+import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +16,13 @@ from omegaconf import OmegaConf
 import trajstore
 
 rv = pytest.importorskip("test_real_verl")  # verl's batches along fit(), and its scripted agent loop
+import verl  # noqa: E402
+from verl.checkpoint_engine import CheckpointEngineManager as VerlCheckpoints  # noqa: E402
 from verl.experimental.agent_loop.agent_loop import AgentLoopManager as VerlManager  # noqa: E402
+from verl.single_controller.ray import RayClassWithInitArgs  # noqa: E402
+from verl.trainer.ppo.utils import Role  # noqa: E402
+from verl.utils.ray_utils import auto_await  # noqa: E402
+from verl.workers.rollout.llm_server import LLMServerManager as VerlServers  # noqa: E402
 from verl.trainer.ppo import ray_trainer  # noqa: E402
 from verl.utils.skip import SkipManager  # noqa: E402
 
@@ -28,12 +36,23 @@ def _skip_manager_back(monkeypatch):
         monkeypatch.setattr(SkipManager, k, getattr(SkipManager, k))
 
 
-def config(dump_dir, action="cache"):
-    return OmegaConf.create({
-        "trainer": {"experiment_name": "e", "project_name": "p", "v1": {"trainer_mode": "sync"}},
-        "data": {"train_batch_size": 2, "max_prompt_length": 8, "max_response_length": 6},
-        "actor_rollout_ref": {"rollout": {"n": 2}},
-        "skip": {"rollout": {"enable": True, "dump_dir": str(dump_dir), "steps": [1, 2, 3], "action": action}}})
+SWITCH = [  # docs/frameworks/verl.md's keys
+    "+actor_rollout_ref.rollout.agent.agent_loop_manager_class=trajstore.trainers.verl.AgentLoopManager",
+    "+actor_rollout_ref.rollout.checkpoint_manager_class=trajstore.trainers.verl.CheckpointEngineManager",
+    "skip.rollout.enable=True", "skip.rollout.steps=[1,2,3]"]
+REPLAY = ["trainer.val_before_train=False", "trainer.test_freq=-1"]  # no validation: nothing generates
+
+
+def config(dump_dir, action="cache", extra=()):
+    """verl's own ppo_trainer.yaml with the switch's overrides, composed as ``main_ppo`` does."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
+        return compose("ppo_trainer", overrides=[
+            *SWITCH, f"skip.rollout.dump_dir={dump_dir}", f"skip.rollout.action={action}",
+            "trainer.experiment_name=e", "trainer.project_name=p", "trainer.total_training_steps=3",
+            "data.train_batch_size=2", "data.max_prompt_length=8", "data.max_response_length=6",
+            "actor_rollout_ref.rollout.n=2", *extra])
 
 
 def run(monkeypatch, cfg, generate):
@@ -45,7 +64,7 @@ def run(monkeypatch, cfg, generate):
 
     def manager(P, R, vlm, workers=2):  # the trainer's manager: ours, its workers not started yet
         mgr = object.__new__(switch.AgentLoopManager)
-        mgr.config = cfg
+        mgr.config, mgr.llm_client = cfg, None
         asyncio.run(mgr._init_agent_loop_workers())
         assert mgr.agent_loop_workers is None
         made.append(verl_manager(P, R, vlm, workers).agent_loop_workers)
@@ -98,8 +117,7 @@ def test_repeat_replays_the_nearest_recorded_step(tmp_path, monkeypatch):
 
 
 def test_steps_not_listed_and_validation_run_as_usual(tmp_path, monkeypatch):
-    cfg = config(tmp_path)
-    cfg.skip.rollout.steps = [2]
+    cfg = config(tmp_path, extra=["skip.rollout.steps=[2]"])
     gens, _ = run(monkeypatch, cfg, generate=True)
     assert trajstore.Reader(tmp_path / "e_p" / "GBS2_N2_in8_out6").steps == [2]
     SkipManager.init(cfg)
@@ -110,3 +128,112 @@ def test_steps_not_listed_and_validation_run_as_usual(tmp_path, monkeypatch):
     assert not switch.AgentLoopManager._replays(prompts)
     SkipManager.set_step(3)
     assert not switch.AgentLoopManager._replays(rv.DataProto.from_dict({"x": torch.zeros(1, 1)}))
+
+
+class _WorkerGroup:
+    """The actor worker group (GPU workers): what init_workers asks of it."""
+
+    world_size = 1
+
+    def init_model(self):
+        pass
+
+
+class _Pools:
+    """verl's ResourcePoolManager, without ray placement groups."""
+
+    resource_pool_dict = {"global_pool": "pool"}
+
+    def create_resource_pool(self):
+        pass
+
+    def get_resource_pool(self, role):
+        return "pool"
+
+
+def trainer(monkeypatch, cfg, events, servers):
+    """``RayPPOTrainer.init_workers`` (verl's code) with the GPU worker groups, ray's reward workers and
+    verl's LLM server start stubbed. ``servers``: verl's ``LLMServerManager.create`` and the weight update
+    may run (recorded in ``events``); else calling either fails the test."""
+
+    class Replica:
+        async def sleep(self):
+            events.append("sleep")
+
+    @auto_await
+    async def create(cls, *args, **kwargs):  # verl's LLMServerManager.create: starts vLLM/SGLang replicas
+        assert servers, "replay started the LLM servers"
+        events.append("servers")
+        return types.SimpleNamespace(get_client=lambda: "client", get_replicas=lambda: [Replica()])
+
+    @auto_await
+    async def update_weights(self, global_steps=None):  # verl's weight sync, actor -> servers
+        assert servers, "replay updated the weights of LLM servers"
+        events.append(("update_weights", global_steps))
+        return {}
+
+    monkeypatch.setattr(VerlServers, "create", classmethod(create))
+    monkeypatch.setattr(VerlCheckpoints, "update_weights", update_weights)
+    monkeypatch.setattr(ray_trainer, "create_colocated_worker_cls", lambda class_dict: class_dict)
+    monkeypatch.setattr("verl.experimental.reward_loop.RewardLoopManager",
+                        lambda config, rm_resource_pool: types.SimpleNamespace(reward_loop_workers=None))
+    t = object.__new__(ray_trainer.RayPPOTrainer)
+    vars(t).update(config=cfg, resource_pool_manager=_Pools(), role_worker_mapping={Role.ActorRollout: object},
+                   hybrid_engine=True, use_critic=False, use_reference_policy=False, ref_in_actor=False,
+                   use_rm=False, use_teacher_policy=False, device_name="cpu",
+                   ray_worker_group_cls=lambda resource_pool, ray_cls_with_init, **kw: types.SimpleNamespace(
+                       spawn=lambda prefix_set: {k: _WorkerGroup() for k in prefix_set}))
+    t.init_workers()
+    assert isinstance(t.async_rollout_manager, switch.AgentLoopManager)
+    return t
+
+
+def fit_rollout(t, steps=(1, 2, 3)):
+    """The lines of ``RayPPOTrainer.fit()`` that touch the LLM servers, in its order (ray_trainer.py 1430-1716)."""
+    t.checkpoint_manager.update_weights(0)
+    SkipManager.init(t.config)
+    outs = []
+    for step in steps:
+        SkipManager.set_step(step)
+        prompts = rv.DataProto.from_dict({"x": torch.zeros(4, 1)}, meta_info={"global_steps": step})
+        outs.append(t.async_rollout_manager.generate_sequences(prompts))
+        t.checkpoint_manager.sleep_replicas()
+        t.checkpoint_manager.update_weights(step)
+    return outs
+
+
+def test_replay_of_every_step_starts_no_llm_server_and_syncs_no_weights(tmp_path, monkeypatch):
+    gens, _ = run(monkeypatch, config(tmp_path), generate=True)  # the dump run: steps 1..3 recorded
+    cfg = config(tmp_path, extra=REPLAY)
+    assert switch.servers_needed(cfg) == ""
+    events = []
+    t = trainer(monkeypatch, cfg, events, servers=False)
+    assert isinstance(t.checkpoint_manager, switch.CheckpointEngineManager)
+    assert t.llm_server_manager.get_replicas() == [] and t.llm_server_manager.global_load_balancer is None
+    for g, h in zip(gens, fit_rollout(t), strict=True):
+        rv._same(g, h)
+    assert events == []
+
+
+def test_a_run_that_generates_starts_the_llm_servers_and_syncs_weights(tmp_path, monkeypatch):
+    events = []
+    t = trainer(monkeypatch, config(tmp_path, extra=REPLAY), events, servers=True)  # empty dump: it generates
+    assert events == ["servers", "sleep"]  # init_workers: the servers start, then sleep
+    t.checkpoint_manager.update_weights(0)
+    t.checkpoint_manager.sleep_replicas()
+    assert events[2:] == [("update_weights", 0), "sleep"]
+
+
+@pytest.mark.parametrize("extra, why", [
+    ([], "validation generates"),
+    (REPLAY + ["skip.rollout.enable=False"], "skip.rollout.enable is off"),
+    (REPLAY + ["trainer.total_training_steps=4"], "steps [4] of 1..4 are not replayed"),
+    (REPLAY + ["skip.rollout.steps=[1,2]"], "steps [3] of 1..3 are not replayed"),
+    (REPLAY + ["~actor_rollout_ref.rollout.checkpoint_manager_class"], "checkpoint_manager_class=trajstore"),
+])
+def test_servers_start_unless_every_step_replays(tmp_path, monkeypatch, extra, why):
+    run(monkeypatch, config(tmp_path), generate=True)
+    assert why in switch.servers_needed(config(tmp_path, extra=extra))
+    events = []
+    trainer(monkeypatch, config(tmp_path, extra=extra), events, servers=True)
+    assert events == ["servers", "sleep"]

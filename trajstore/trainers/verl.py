@@ -32,18 +32,26 @@ import logging
 import os
 from typing import Any
 
+from omegaconf import OmegaConf
+from verl.checkpoint_engine import CheckpointEngineManager as _CheckpointEngineManager
 from verl.experimental.agent_loop.agent_loop import AgentLoopManager as _AgentLoopManager
 from verl.protocol import DataProto
 from verl.trainer.ppo import ray_trainer
+from verl.utils.config import omega_conf_to_dataclass
+from verl.utils.import_utils import load_class_from_fqn
 from verl.utils.ray_utils import auto_await
 from verl.utils.skip.base_skip import SkipAction, register_skip
+from verl.utils.skip.config import SkipManagerConfig
 from verl.utils.skip.rollout_skip import RolloutSkip as _RolloutSkip
 from verl.utils.skip.skip_manager import SkipManager
+from verl.workers.rollout.llm_server import LLMServerClient
+from verl.workers.rollout.llm_server import LLMServerManager as _LLMServerManager
 
 from ..recorder import Recorder
 from ..store import paths
 
-__all__ = ["RolloutSkip", "AgentLoopManager", "record_fit_batches", "FIT_ENV"]
+__all__ = ["RolloutSkip", "AgentLoopManager", "LLMServerManager", "CheckpointEngineManager", "NoServers",
+           "servers_needed", "record_fit_batches", "FIT_ENV"]
 
 log = logging.getLogger("trajstore.trainers.verl")
 FIT_ENV = "TRAJSTORE_VERL_FIT"
@@ -160,6 +168,10 @@ class AgentLoopManager(_AgentLoopManager):
     @auto_await
     async def generate_sequences(self, prompts: DataProto) -> DataProto:
         if self.agent_loop_workers is None and not self._replays(prompts):
+            if isinstance(self.llm_client, NoServerClient):
+                raise RuntimeError(
+                    f"step {SkipManager.step}: this run started no LLM server (every step was in the dump "
+                    f"when the trainer started), but this batch is not in the dump now; run again to generate it")
             await _AgentLoopManager._init_agent_loop_workers(self)
         return await super().generate_sequences(prompts)
 
@@ -168,3 +180,92 @@ class AgentLoopManager(_AgentLoopManager):
         s, step = _skip(), SkipManager.step
         return (s is not None and step in s.steps and not SkipManager._should_bypass_for_validation((None, prompts), {})
                 and s.meet_precondition(step))
+
+
+MANAGER_KEY = "actor_rollout_ref.rollout.agent.agent_loop_manager_class"
+CHECKPOINT_KEY = "actor_rollout_ref.rollout.checkpoint_manager_class"
+
+
+def _is(config: Any, key: str, cls: type) -> bool:
+    fqn = OmegaConf.select(config, key)
+    try:
+        return bool(fqn) and issubclass(load_class_from_fqn(fqn, key), cls)
+    except Exception:  # noqa: BLE001 - a class that does not load is verl's error to report, later
+        return False
+
+
+def servers_needed(config: Any) -> str:
+    """Why the run verl's trainer is set up with ``config`` needs its LLM servers; "" when it replays every
+    step (steps 1..total training steps, as ``RolloutSkip`` decides) and nothing else generates."""
+    if not OmegaConf.select(config, "skip.rollout.enable", default=False):
+        return "skip.rollout.enable is off"
+    for key, cls in ((MANAGER_KEY, AgentLoopManager), (CHECKPOINT_KEY, CheckpointEngineManager)):
+        if not _is(config, key, cls):
+            return f"+{key}=trajstore.trainers.verl.{cls.__name__} is not set"
+    if OmegaConf.select(config, "trainer.val_before_train", default=True) or \
+            (OmegaConf.select(config, "trainer.test_freq", default=-1) or -1) > 0:
+        return "validation generates (trainer.val_before_train=False trainer.test_freq=-1 turn it off)"
+    total = OmegaConf.select(config, "trainer.total_training_steps") or \
+        OmegaConf.select(config, "actor_rollout_ref.actor.optim.total_training_steps")  # set by RayPPOTrainer
+    if not total or total < 1:
+        return "the number of training steps is not known"
+    local = omega_conf_to_dataclass(config.skip, dataclass_type=SkipManagerConfig).rollout  # as SkipManager.init
+    skip = RolloutSkip(local, config)
+    missing = [s for s in range(1, int(total) + 1) if s not in skip.steps or not skip.meet_precondition(s)]
+    if missing:
+        return f"steps {missing} of 1..{total} are not replayed from {skip.path} (skip.rollout.steps, action)"
+    return ""
+
+
+class NoServers(list):
+    """The LLM server replicas of a run that replays every step: none."""
+
+
+class NoServerClient(LLMServerClient):
+    """The LLM client of a run that started no server: a request is an error."""
+
+    async def generate(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("no LLM server was started: every step was in the dump when the trainer started")
+
+
+class LLMServerManager(_LLMServerManager):
+    """verl's ``LLMServerManager``; ``create`` starts no server (no vLLM/SGLang replica, no router) when
+    ``servers_needed(config)`` is "", i.e. the run replays every step. ``RayPPOTrainer.init_workers`` uses
+    it: importing this module sets ``verl.trainer.ppo.ray_trainer.LLMServerManager`` to it (verl has no
+    config key for this class), before ``init_workers`` calls it."""
+
+    @classmethod
+    @auto_await
+    async def create(cls, *args: Any, **kwargs: Any) -> _LLMServerManager:
+        config = kwargs["config"] if "config" in kwargs else args[0]
+        why = servers_needed(config)
+        if why:
+            if OmegaConf.select(config, "skip.rollout.enable", default=False):
+                log.info("[trajstore RolloutSkip] LLM servers start: %s", why)
+            return await super().create(*args, **kwargs)
+        log.info("[trajstore RolloutSkip] every step is replayed from the dump: no LLM server is started")
+        inst = cls.__new__(cls)
+        inst.rollout_replica_class = None  # verl's __init__ then imports no engine (vLLM, SGLang)
+        inst.__init__(*args, **kwargs)
+        inst.rollout_replicas, inst.server_handles, inst.server_addresses = NoServers(), [], []
+        inst.global_load_balancer = None
+        return inst
+
+    def get_client(self, client_cls: type[LLMServerClient] | None = None, **kwargs: Any) -> LLMServerClient:
+        if isinstance(self.rollout_replicas, NoServers):
+            return NoServerClient(config=self.config)
+        return super().get_client(client_cls, **kwargs)
+
+
+class CheckpointEngineManager(_CheckpointEngineManager):
+    """verl's ``CheckpointEngineManager`` (``+actor_rollout_ref.rollout.checkpoint_manager_class``); with
+    the replicas of a run that started no LLM server (``NoServers``), weight updates do nothing."""
+
+    @auto_await
+    async def update_weights(self, global_steps: int | None = None) -> dict:
+        if isinstance(self.replicas, NoServers):
+            return {}
+        return await super().update_weights(global_steps)
+
+
+ray_trainer.LLMServerManager = LLMServerManager  # read by RayPPOTrainer.init_workers after this import
