@@ -1,9 +1,12 @@
-"""The verl switch (``trajstore.trainers.verl``) on verl 0.9.1's own code (tests/frameworks.txt): verl's
-``SkipManager`` built from verl's ``skip.rollout`` config picks trajstore's ``RolloutSkip``; the steps of
-``tests/test_real_verl.py``'s ``fit()`` chain run through ``AgentLoopManager.generate_sequences`` (real
-``AgentLoopWorker``s) with ``SkipManager.set_step``. The first run generates and records each step
-(and, asked, the batch after ``compute_advantage``); a second run, with a new ``SkipManager`` as a new
-trainer makes, replays each step without starting a worker or generating."""
+"""The verl switch (``trajstore.trainers.verl``) on verl 0.9.1's own code (tests/frameworks.txt), with verl's
+``ppo_trainer.yaml`` composed with the switch's keys: verl's ``SkipManager`` picks trajstore's ``RolloutSkip``;
+the steps of ``tests/test_real_verl.py``'s ``fit()`` chain run through ``AgentLoopManager.generate_sequences``
+(real ``AgentLoopWorker``s) with ``SkipManager.set_step``. The first run generates and records each step
+(and, asked, the batch after ``compute_advantage``); a second run replays each step without starting a
+worker or generating. ``RayPPOTrainer.init_workers`` (verl's code, GPU worker groups stubbed) then builds
+the trainer of a run that replays every step: verl's ``LLMServerManager.create`` and weight update made to
+fail, it starts no LLM server, and ``fit()``'s server lines (weight updates, ``sleep_replicas``) do nothing;
+a run that generates calls both."""
 
 import asyncio
 import types
@@ -39,17 +42,18 @@ def _skip_manager_back(monkeypatch):
 SWITCH = [  # docs/frameworks/verl.md's keys
     "+actor_rollout_ref.rollout.agent.agent_loop_manager_class=trajstore.trainers.verl.AgentLoopManager",
     "+actor_rollout_ref.rollout.checkpoint_manager_class=trajstore.trainers.verl.CheckpointEngineManager",
-    "skip.rollout.enable=True", "skip.rollout.steps=[1,2,3]"]
+    "skip.rollout.enable=True"]
 REPLAY = ["trainer.val_before_train=False", "trainer.test_freq=-1"]  # no validation: nothing generates
 
 
-def config(dump_dir, action="cache", extra=()):
+def config(dump_dir, action="cache", extra=(), switch_keys=SWITCH):
     """verl's own ppo_trainer.yaml with the switch's overrides, composed as ``main_ppo`` does."""
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
         return compose("ppo_trainer", overrides=[
-            *SWITCH, f"skip.rollout.dump_dir={dump_dir}", f"skip.rollout.action={action}",
+            *switch_keys, "skip.rollout.steps=[1,2,3]", f"skip.rollout.dump_dir={dump_dir}",
+            f"skip.rollout.action={action}",
             "trainer.experiment_name=e", "trainer.project_name=p", "trainer.total_training_steps=3",
             "data.train_batch_size=2", "data.max_prompt_length=8", "data.max_response_length=6",
             "actor_rollout_ref.rollout.n=2", *extra])
@@ -237,3 +241,27 @@ def test_servers_start_unless_every_step_replays(tmp_path, monkeypatch, extra, w
     events = []
     trainer(monkeypatch, config(tmp_path, extra=extra), events, servers=True)
     assert events == ["servers", "sleep"]
+
+
+def test_the_documented_keys_are_the_tested_ones_and_compose(tmp_path):
+    """The example's keys and the page's command are the ones tested, and compose with verl's yaml."""
+    root = Path(__file__).resolve().parent.parent
+    script = (root / "examples" / "verl_rollout_skip.sh").read_text()
+    page = (root / "docs" / "frameworks" / "verl.md").read_text()
+    keys = [k.strip().strip("'") for k in script.split("SWITCH=(")[1].split(")\n")[0].split("\n") if k.strip()]
+    command = page.split("main_ppo ... \\\n")[1].split("```")[0]
+    names = {k.split("=")[0] for k in SWITCH} | {"skip.rollout.steps", "skip.rollout.dump_dir"}
+    assert names <= {k.split("=")[0] for k in keys} and all(n in command for n in names)
+    assert {k for k in SWITCH if "class=" in k} <= set(keys)
+    assert " ".join(REPLAY) in script and all(k in page for k in REPLAY)
+    own = [k for k in keys if not k.startswith(("skip.rollout.steps", "skip.rollout.dump", "trainer.total"))]
+    cfg = config(tmp_path, extra=REPLAY, switch_keys=own)
+    assert "steps [1, 2, 3] of 1..3 are not replayed" in switch.servers_needed(cfg)  # all else is set right
+
+
+def test_the_step_count_verl_derives_from_the_data_loader_is_used(tmp_path, monkeypatch):
+    run(monkeypatch, config(tmp_path), generate=True)
+    derived = ["trainer.total_training_steps=null", "actor_rollout_ref.actor.optim.total_training_steps=3"]
+    assert switch.servers_needed(config(tmp_path, extra=REPLAY + derived)) == ""
+    derived[1] = "actor_rollout_ref.actor.optim.total_training_steps=4"  # what RayPPOTrainer writes there
+    assert "steps [4]" in switch.servers_needed(config(tmp_path, extra=REPLAY + derived))

@@ -1,9 +1,10 @@
 """verl 0.9.1: a drop-in for verl's ``RolloutSkip`` that records and replays with trajstore.
 
 Turned on by verl's own config keys (``RayPPOTrainer`` runs in verl's ``TaskRunner`` process, which
-imports this module when it loads the manager class)::
+imports this module when it loads the manager class; the two class keys are not in verl's yaml, hence ``+``)::
 
-    actor_rollout_ref.rollout.agent.agent_loop_manager_class=trajstore.trainers.verl.AgentLoopManager
+    +actor_rollout_ref.rollout.agent.agent_loop_manager_class=trajstore.trainers.verl.AgentLoopManager
+    +actor_rollout_ref.rollout.checkpoint_manager_class=trajstore.trainers.verl.CheckpointEngineManager
     skip.rollout.enable=True skip.rollout.dump_dir=dumps/run1 'skip.rollout.steps=[1,2,3]'
 
 ``RolloutSkip`` replaces verl's class of the same name in verl's skip registry (``skip.rollout``), and
@@ -21,9 +22,11 @@ batch after rewards and advantages (what ``compute_advantage`` returns in ``fit(
 generated is recorded too, in split ``fit``.
 
 ``AgentLoopManager`` is verl's, except that with ``skip.rollout.enable`` it starts its agent-loop
-workers at the first step that generates: a run that replays every step never starts them. A dump
-problem never stops training: it is logged at ERROR (a batch trajstore cannot store is recorded as
-skipped, ``trajstore verify`` lists it).
+workers at the first step that generates. When every step the run takes (1..total training steps) is
+replayed and validation is off (``servers_needed(config) == ""``), ``init_workers()`` starts no LLM server
+either (``LLMServerManager``: no vLLM/SGLang replica, no router) and ``fit()``'s weight updates do nothing
+(``CheckpointEngineManager``); otherwise both are verl's. A dump problem never stops training: it is
+logged at ERROR (a batch trajstore cannot store is recorded as skipped, ``trajstore verify`` lists it).
 """
 
 from __future__ import annotations
