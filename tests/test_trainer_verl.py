@@ -217,6 +217,9 @@ def test_replay_of_every_step_starts_no_llm_server_and_syncs_no_weights(tmp_path
     for g, h in zip(gens, fit_rollout(t), strict=True):
         rv._same(g, h)
     assert events == []
+    SkipManager.set_step(4)  # a batch the dump does not hold: no server to generate it, the error says so
+    with pytest.raises(RuntimeError, match="step 4: this run started no LLM server"):
+        t.async_rollout_manager.generate_sequences(rv.DataProto.from_dict({"x": torch.zeros(4, 1)}))
 
 
 def test_a_run_that_generates_starts_the_llm_servers_and_syncs_weights(tmp_path, monkeypatch):
