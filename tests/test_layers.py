@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("recorder / inspection", ["trajstore.config", "trajstore.recorder", "trajstore.recorder_log", "trajstore.inspection",
                                "trajstore.inspection.*", "trajstore.testing", "trajstore.ray",
                                "trajstore.view", "trajstore.view.*"]),
+    ("trainer switches", ["trajstore.trainers", "trajstore.trainers.*"]),
     ("cli", ["trajstore._console", "trajstore._cli_support", "trajstore.cli"]),
     ("package root", ["trajstore"]),
 ]

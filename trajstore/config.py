@@ -229,6 +229,7 @@ ENV_VARIABLES: dict[str, str] = {
     **{f"TRAJSTORE_{f.name.upper()}": f"DumpReplayConfig.{f.name} (from_env)" for f in fields(DumpReplayConfig)},
     fs.ENV: "which library serves a URL (store/fs.py)",
     "TRAJSTORE_MAX_DECODED_BYTES": "the decoded-size bound of a step (format/validate.py)",
+    "TRAJSTORE_VERL_FIT": "verl's switch also records fit()'s batch after advantages (trainers/verl.py)",
     # read by the project's own test suite (tests/conftest.py, tests/test_corrupt.py), not by the package
     "TRAJSTORE_EXAMPLES": "Hypothesis examples per test (tests/conftest.py)",
     "TRAJSTORE_FUZZ_SCALE": "length of the fuzz runs (tests/test_corrupt.py)",
