@@ -313,6 +313,8 @@ class _Walk:
             ptype = "num"  # one float64 column for every Python number (docs/FORMAT.md 3.3, "num")
         elif types == {int} and all(-(2**63) <= e < 2**63 for _, e in present):
             ptype = "int"  # beyond float64's exact ints: int64, under another name where the split has a double
+        elif types == {list} and (lt := _number_lists(present)) is not None:
+            ptype = lt  # per-sample ragged token lists (SkyRL's response_ids, loss_masks...): large_list columns
         else:
             typed = False
             for i, e in present:
@@ -320,6 +322,22 @@ class _Walk:
             ptype = "tjson" if typed else "json"
         self.names.claim(rows.col, path)
         return Values(path, rows.elems, ptype)
+
+
+def _number_lists(present: list) -> str | None:
+    """``ilist`` where every row is a list of ints (int64 range), ``flist`` of floats; None otherwise
+    (mixed or other items, or only empty lists: stored as JSON values then)."""
+    kind = None
+    for _, e in present:
+        for x in e:
+            t = type(x)
+            if t is not kind:
+                if kind is not None or t not in (int, float):
+                    return None
+                kind = t
+            if t is int and not -(2**63) <= x < 2**63:
+                return None
+    return None if kind is None else "ilist" if kind is int else "flist"
 
 
 def _on_gpu(v: Any) -> bool:
@@ -357,6 +375,10 @@ def plan(batch: Any, read: bool = True, masks: Mapping | None = None) -> Plan:
     if isinstance(batch, list | tuple):
         if not all(e is None or isinstance(e, Mapping) for e in batch):
             raise _list_batch_error(batch)
+        if masks:  # the declared groups are a dict batch's; never silently not applied
+            raise BatchError(f"Writer(masks={dict(masks)!r}) declares mask groups of a dict batch, but this step "
+                             f"is a list batch of {len(batch)} trajectories, whose per-token fields follow each "
+                             "element's own attention_mask; write list batches with a Writer without masks=")
         w = _Walk(len(batch), None)
         elem = w.elems((), list(batch))
         if not isinstance(elem, Struct | Empty):  # dicts of plain values only: one JSON value each

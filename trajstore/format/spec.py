@@ -140,7 +140,7 @@ class ValueElem(_Rows):
 
     t: Literal["value"]
     col: str
-    ptype: Literal["str", "bool", "int", "float", "num", "json", "tjson"]  # tjson: typed JSON, version 2; num: 3
+    ptype: Literal["str", "bool", "int", "float", "num", "json", "tjson", "ilist", "flist"]  # tjson: 2; num: 3; lists: 4
     ints: NotRequired[Any]  # num: true (every non-null row was an int) or the rows that were ints
 
 

@@ -323,9 +323,12 @@ class _Checker:
         elif t == "value":
             p = node.get("ptype")
             want = {"str": pa.string(), "json": pa.string(), "tjson": pa.string(), "bool": pa.bool_(), "float": pa.float64(),
-                    "int": pa.int64(), "num": pa.float64()}.get(p) if type(p) is str else None
+                    "int": pa.int64(), "num": pa.float64(), "ilist": pa.large_list(pa.int64()),
+                    "flist": pa.large_list(pa.float64())}.get(p) if type(p) is str else None
             if want is None:
                 raise _Bad(f"value type {p!r} is unknown")
+            if p in ("ilist", "flist") and type(self.version) is int and self.version < 4:
+                raise _Bad(f"an {p!r} value column in a file of format version {self.version} (it needs 4)")
             if p == "num":  # Python numbers in a float64 column, the int rows listed (version 3)
                 if type(self.version) is int and self.version < 3:
                     raise _Bad(f"a 'num' value column in a file of format version {self.version} (it needs 3)")
