@@ -322,3 +322,46 @@ def test_what_would_be_lost_is_refused_and_the_recorder_skips_it(tmp_path):
         rec.batch(1, lambda: exps)
     r = trajstore.Reader(tmp_path / "r")
     assert r.steps == [1] and "Tagged carrying attribute 'epoch'" in r.skipped[0]
+
+
+def test_action_fields_are_stored_unpadded_after_the_first_token(tmp_path):
+    _, exps = batches(seed=6, multi_turn=True)
+    e = exps[0]
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no BatchWarning: the action width is understood
+        with trajstore.Writer(tmp_path / "d") as w:
+            w.append(0, e)
+    r = trajstore.Reader(tmp_path / "d")
+    n = e.attention_mask.sum(-1).tolist()
+    got = r.duckdb().sql("select len(sequences), len(action_mask), len(advantages), len(action_log_probs) "
+                         "from train order by index").fetchall()
+    assert got == [(k, k - 1, k - 1, k - 1) for k in n]
+    df = r.to_pandas()
+    assert list(df["index"]) == [0, 1] and list(df["index_field"]) == e.index  # the field does not replace it
+    packed = r.read(0, layout="packed")
+    assert type(packed) is dict and packed["action_log_probs"].shape == (sum(n) - len(n),)
+    assert torch.equal(packed["action_log_probs"], e.action_log_probs[e.attention_mask[:, 1:].bool()])
+
+
+def test_show_places_prompt_actions_and_logprobs(tmp_path):
+    _, exps = batches(seed=6, multi_turn=True)
+    e = exps[0]
+    with trajstore.Writer(tmp_path / "d") as w:
+        w.append(0, e)
+    i = next(i for i in range(len(e.index)) if e.action_mask[i].sum() < e.action_mask[i].max() * len(e.action_mask[i]))
+    tr = trajstore.traces(trajstore.Reader(tmp_path / "d"), 0, logprobs=True)[i]
+    n = int(e.attention_mask[i].sum())
+    act = e.action_mask[i, : n - 1].bool()  # column t: token t + 1
+    model = [s for s in tr["messages"] if s["role"] == "model"]
+    assert [t for s in model for t in s["ids"]] == e.sequences[i, 1:n][act].tolist()
+    assert [x for s in model for x in s["logprobs"]] == e.rollout_log_probs[i, : n - 1][act].tolist()
+    assert tr["messages"][0]["role"] == "prompt" and tr["multi_turn"]
+
+
+def test_masks_are_not_ignored_for_list_batches(tmp_path):
+    _, exps = batches(seed=6)
+    with pytest.raises(BatchError, match="list batch"):
+        with trajstore.Writer(tmp_path / "d", masks={"action_mask": ["action_log_probs"]}) as w:
+            w.append(0, exps)

@@ -237,3 +237,38 @@ def test_attributes_that_would_be_lost_are_refused(tmp_path):
     with trajstore.Recorder(dump=True, path=str(tmp_path / "r")) as rec:
         assert rec.batch(0, lambda: b) is b  # recorded as skipped, training goes on
     assert "Batch carrying attribute 'metadata'" in trajstore.Reader(tmp_path / "r").skipped[0]
+
+
+def test_response_fields_and_token_lists_are_stored_per_token(tmp_path):
+    import warnings
+
+    go, ti = batches(seed=8, step_wise=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no BatchWarning: the [B, R] width is understood
+        with trajstore.Writer(tmp_path / "d") as w:
+            w.append(0, ti)
+        with trajstore.Writer(tmp_path / "d", split="generated") as w:  # its own column types
+            w.append(1, go)
+    con = trajstore.Reader(tmp_path / "d").duckdb()
+    resp = ti["response_mask"].sum(-1).tolist()
+    got = con.sql("select len(loss_mask), len(rollout_logprobs), len(rewards), len(sequences) from train "
+                  "where step = 0").fetchall()
+    assert got == [(r, r, r, n) for r, n in zip(resp, ti["attention_mask"].sum(-1).tolist())]
+    got = con.sql("select len(response_ids), len(loss_masks), len(rollout_logprobs), typeof(response_ids), "
+                  "typeof(rollout_logprobs) from generated").fetchall()
+    assert got == [(len(x), len(x), len(x), "BIGINT[]", "DOUBLE[]") for x in go["response_ids"]]
+
+
+@pytest.mark.parametrize("step", [0, 1])
+def test_show_places_prompt_response_and_logprobs(tmp_path, step):
+    go, ti = batches(seed=8)
+    with trajstore.Writer(tmp_path / "d") as w:
+        w.append(0, ti)
+        w.append(1, go)
+    for i, tr in enumerate(trajstore.traces(trajstore.Reader(tmp_path / "d"), step, logprobs=True)):
+        msgs = tr["messages"]
+        assert msgs[0]["role"] == "prompt" and msgs[0]["ids"] == go["prompt_token_ids"][i]
+        model = [m for m in msgs if m["role"] == "model"]
+        on = [k for k, m in enumerate(go["loss_masks"][i]) if m]
+        assert [t for m in model for t in m["ids"]] == [go["response_ids"][i][k] for k in on]
+        assert [x for m in model for x in m["logprobs"]] == pytest.approx([go["rollout_logprobs"][i][k] for k in on])

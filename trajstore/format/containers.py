@@ -204,8 +204,8 @@ def wrap(plain: Any, tag: dict | None, where: str = "", packed: bool = False) ->
     kind = tag.get("type")
     if kind == "tensordict":
         return _td_build(plain, tag, where)
-    if kind in classes.KINDS:
-        return classes.wrap(plain, tag, where)
+    if kind in classes.KINDS:  # a packed read's fields are not the class's: the plain dict
+        return plain if packed else classes.wrap(plain, tag, where)
     if kind == "dataproto":
         keys = set(tag["non_tensor_keys"])
         non_tensor = {k: plain[k] for k in tag["non_tensor_keys"] if k in plain}
