@@ -254,6 +254,9 @@ def test_response_fields_and_token_lists_are_stored_per_token(tmp_path):
     got = con.sql("select len(loss_mask), len(rollout_logprobs), len(rewards), len(sequences) from train "
                   "where step = 0").fetchall()
     assert got == [(r, r, r, n) for r, n in zip(resp, ti["attention_mask"].sum(-1).tolist())]
+    packed = trajstore.Reader(tmp_path / "d").read(0, layout="packed")  # multi-turn loss masks: no refusal
+    assert type(packed) is dict and torch.equal(packed["loss_mask"], ti["loss_mask"][ti["response_mask"].bool()])
+    assert any(0 in m and 1 in m[m.index(0):] for m in go["loss_masks"])  # holes inside a response
     got = con.sql("select len(response_ids), len(loss_masks), len(rollout_logprobs), typeof(response_ids), "
                   "typeof(rollout_logprobs) from generated").fetchall()
     assert got == [(len(x), len(x), len(x), "BIGINT[]", "DOUBLE[]") for x in go["response_ids"]]

@@ -32,7 +32,7 @@ from .layout import Layout
 from .limits import MAX_DIMS, MAX_SPEC_DEPTH
 from .spec import SHAPE_PREFIX, where
 from .typed import check_np_dtype, needs_typed
-from .values import check_json, check_str, describe, has_tensor, is_tensorlike
+from .values import check_json, check_str, describe, has_tensor, is_tensorlike, number_lists
 
 __all__ = ["check", "plan", "Plan", "Tensor", "Json", "TValue", "Group", "Seq", "Empty", "Cells", "Struct", "Values",
            "MISSING", "GLOBAL", "TOKENS", "FLAT", "SAMPLE", "SEGMENTS"]
@@ -313,7 +313,7 @@ class _Walk:
             ptype = "num"  # one float64 column for every Python number (docs/FORMAT.md 3.3, "num")
         elif types == {int} and all(-(2**63) <= e < 2**63 for _, e in present):
             ptype = "int"  # beyond float64's exact ints: int64, under another name where the split has a double
-        elif types == {list} and (lt := _number_lists(present)) is not None:
+        elif types == {list} and (lt := number_lists(e for _, e in present)) is not None:
             ptype = lt  # per-sample ragged token lists (SkyRL's response_ids, loss_masks...): large_list columns
         else:
             typed = False
@@ -322,22 +322,6 @@ class _Walk:
             ptype = "tjson" if typed else "json"
         self.names.claim(rows.col, path)
         return Values(path, rows.elems, ptype)
-
-
-def _number_lists(present: list) -> str | None:
-    """``ilist`` where every row is a list of ints (int64 range), ``flist`` of floats; None otherwise
-    (mixed or other items, or only empty lists: stored as JSON values then)."""
-    kind = None
-    for _, e in present:
-        for x in e:
-            t = type(x)
-            if t is not kind:
-                if kind is not None or t not in (int, float):
-                    return None
-                kind = t
-            if t is int and not -(2**63) <= x < 2**63:
-                return None
-    return None if kind is None else "ilist" if kind is int else "flist"
 
 
 def _on_gpu(v: Any) -> bool:
