@@ -365,3 +365,18 @@ def test_masks_are_not_ignored_for_list_batches(tmp_path):
     with pytest.raises(BatchError, match="list batch"):
         with trajstore.Writer(tmp_path / "d", masks={"action_mask": ["action_log_probs"]}) as w:
             w.append(0, exps)
+
+
+def test_view_places_each_action_value_under_its_token(tmp_path):
+    from trajstore.view.pages import View
+
+    _, exps = batches(seed=6, multi_turn=True)
+    e = exps[0]
+    with trajstore.Writer(tmp_path / "d") as w:
+        w.append(0, e)
+    for i in range(len(e.index)):
+        toks = View(tmp_path / "d").traj(None, 0, i)["tokens"]
+        n = int(e.attention_mask[i].sum())
+        assert [t["id"] for t in toks] == e.sequences[i, :n].tolist()
+        assert [t["mask"] for t in toks] == [0] + e.action_mask[i, : n - 1].long().tolist()
+        assert toks[0]["logprob"] == "" and [float(t["logprob"]) for t in toks[1:]] == e.rollout_log_probs[i, : n - 1].tolist()

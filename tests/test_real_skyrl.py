@@ -275,3 +275,19 @@ def test_show_places_prompt_response_and_logprobs(tmp_path, step):
         on = [k for k, m in enumerate(go["loss_masks"][i]) if m]
         assert [t for m in model for t in m["ids"]] == [go["response_ids"][i][k] for k in on]
         assert [x for m in model for x in m["logprobs"]] == pytest.approx([go["rollout_logprobs"][i][k] for k in on])
+
+
+def test_view_places_response_fields_under_their_tokens(tmp_path):
+    from trajstore.view.pages import View
+
+    _, ti = batches(seed=8, step_wise=True)
+    with trajstore.Writer(tmp_path / "d") as w:
+        w.append(0, ti)
+    am, rm = ti["attention_mask"].bool(), ti["response_mask"].bool()
+    for i in range(len(ti)):
+        toks = View(tmp_path / "d").traj(None, 0, i)["tokens"]
+        n, r = int(am[i].sum()), int(rm[i].sum())
+        assert [t["id"] for t in toks] == ti["sequences"][i][am[i]].tolist()
+        assert [t["mask"] for t in toks] == [0] * (n - r) + ti["loss_mask"][i][rm[i]].long().tolist()
+        assert [t["logprob"] for t in toks[: n - r]] == [""] * (n - r)
+        assert [float(t["logprob"]) for t in toks[n - r:]] == ti["rollout_logprobs"][i][rm[i]].tolist()
