@@ -230,6 +230,10 @@ def test_attributes_that_would_be_lost_are_refused(tmp_path):
     with pytest.raises(BatchError, match=r"Batch carrying attribute 'metadata'"):
         with trajstore.Writer(tmp_path / "w") as w:
             w.append(0, b)
+    with pytest.raises(BatchError, match=r"field 'train' is a skyrl_train.training_batch.TrainingInputBatch carrying "
+                                         r"attribute.*'metadata'"):  # restored only as the batch itself
+        with trajstore.Writer(tmp_path / "w1") as w:
+            w.append(0, {"train": ti, "uids": ti.metadata["uids"]})
     ti.extra = 1  # TrainingInputBatch keeps only metadata
     with pytest.raises(BatchError, match=r"TrainingInputBatch carrying attribute 'extra'"):
         with trajstore.Writer(tmp_path / "w2") as w:

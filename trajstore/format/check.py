@@ -26,7 +26,7 @@ import torch
 from ..errors import BatchError, BatchWarning, UnsupportedTypeError, warn
 from ..integrations import areal
 from ..integrations import trl
-from . import layout
+from . import classes, layout
 from .arrow import ColumnNames
 from .layout import Layout
 from .limits import MAX_DIMS, MAX_SPEC_DEPTH
@@ -179,6 +179,8 @@ class _Walk:
             raise _too_deep(path)
         if is_tensorlike(v):
             return self.tensor(v, path)
+        if type(v) not in (dict, list, tuple) and isinstance(v, dict | list | tuple):
+            classes.refuse_partial(v, f"field {where(path)!r}")  # its attributes would be lost
         if isinstance(v, Mapping):
             if all(type(k) is str for k in v):
                 return Group([(k, self.field(x, path + (k,))) for k, x in v.items()])

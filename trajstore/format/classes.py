@@ -48,8 +48,8 @@ def _lost(obj: Any, names: list[str], what: str = "the batch") -> BatchError:
     return BatchError(
         f"{what} is a {t.__module__}.{t.__qualname__} carrying attribute{'s' if len(names) > 1 else ''} "
         f"{', '.join(repr(n) for n in names[:8])}{'...' if len(names) > 8 else ''} that trajstore does not "
-        "keep: replay would return it without them; pass the plain data (dict(batch) / list(batch)) and "
-        "record what the attributes hold as step meta (append(..., meta=...)) or as fields")
+        "keep: replay would return it without them; pass it as a plain dict or list and record what the "
+        "attributes hold as step meta (append(..., meta=...)) or as fields")
 
 
 def _fields(obj: Any, path: str, what: str) -> dict:
@@ -71,11 +71,13 @@ def _dict_items(obj: dict, path: str, known: dict) -> tuple[dict, dict]:
     return plain, {"type": "dict", "cls": path, "attrs_t": typed.encode(attrs)}
 
 
-def refuse_partial(batch: Any) -> None:
-    """BatchError for a dict / list / tuple subclass (the batch, or an element of a list batch) with
-    instance attributes no integration keeps (other objects are refused by ``check.plan``)."""
+def refuse_partial(batch: Any, what: str = "the batch") -> None:
+    """BatchError for a dict / list / tuple subclass (the batch, ``what``; or an element of a list
+    batch) with instance attributes no integration keeps (other objects are refused by ``check.plan``)."""
     if type(batch) not in (dict, list, tuple) and isinstance(batch, dict | list | tuple) and _attrs(batch):
-        raise _lost(batch, _attrs(batch))
+        raise _lost(batch, _attrs(batch), what)
+    if what != "the batch":
+        return
     if isinstance(batch, list | tuple):
         for i, e in enumerate(batch):
             if type(e) is not dict and isinstance(e, dict) and _attrs(e):
