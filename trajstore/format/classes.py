@@ -15,8 +15,8 @@ On replay the class comes back when its package is installed (imported if needed
 classes of ``REGISTRY``); otherwise the plain dict (or list of dicts) is returned and a warning
 logged once per class. An object that has an attribute the integration does not list is refused.
 
-Nothing is lost silently: a dict, list or tuple subclass (the batch, or an element of a list batch)
-carrying instance attributes that no integration keeps is refused at ``append`` with a ``BatchError`` naming the class and what would
+Nothing is lost silently: a dict, list or tuple subclass (the batch, an element of a list batch, or
+a field's value, ``check.plan``) carrying instance attributes that no integration keeps is refused at ``append`` with a ``BatchError`` naming the class and what would
 be lost (``refuse_partial``).
 """
 
