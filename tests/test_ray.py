@@ -346,11 +346,13 @@ def test_errors(dump):
         tray.read_dump(dump.url, "val")
 
 
-def test_a_field_named_like_a_row_column_is_refused(tmp_path):
-    with trajstore.Writer(tmp_path) as w:
-        w.append(0, {"index": torch.arange(3), "rewards": torch.zeros(3)})
-    with pytest.raises(Exception, match="has a field named 'index', a name trajstore.ray gives"):
-        tray.read_dump(tmp_path).take_all()
+def test_a_field_named_like_a_row_column_keeps_its_values_under_another_name(tmp_path):
+    with trajstore.Writer(tmp_path) as w:  # OpenRLHF's Experience has an `index` field
+        w.append(0, {"index": torch.arange(3) + 10, "rewards": torch.zeros(3)})
+    rows = tray.read_dump(tmp_path).take_all()
+    assert [r["index"] for r in rows] == [0, 1, 2] and [r["index_field"] for r in rows] == [10, 11, 12]
+    df = trajstore.Reader(tmp_path).to_pandas()  # the same rule as to_pandas
+    assert list(df["index"]) == [0, 1, 2] and list(df["index_field"]) == [10, 11, 12]
     assert [r["rewards"] for r in tray.read_dump(tmp_path, columns=["rewards"]).take_all()] == [0.0] * 3
 
 

@@ -10,7 +10,8 @@ One row per trajectory, the rows ``Reader.to_pandas`` gives (``trajstore/format/
 * ``step`` and ``index`` (the trajectory's position in the step file), ``rejected`` (True for a
   ``None`` trajectory of a list batch, whose fields are then None), ``rank`` for the rows of a
   shard file (a step written by several ranks: ``(rank, index)`` orders its logical batch), then
-  the fields, nested ones with dotted names (``extra.score``);
+  the fields, nested ones with dotted names (``extra.score``); a field named like one of those
+  (OpenRLHF's ``index``) is ``<name>_field``, as in ``Reader.to_pandas``;
 * tensors as numpy arrays of the trajectory's own shape: per-token fields cut to its tokens
   (padding removed, packed rows split), so a token field is a variable-shaped tensor column;
   bfloat16 as float32 (the bfloat16 numbers themselves, which float32 holds exactly); a
@@ -44,6 +45,7 @@ from .format import containers
 from .format.rows import rows
 from .format.spec import fields, is_plain_sample
 from .reader import Reader
+from .tables import OWN
 
 if TYPE_CHECKING:  # an optional extra, imported when used
     import ray.data
@@ -133,11 +135,8 @@ def step_table(target: str | os.PathLike, step: int, columns: list[str] | None =
     names: dict[str, None] = {}
     for r in recs:
         names.update(dict.fromkeys(r or ()))
-    for name in names:
-        if name in out:
-            raise ConfigError(f"{target}: step {step} has a field named {name!r}, a name trajstore.ray gives "
-                              f"its own column ({', '.join(out)}); read it with Reader.read instead")
-        out[name] = _column([None if r is None else r.get(name) for r in recs])
+    for name in names:  # a field named like an own column keeps its values under <name>_field (to_pandas' rule)
+        out[f"{name}_field" if name in OWN else name] = _column([None if r is None else r.get(name) for r in recs])
     return out
 
 

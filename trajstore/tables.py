@@ -6,7 +6,9 @@
 ``to_pandas``: one row per trajectory with ``step`` and ``index`` (position in the batch)
 columns (and ``rank``, the rank that wrote it, for steps written by several ranks); per-token fields hold the trajectory's own tokens as numpy arrays (bfloat16 as
 float32), nested fields have dotted names, a rejected (``None``) trajectory is a row whose
-``rejected`` column is True and whose fields are missing (NaN/None).
+``rejected`` column is True and whose fields are missing (NaN/None). A field named like one of those
+columns of the frame's own (``index``: OpenRLHF's ``Experience.index``, ``rejected``, ``rank``) keeps
+its values under ``<name>_field`` (``OWN``), so neither replaces the other.
 
 ``duckdb``: an in-memory DuckDB connection with one view per split (``train``, ``val``, ...)
 over the split's step files (or over the one file of a Reader opened on a step file), every row carrying its ``step``;
@@ -42,7 +44,9 @@ if TYPE_CHECKING:  # optional extras, imported when used
     import duckdb
     import pandas as pd
 
-__all__ = ["explain_sql_error", "step_rows", "to_pandas", "duckdb_connect"]
+__all__ = ["explain_sql_error", "step_rows", "to_pandas", "duckdb_connect", "OWN"]
+
+OWN = ("step", "index", "rejected", "rank")  # to_pandas' own columns: a field of such a name is <name>_field
 
 
 def step_rows(reader: Any, step: int) -> list[dict | None]:
@@ -72,7 +76,7 @@ def to_pandas(reader: Any, step: int | None = None) -> pd.DataFrame:
             if by is not None and len(by) == len(rows_):
                 rec["rank"] = by[i]
             if r is not None:
-                rec.update(r)
+                rec.update((f"{k}_field" if k in OWN else k, v) for k, v in r.items())
             recs.append(rec)
     if not recs:
         return pd.DataFrame({"step": pd.Series(dtype="int64"), "index": pd.Series(dtype="int64"),

@@ -26,13 +26,13 @@ import torch
 from ..errors import BatchError, BatchWarning, UnsupportedTypeError, warn
 from ..integrations import areal
 from ..integrations import trl
-from . import layout
+from . import classes, layout
 from .arrow import ColumnNames
 from .layout import Layout
 from .limits import MAX_DIMS, MAX_SPEC_DEPTH
 from .spec import SHAPE_PREFIX, where
 from .typed import check_np_dtype, needs_typed
-from .values import check_json, check_str, describe, has_tensor, is_tensorlike
+from .values import check_json, check_str, describe, has_tensor, is_tensorlike, number_lists
 
 __all__ = ["check", "plan", "Plan", "Tensor", "Json", "TValue", "Group", "Seq", "Empty", "Cells", "Struct", "Values",
            "MISSING", "GLOBAL", "TOKENS", "FLAT", "SAMPLE", "SEGMENTS"]
@@ -179,6 +179,8 @@ class _Walk:
             raise _too_deep(path)
         if is_tensorlike(v):
             return self.tensor(v, path)
+        if type(v) not in (dict, list, tuple) and isinstance(v, dict | list | tuple):
+            classes.refuse_partial(v, f"field {where(path)!r}")  # its attributes would be lost
         if isinstance(v, Mapping):
             if all(type(k) is str for k in v):
                 return Group([(k, self.field(x, path + (k,))) for k, x in v.items()])
@@ -313,6 +315,8 @@ class _Walk:
             ptype = "num"  # one float64 column for every Python number (docs/FORMAT.md 3.3, "num")
         elif types == {int} and all(-(2**63) <= e < 2**63 for _, e in present):
             ptype = "int"  # beyond float64's exact ints: int64, under another name where the split has a double
+        elif types == {list} and (lt := number_lists(e for _, e in present)) is not None:
+            ptype = lt  # per-sample ragged token lists (SkyRL's response_ids, loss_masks...): large_list columns
         else:
             typed = False
             for i, e in present:
@@ -357,6 +361,10 @@ def plan(batch: Any, read: bool = True, masks: Mapping | None = None) -> Plan:
     if isinstance(batch, list | tuple):
         if not all(e is None or isinstance(e, Mapping) for e in batch):
             raise _list_batch_error(batch)
+        if masks:  # the declared groups are a dict batch's; never silently not applied
+            raise BatchError(f"Writer(masks={dict(masks)!r}) declares mask groups of a dict batch, but this step "
+                             f"is a list batch of {len(batch)} trajectories, whose per-token fields follow each "
+                             "element's own attention_mask; write list batches with a Writer without masks=")
         w = _Walk(len(batch), None)
         elem = w.elems((), list(batch))
         if not isinstance(elem, Struct | Empty):  # dicts of plain values only: one JSON value each

@@ -21,6 +21,9 @@ container (None for plain batches) stored in the spec; ``wrap(plain, tag)`` rebu
   is installed, whatever the import order of the reading process; a file can name no
   other module to import.  Otherwise the step comes back as :class:`DataProtoLike`, a
   small dataclass of the same shape.
+* The RL frameworks' own classes (OpenRLHF's and SkyRL's ``Experience``, SkyRL's training batches
+  with their ``metadata``, lists of ``Experience``) and the refusal of what would be stored only
+  in part: ``format/classes.py``.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import torch
 
 from ..errors import BatchError, ConfigError, FormatError, MissingDependencyError, UnsupportedTypeError
 from ..integrations import verl
-from . import typed
+from . import classes, typed
 
 __all__ = ["unwrap", "wrap", "version", "DataProtoLike", "is_tensordict", "is_dataproto"]
 
@@ -131,6 +134,11 @@ def _td_build(plain: dict, tag: dict, where: str):
 
 def unwrap(batch: Any) -> tuple[Any, dict | None]:
     """(plain batch, container tag or None) of a batch of any supported container type."""
+    if type(batch) is dict:
+        return batch, None
+    got = classes.unwrap(batch)  # a framework's own class; refuses what would be stored in part
+    if got is not None:
+        return got
     if isinstance(batch, dict | list | tuple):
         return batch, None
     if is_tensordict(batch):
@@ -155,6 +163,8 @@ def unwrap(batch: Any) -> tuple[Any, dict | None]:
 
 def version(tag: dict) -> int:
     """The lowest format version that reads a container tag (2 for a typed ``meta_info``)."""
+    if tag.get("type") in classes.KINDS:
+        return max(classes.version(tag), typed.version(tag["attrs_t"]) if "attrs_t" in tag else 1)
     return typed.version(tag["meta_info_t"]) if "meta_info_t" in tag else 1  # 3 with a NaN / inf inside
 
 
@@ -194,6 +204,8 @@ def wrap(plain: Any, tag: dict | None, where: str = "", packed: bool = False) ->
     kind = tag.get("type")
     if kind == "tensordict":
         return _td_build(plain, tag, where)
+    if kind in classes.KINDS:  # a packed read's fields are not the class's: the plain dict
+        return plain if packed else classes.wrap(plain, tag, where)
     if kind == "dataproto":
         keys = set(tag["non_tensor_keys"])
         non_tensor = {k: plain[k] for k in tag["non_tensor_keys"] if k in plain}

@@ -157,6 +157,7 @@ def _infer_groups(batch: Mapping, lay: Layout, masks: Mapping[str, Any]) -> None
             if is_tensorlike(v) and np.ndim(v) == 2 and int(v.shape[0]) == B and int(v.shape[1]) < lay.T:
                 W = int(v.shape[1])
                 _add(lay, MaskGroup(key, "attention_mask", 0 if head else lay.T - W, W, part=True))
+        _trainer_parts(batch, lay)
     for k, v in batch.items():
         if k != "attention_mask" and k.endswith("_mask") and _is_mask(v, B):
             ids = batch.get(k[:-5] + "_ids")
@@ -181,6 +182,30 @@ def _infer_groups(batch: Mapping, lay: Layout, masks: Mapping[str, Any]) -> None
             lay.declared[name] = i
 
 
+def _width(v: Any, B: int) -> int | None:
+    """W of a ``[B, W]`` tensor field, else None."""
+    return int(v.shape[1]) if _is_mask(v, B) and np.ndim(v) == 2 else None
+
+
+def _trainer_parts(batch: Mapping, lay: Layout) -> None:
+    """The parts of ``attention_mask`` [B, T] the per-token fields of OpenRLHF's and SkyRL's batches
+    follow (docs/FORMAT.md 3.4), from names and shapes: OpenRLHF's ``Experience`` (``sequences`` and an
+    ``action_mask`` [B, T-1]): its action-width fields are the tokens after the first, columns 1..T-1
+    (group ``action``); SkyRL's training batch (``response_mask`` [B, R]) and replay-buffer
+    ``Experience`` (``action_mask`` [B, R] and ``num_actions``): its response fields are the last R
+    columns (group ``response``). Nothing where verl's parts were found."""
+    if any(g.part for g in lay.groups):
+        return
+    T, B = lay.T, lay.B
+    act, resp = _width(batch.get("action_mask"), B), _width(batch.get("response_mask"), B)
+    if resp is not None and resp < T:
+        _add(lay, MaskGroup("response", "attention_mask", T - resp, resp, part=True))
+    elif act is not None and act < T and "num_actions" in batch:
+        _add(lay, MaskGroup("response", "attention_mask", T - act, act, part=True))
+    elif act == T - 1 and is_tensorlike(batch.get("sequences")):
+        _add(lay, MaskGroup("action", "attention_mask", 1, act, part=True))
+
+
 def _prefix(src: str) -> str:
     return src[:-4] if src.endswith("_mask") else src + "_"
 
@@ -201,7 +226,9 @@ def group_of(lay: Layout, path: tuple, shape: list[int]) -> int | None:
     if lay.form == "padded" and W == lay.T:
         return 0
     parts = {g.key: i for i, g in enumerate(lay.groups) if g.part and len(shape) == 2}  # verl's [B, P], [B, R]
-    head, tail = parts.get("prompt"), parts.get("response")
+    head, tail, act = parts.get("prompt"), parts.get("response"), parts.get("action")
+    if act is not None and W == lay.groups[act].W:
+        return act
     if head is not None and W == lay.groups[head].W and (col == "prompts" or tail is None
                                                             or W != lay.groups[tail].W):
         return head

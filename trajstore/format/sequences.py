@@ -29,7 +29,8 @@ from .values import as_cpu, dumps, storage
 
 __all__ = ["encode_seq", "encode_elems", "mark_list_tokens", "decode_seq", "decode_elems"]
 
-_ARROW = {"str": pa.string(), "bool": pa.bool_(), "float": pa.float64(), "int": pa.int64()}
+_ARROW = {"str": pa.string(), "bool": pa.bool_(), "float": pa.float64(), "int": pa.int64(),
+          "ilist": pa.large_list(pa.int64()), "flist": pa.large_list(pa.float64())}  # lists: version 4
 
 
 # ----------------------------------------------------------------------------- encode
@@ -115,6 +116,8 @@ def _encode_values(enc: TableBuilder, node: dict, p: Values) -> None:
         enc.needs(3)
     else:
         arr = pa.array(vals, type=_ARROW[p.ptype])
+        if p.ptype in ("ilist", "flist"):  # a ragged list of ints / floats per trajectory (version 4)
+            enc.needs(4)
     node.update(t="value", col=p.col, ptype=p.ptype)
     enc.add(p.col, arr, {"kind": "json" if p.ptype in ("json", "tjson") else "value"}, p.path)
 

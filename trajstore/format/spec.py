@@ -24,7 +24,7 @@ __all__ = [
     "node_columns", "columns_for", "where",
 ]
 
-FORMAT_VERSION = 3  # the newest step-file version this library reads and writes
+FORMAT_VERSION = 4  # the newest step-file version this library reads and writes
 MANIFEST_VERSION = 2  # the dump layout (trajstore.json, folders, names; 2: _trajstore/ side folder); steps carry their own version
 RESERVED = ("step",)  # column names a batch field may not take
 STEP_COLUMN = "step"
@@ -140,7 +140,7 @@ class ValueElem(_Rows):
 
     t: Literal["value"]
     col: str
-    ptype: Literal["str", "bool", "int", "float", "num", "json", "tjson"]  # tjson: typed JSON, version 2; num: 3
+    ptype: Literal["str", "bool", "int", "float", "num", "json", "tjson", "ilist", "flist"]  # tjson: 2; num: 3; lists: 4
     ints: NotRequired[Any]  # num: true (every non-null row was an int) or the rows that were ints
 
 

@@ -18,6 +18,10 @@ a ``"$t"`` key is one of:
 * ``{"$t": "float", "v": "nan" | "inf" | "-inf", "bits"?: 16 hex digits}``: a Python float JSON has
   no number for (format version 3), ``bits`` its IEEE 754 bits where a NaN is not the usual one, so
   every document is strict JSON (Polars ``json_decode``, DuckDB ``json``) and NaN payloads survive.
+* ``{"$t": "obj", "cls": "module:qualname", "v": {field: value, ...}}`` (format version 4): a
+  dataclass value of a framework's class trajstore knows (``VALUE_CLASSES``: SkyRL's
+  ``TrajectoryID``), rebuilt as that class where its package is installed, else as the dict of its
+  fields.
 
 ``needs_typed`` walks a value on the caller's thread (no tensor value is read) and says whether it
 is plain JSON (stored as today) or needs this encoding; it raises ``UnsupportedTypeError`` naming
@@ -38,12 +42,14 @@ from typing import Any
 import numpy as np
 
 from ..errors import BatchError, FormatError, UnsupportedTypeError
+from ..integrations import class_path, load_class, skyrl
 from . import dtypes as dt
 from .limits import MAX_VALUE_DEPTH
 from .values import check_tensor, is_tensor
 
 __all__ = ["needs_typed", "check_np_dtype", "encode", "decode", "version", "step_meta", "STORABLE", "MAX_DEPTH"]
 
+VALUE_CLASSES = skyrl.VALUE_CLASSES  # dataclasses stored as ``obj`` documents, field by field
 MAX_DEPTH = MAX_VALUE_DEPTH  # format/limits.py: one set for writer and reader
 TAG = "$t"
 STORABLE = ("None, bool, int, float, str, bytes, list, tuple, dict, a numpy scalar or array, "
@@ -112,8 +118,22 @@ def _walk(v: Any, what: str, at: list, depth: int) -> bool:
     if is_tensor(v):
         check_tensor(v, (_at(what, at),))
         return True
+    if class_path(t) in VALUE_CLASSES and hasattr(v, "__dataclass_fields__"):
+        at.append(t.__name__)
+        _walk(_obj_fields(v), what, at, depth + 1)
+        at.pop()
+        return True
     raise UnsupportedTypeError(f"{_at(what, at)}: a value of type {t.__module__}.{t.__qualname__} cannot be "
                                f"stored; convert it to {STORABLE} (e.g. dataclasses.asdict, or str)")
+
+
+def _obj_fields(v: Any) -> dict:
+    names = list(v.__dataclass_fields__)
+    extra = [k for k in getattr(v, "__dict__", ()) if k not in names]
+    if extra:
+        raise BatchError(f"a {type(v).__qualname__} value carries attributes {extra[:8]} besides its fields: "
+                         "they would be lost; store them as fields of their own")
+    return {n: getattr(v, n) for n in names}
 
 
 def check_np_dtype(v: np.ndarray | np.generic, what: str) -> None:
@@ -160,6 +180,8 @@ def encode(v: Any) -> Any:
         else:
             out["v"] = _b64(np.ascontiguousarray(v).tobytes())
         return out
+    if class_path(t) in VALUE_CLASSES:
+        return {TAG: "obj", "cls": class_path(t), "v": encode(_obj_fields(v))}
     assert is_tensor(v)
     name = dt.TORCH_NAMES[v.dtype]
     x = v.detach().cpu().resolve_conj().resolve_neg().contiguous()
@@ -175,17 +197,20 @@ def _float(v: float) -> dict:
 
 
 def version(doc: Any) -> int:
-    """The format version a typed document needs: 3 where it holds a ``float`` tag, else 2."""
-    stack = [doc]
+    """The format version a typed document needs: 4 where it holds an ``obj`` tag, 3 where it holds a
+    ``float`` tag, else 2."""
+    stack, out = [doc], 2
     while stack:
         d = stack.pop()
         if type(d) is list:
             stack.extend(d)
         elif type(d) is dict:
+            if d.get(TAG) == "obj":
+                return 4
             if d.get(TAG) == "float":
-                return 3
+                out = 3
             stack.extend(d.values())
-    return 2
+    return out
 
 
 class _Bad(Exception):
@@ -295,6 +320,13 @@ def _dec(d: Any, depth: int) -> Any:
         if x == x:
             raise _Bad(f"float bits {b} are not a NaN")
         return x
+    if tag == "obj" and type(v) is dict and type(d.get("cls")) is str and d["cls"] in VALUE_CLASSES:
+        fields = {k: _dec(x, depth + 1) for k, x in v.items()}
+        cls = load_class(d["cls"], VALUE_CLASSES)
+        try:
+            return fields if cls is None else cls(**fields)
+        except TypeError:  # another version of the class: its fields as a dict
+            return fields
     raise _Bad(f"type tag {str(tag)[:40]!r} (or its value) is unknown")
 
 

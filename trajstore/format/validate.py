@@ -26,7 +26,7 @@ from . import dtypes as dt
 from . import limits
 from .limits import MAX_SPEC_DEPTH as MAX_DEPTH
 from .validate_envelope import Bad as _Bad
-from .validate_envelope import check_orders, longest, shape as _shape, shard, typed_doc as _typed, wrapper
+from .validate_envelope import check_orders, class_tag, longest, shape as _shape, shard, typed_doc as _typed, wrapper
 
 _NP_STR = re.compile(r"^[<>|=]?(O|U\d{1,9}|S\d{1,9}|[Mm]8(\[\d{0,4}[a-zA-Z]{1,2}\])?|c(8|16))$")
 _LIBS = ("torch", "numpy", "np_scalar")
@@ -324,9 +324,12 @@ class _Checker:
         elif t == "value":
             p = node.get("ptype")
             want = {"str": pa.string(), "json": pa.string(), "tjson": pa.string(), "bool": pa.bool_(), "float": pa.float64(),
-                    "int": pa.int64(), "num": pa.float64()}.get(p) if type(p) is str else None
+                    "int": pa.int64(), "num": pa.float64(), "ilist": pa.large_list(pa.int64()),
+                    "flist": pa.large_list(pa.float64())}.get(p) if type(p) is str else None
             if want is None:
                 raise _Bad(f"value type {p!r} is unknown")
+            if p in ("ilist", "flist") and type(self.version) is int and self.version < 4:
+                raise _Bad(f"an {p!r} value column in a file of format version {self.version} (it needs 4)")
             if p == "num":  # Python numbers in a float64 column, the int rows listed (version 3)
                 if type(self.version) is int and self.version < 3:
                     raise _Bad(f"a 'num' value column in a file of format version {self.version} (it needs 3)")
@@ -384,7 +387,7 @@ def check(doc: dict, schema: pa.Schema, num_rows: int, where: str, budget: bool 
             if spec.get("container") not in ("list", "tuple"):
                 raise _Bad(f"a list batch has container {spec.get('container')!r}")
             if "wrapper" in spec:
-                raise _Bad("a list batch has a container wrapper")
+                class_tag(spec["wrapper"], True)  # a list of a framework's dataclass (version 4)
             ch.elem(spec.get("elem"), 1)
         else:
             raise _Bad(f"batch node type {t!r} is unknown")

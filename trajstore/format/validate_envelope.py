@@ -84,11 +84,23 @@ def td_tag(tag, keys: dict, depth: int = 0) -> None:
         raise Bad("a TensorDict wrapper's non-tensor entry is neither 'stack' nor 'data'")
 
 
+def class_tag(w, each: bool) -> None:
+    """The tag of a framework class (format/classes.py, format version 4): ``each`` for a list batch."""
+    if type(w) is not dict or type(w.get("cls")) is not str or bool(w.get("each")) != each:
+        raise Bad(f"a {'list' if each else 'dict'} batch's class wrapper is malformed")
+    if w.get("type") == "dict" and type(typed_doc(w.get("attrs_t"), "class attributes")) is not dict:
+        raise Bad("a class wrapper's attributes are not a dict")
+    if w.get("type") not in ("dataclass", "dict") or (each and w["type"] != "dataclass"):
+        raise Bad(f"class wrapper type {str(w.get('type'))[:40]!r} is unknown here")
+
+
 def wrapper(w, keys: dict) -> None:
     """The container tag of a dict batch (an unknown type is left to ``containers.wrap``)."""
     if type(w) is not dict:
         raise Bad("wrapper is not an object")
-    if w.get("type") == "tensordict":
+    if w.get("type") in ("dataclass", "dict"):
+        class_tag(w, False)
+    elif w.get("type") == "tensordict":
         td_tag(w, keys)
     elif w.get("type") == "dataproto":
         names = w.get("non_tensor_keys")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -24,7 +24,7 @@ from .limits import MAX_VALUE_DEPTH
 from .spec import where
 
 __all__ = ["is_tensor", "is_tensorlike", "describe", "check_tensor", "as_cpu", "storage", "bits", "has_tensor",
-           "check_str", "check_json", "dumps", "MAX_JSON_DEPTH"]
+           "check_str", "check_json", "dumps", "number_lists", "MAX_JSON_DEPTH"]
 
 MAX_JSON_DEPTH = MAX_VALUE_DEPTH  # format/limits.py: one set for writer and reader
 
@@ -180,3 +180,20 @@ def _json(v: Any, what: str, at: list, depth: int) -> None:
 def dumps(v: Any) -> str:
     """Compact JSON text of a value ``check_json`` accepted (non-ASCII kept, NaN and infinities allowed)."""
     return json.dumps(v, ensure_ascii=False, allow_nan=True, separators=(",", ":"))
+
+
+def number_lists(rows: Iterable) -> str | None:
+    """The value type of per-trajectory ``rows`` that are all lists: ``ilist`` where every item is an int
+    (int64 range), ``flist`` where every item is a float (docs/FORMAT.md 3.3, format version 4); None
+    otherwise (mixed or other items, or only empty lists: stored as JSON values then)."""
+    kind = None
+    for e in rows:
+        for x in e:
+            t = type(x)
+            if t is not kind:
+                if kind is not None or t not in (int, float):
+                    return None
+                kind = t
+            if t is int and not -(2**63) <= x < 2**63:
+                return None
+    return None if kind is None else "ilist" if kind is int else "flist"

@@ -9,6 +9,10 @@ them.
 * ``trl``: TRL/Qwen-VL ``pixel_values`` (and ``image_grid_thw``) split per sample by
   ``image_grid_thw`` and ``num_images``, stored as segmented tensors (docs/FORMAT.md 3.9).
 * ``areal``: AReaL's single-controller ``RTensor`` values, stored as their local tensors.
+* ``openrlhf``: OpenRLHF's ``Experience`` dataclass (and lists of it), restored on replay; its
+  action-width fields.
+* ``skyrl``: SkyRL's ``TrainingInputBatch`` / ``TrainingOutputBatch`` (dicts with ``.metadata``),
+  its replay-buffer ``Experience`` and the ``TrajectoryID`` values of its generator output.
 
 Each module says what it adapts and where the format stores it (docs/frameworks/<name>.md has the
 user-facing side).
@@ -21,7 +25,7 @@ import importlib.util
 import logging
 import sys
 
-__all__ = ["load"]
+__all__ = ["load", "load_class", "class_path"]
 
 log = logging.getLogger("trajstore.reader")
 _failed: set[str] = set()  # framework modules whose import failed once (not tried again)
@@ -41,3 +45,22 @@ def load(mod_name: str) -> None:
         _failed.add(mod_name)
         log.warning("trajstore: %s is installed but cannot be imported (%s: %s); trajstore goes on "
                     "without it", mod_name, type(e).__name__, e)
+
+
+def class_path(cls: type) -> str:
+    """``module:qualname`` of a class, the name a step file records."""
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def load_class(path: str, allowed) -> type | None:
+    """The class ``path`` (``module:qualname``) names if it is one of ``allowed`` (this package's own
+    lists, never a name read from a file alone) and its package is installed (imported here if
+    needed); else None."""
+    if path not in allowed:
+        return None
+    mod_name, _, qual = path.partition(":")
+    load(mod_name)
+    obj = sys.modules.get(mod_name)
+    for part in qual.split("."):
+        obj = getattr(obj, part, None) if obj is not None else None
+    return obj if isinstance(obj, type) else None

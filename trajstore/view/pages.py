@@ -27,6 +27,18 @@ CHUNK = 256  # steps read per batch of the run page's metrics
 READERS = 2  # step files read at once (pyarrow's reads release the GIL)
 
 
+LONE_LOGPROBS = ("logprobs", "old_logprobs", "rollout_logprobs", "ref_logprobs", "rollout_log_probs", "action_log_probs")
+
+
+def _last(a: Any, n: int, fill: Any) -> np.ndarray:
+    """A per-token field of the LAST ``len(a)`` of a trajectory's ``n`` tokens (OpenRLHF's action fields:
+    tokens 1..n-1; SkyRL's response fields) aligned to all ``n``: ``fill`` in front."""
+    a = np.asarray(a)
+    if len(a) >= n:
+        return a
+    return np.concatenate([np.full(n - len(a), fill, dtype=np.result_type(a.dtype, np.asarray(fill).dtype)), a])
+
+
 def _f(v: Any) -> Any:
     """A value as JSON: NaN as None, infinities as the text ``inf`` / ``-inf``."""
     if isinstance(v, float | np.floating):
@@ -172,8 +184,7 @@ class View:
         r = reader or self.reader(split)
         f = data.fields_of(r, step)
         ids = f.ids or (f.tokens[0] if f.tokens else None)
-        lone = None if f.pair else next((n for n in ("logprobs", "old_logprobs", "rollout_logprobs", "ref_logprobs")
-                                         if n in f.tokens), None)  # one logprob field alone still colours
+        lone = None if f.pair else next((n for n in LONE_LOGPROBS if n in f.tokens), None)  # one alone still colours
         want = [w for w in dict.fromkeys([ids, f.mask, f.versions, *(f.pair or ()), lone]) if w]
         c = data.read(r, step, want, f.scalars, row=index)
         if c.n != 1:
@@ -182,18 +193,20 @@ class View:
         cols = {k: c.row(k, 0) for k in want}
         n_tok = int(c.counts[0]) if ids is None else len(cols[ids])
         tid = [int(x) for x in (cols[ids] if ids else np.arange(n_tok))]
-        mask = (cols[f.mask] != 0).astype(int) if f.mask else np.ones(n_tok, int)
-        lp = cols.get(lp_name) if lp_name else None
-        other = cols.get(f.pair[1]) if f.pair else None
-        ver = cols.get(f.versions) if f.versions else None
+        mask = (_last(cols[f.mask], n_tok, 0) != 0).astype(int) if f.mask else np.ones(n_tok, int)
+        lp = _last(cols[lp_name], n_tok, np.nan) if lp_name else None
+        other = _last(cols[f.pair[1]], n_tok, np.nan) if f.pair else None
+        ver = _last(cols[f.versions], n_tok, -1) if f.versions else None
+        first = {k: n_tok - len(v) for k, v in cols.items()}  # a field of the last tokens has none before
+        kind = {k: np.asarray(v).dtype for k, v in cols.items()}  # its stored dtype (the fill may widen)
         texts = token_texts(self.tokenizer, tid) if self.tokenizer else [{"text": str(x)} for x in tid]
         toks = []
         for j in range(n_tok):
             t = {"id": tid[j], **texts[j], "mask": int(mask[j]),
-                 "logprob": "" if lp is None else number(lp[j], lp.dtype),
-                 "version": "" if ver is None else str(int(ver[j]))}
+                 "logprob": "" if lp is None or j < first[lp_name] else number(lp[j], kind[lp_name]),
+                 "version": "" if ver is None or j < first[f.versions] else str(int(ver[j]))}
             if other is not None:
-                t["other"] = number(other[j], other.dtype)
+                t["other"] = "" if j < first[f.pair[1]] else number(other[j], kind[f.pair[1]])
             t["title"] = _title(t, f, lp_name)
             toks.append(t)
         scal = {k: _f32(v[0], k in c.f32) for k, v in c.scal.items()}
