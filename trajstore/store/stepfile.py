@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 from ..errors import FormatError, foreign_errors
 from ..format import limits, validate
 from ..format.spec import check_version
-from . import checksums
+from . import checksums, paths
 from .fs import source
 
 __all__ = ["StepFile", "open_step"]
@@ -49,9 +49,26 @@ def open_step(f: Path, step: int, verify: bool = False, check: bool = True) -> S
     check_version(doc.get("format_version"), str(f), "the step")
     if doc.get("step") != step:
         raise FormatError(f"{f}: the file says it holds step {doc.get('step')!r}, its name says {step}")
+    _check_shard(f, doc.get("shard"))
     if check:
         limits.check_pages(pf.metadata, str(f))
         with foreign_errors(f, "reading its Arrow schema", then="the step is damaged"):
             arrow_schema = pf.schema_arrow
         validate.check(doc, arrow_schema, pf.metadata.num_rows, str(f))
     return StepFile(pf, src, doc, f)
+
+
+def _check_shard(f: Path, shard: Any) -> None:
+    """The shard the footer says the file holds is the one its name says: a shard named rank r of N says
+    ``{"rank": r, "world_size": N}``, a whole step file (``step_N.parquet``) says none (a shard renamed
+    whole would read as the whole step). Other names (a lone file given to the reader) are not judged."""
+    name = f.name
+    m = paths.SHARD_RE.match(name)
+    if m is not None:
+        want = {"rank": int(m[2]), "world_size": int(m[3])}
+        if shard != want:
+            raise FormatError(f"{f}: its metadata says shard {shard!r}, its name says rank {want['rank']} of "
+                              f"{want['world_size']}; the file was renamed or is damaged")
+    elif paths.STEP_RE.match(name) and shard is not None:
+        raise FormatError(f"{f}: its metadata says shard {shard!r} of a step written by several ranks, its name "
+                          "says a whole step; the file was renamed or is damaged")

@@ -3,7 +3,9 @@
 Routes: ``/`` (run), ``/step/{split}/{step}``, ``/traj/{split}/{step}/{index}``, ``/diff``; their data as
 JSON under ``/api/run``, ``/api/step``, ``/api/traj``, ``/api/diff``; ``/static/{name}`` serves only the
 files of this package's ``static`` folder and plotly's own bundle (``plotly/package_data/plotly.min.js``),
-never a path taken from the request. Every page is a small HTML shell (its title escaped) whose script
+never a path taken from the request. ``static/plotly_text.js``, loaded between plotly and the page
+script, hands plotly every title and trace name with ``& < > "`` as entities: plotly reads tags in
+them, and a field name is dump data. Every page is a small HTML shell (its title escaped) whose script
 fetches the JSON and builds the page with ``textContent`` (dump data never reaches ``innerHTML``).
 
 Every request is answered only if its ``Host`` header names the address and port the server is bound
@@ -57,7 +59,8 @@ def shell(page: str, title: str, attrs: dict[str, Any] | None = None) -> str:
             f'<meta name="viewport" content="width=device-width, initial-scale=1"><link rel="icon" href="data:,">'
             f'<link rel="stylesheet" href="/static/view.css"></head>\n'
             f'<body data-page="{page}"{a}><nav><a href="/">run</a></nav><h1>{t}</h1><div id="app"></div>\n'
-            f'<script src="/static/plotly.min.js"></script><script src="/static/view.js"></script>\n</body></html>\n')
+            f'<script src="/static/plotly.min.js"></script><script src="/static/plotly_text.js"></script>'
+            f'<script src="/static/view.js"></script>\n</body></html>\n')
 
 
 def _int(req: Request, name: str) -> int:
