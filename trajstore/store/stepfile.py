@@ -23,8 +23,8 @@ __all__ = ["StepFile", "open_step"]
 
 
 class StepFile(NamedTuple):
-    """An opened step file: its Parquet reader, the source it reads from (the path, or the checked
-    bytes with ``verify``), its trajstore description and its path."""
+    """An opened step file: its Parquet reader, the source it reads from (the checked file; with
+    ``verify`` the descriptor whose bytes were hashed), its trajstore description and its path."""
 
     pf: pq.ParquetFile
     src: Any
@@ -37,7 +37,7 @@ def open_step(f: Path, step: int, verify: bool = False, check: bool = True) -> S
     recorded checksum first; ``check=False`` skips the walk of the whole spec (``validate.check``), for
     callers that check the one node they decode."""
     with foreign_errors(f, "reading it as a Parquet file", then="the step is damaged"):
-        src = pa.BufferReader(checksums.read_verified(f, step)) if verify else source(f)
+        src = checksums.read_verified(f, step) if verify else source(f)
         pf = pq.ParquetFile(src, memory_map=False, page_checksum_verification=True, **limits.THRIFT_LIMITS)
         kv = pf.metadata.metadata or {}  # the footer's key-value pairs (no Arrow schema build)
     raw = kv.get(b"trajstore")
