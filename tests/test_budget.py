@@ -9,6 +9,7 @@ growth (``VmHWM``, reset before each case) per case."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -105,8 +106,9 @@ def child(tmp_path_factory) -> dict:
         fh.truncate(SPARSE)
     _dump(root / "goodseg")
     _dump(root / "bomb", T=8 << 20)  # 2 x 8 Mi int32 zeros: 64 MiB once decoded, a few KB in the file
+    env = {**os.environ, "ARROW_DEFAULT_MEMORY_POOL": "system"}  # freed buffers go back: each case's peak is its own
     p = subprocess.run([sys.executable, "-c", _CHILD.format(cap=CAP), str(root)], capture_output=True, text=True,
-                       timeout=300)
+                       timeout=300, env=env)
     got = {"root": root, "stderr": p.stderr[-3000:]}  # one line per case: a case that kills the child has none
     for line in p.stdout.splitlines():
         if line.startswith("{"):
