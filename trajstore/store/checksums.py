@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..errors import ChecksumError, foreign_errors
+from ..format import limits
 from . import paths
 from .files import listdir
 from .fs import is_remote
@@ -146,8 +147,11 @@ def read_verified(f: Path, step: int) -> Any:
     an object of object storage is fetched once (a new version is a new object) and read from that
     buffer, which must not be owned by a Python object (decoded arrays may point into it)."""
     if is_remote(f):  # one GET: the object is whole, and a new version is a new object
-        with foreign_errors(f, "reading step {}", step, then="check the object and the store"):
-            data = f.read_buffer()
+        with foreign_errors(f, "reading step {}", step, then="check the object and the store"), f.open_input() as src:
+            n = src.size()
+            if n > limits.MAX_DECODED_BYTES:  # held whole: within the one decode budget
+                raise limits.over(f, n, "the step object, held whole to check its SHA-256 (verify=True)")
+            data = src.read_buffer()
         check_digest(f, step, hashlib.sha256(memoryview(data)).hexdigest())
         return pa.BufferReader(data)
     for attempt in range(3):
