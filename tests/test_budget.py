@@ -25,7 +25,7 @@ from trajstore.format import limits
 from trajstore.store import checksums, index, paths
 
 CAP = 3 << 30  # the child's address space: below the default decode budget (16 GiB)
-SPARSE = 512 << 20  # a step file or segment of this many bytes, all holes
+SPARSE = 256 << 20  # a step file or segment of this many bytes, all holes
 GROWTH = 96 << 20  # what a refused or bounded read may add to the child's peak RSS
 
 _CHILD = textwrap.dedent("""
