@@ -187,7 +187,7 @@ def test_plotly_gets_field_names_as_text(tmp_path):
     p = subprocess.run(["node", str(script), str(JS), name], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
-    esc = name.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+    esc = name.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")  # what plotly draws as those characters
     (d1, l1), (d2, l2), (_, l3) = out["calls"]
     assert l1["title"]["text"] == f"reward ({esc})" and l1["xaxis"]["title"]["text"] == esc
     assert l1["yaxis"]["title"] == esc and l1["annotations"][0]["text"] == esc and l1["legend"]["title"]["text"] == esc

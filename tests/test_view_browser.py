@@ -359,3 +359,24 @@ def test_a_16k_token_trajectory_renders_whole(env, browser):
     assert last == [LONG, str(LONG - 1), str(int(r["input_ids"][-1]))]
     assert not math.isnan(float(browser.execute_script(
         "return document.querySelector('#tokens span.tok[data-mask=\"1\"]').dataset.logprob")))
+
+
+def test_plotly_draws_a_field_name_as_text(browser, tmp_path):
+    """A field name reaches plotly's titles as text (static/plotly_text.js): tags and entities in it are
+    drawn as the characters they are, never as a link or markup."""
+    import torch
+
+    import trajstore
+
+    name = '<b>r</b><a href="javascript:alert(1)">y</a> a&amp;b &lt;'
+    with trajstore.Writer(tmp_path / "d") as w:
+        w.append(0, {"input_ids": torch.ones(2, 4, dtype=torch.int64),
+                     "attention_mask": torch.ones(2, 4, dtype=torch.int64), name: torch.tensor([1.0, 2.0])})
+    out = tmp_path / "t.html"
+    run_cli("view", tmp_path / "d", "--export", out, "--steps", "0", timeout=600)
+    browser.get(out.as_uri())
+    wait_js(browser, "document.querySelectorAll('.gtitle').length >= 9")
+    titles = browser.execute_script("return Array.from(document.querySelectorAll('.gtitle')).map(e => e.textContent)")
+    assert f"reward ({name})" in titles, titles
+    assert browser.execute_script("return document.querySelectorAll('svg a, svg b').length") == 0
+    no_alert(browser)

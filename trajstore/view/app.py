@@ -4,7 +4,7 @@ Routes: ``/`` (run), ``/step/{split}/{step}``, ``/traj/{split}/{step}/{index}``,
 JSON under ``/api/run``, ``/api/step``, ``/api/traj``, ``/api/diff``; ``/static/{name}`` serves only the
 files of this package's ``static`` folder and plotly's own bundle (``plotly/package_data/plotly.min.js``),
 never a path taken from the request. ``static/plotly_text.js``, loaded between plotly and the page
-script, hands plotly every title and trace name with ``& < > "`` as entities: plotly reads tags in
+script, hands plotly every title and trace name with ``& < >`` as entities: plotly reads tags in
 them, and a field name is dump data. Every page is a small HTML shell (its title escaped) whose script
 fetches the JSON and builds the page with ``textContent`` (dump data never reaches ``innerHTML``).
 

@@ -1,14 +1,14 @@
 /* trajstore view: every text plotly draws is text. Plotly reads tags (<a href>, <b>, <br>, <span style>)
    and entities in titles, axis titles, annotations, legend titles and trace names; a field name or a
    value of the dump can hold any of them. Loaded after plotly.min.js and before view.js, this wraps
-   Plotly.newPlot, react, update and relayout so that those texts reach plotly with & < > " written as
+   Plotly.newPlot, react, update and relayout so that those texts reach plotly with & < > written as
    entities, which plotly shows as the characters themselves (hover templates, written by view.js,
    are left as they are). */
 (function (root) {
   "use strict";
-  var MAP = {"&": "&amp;", "<": "&lt;", ">": "&gt;", "\"": "&quot;"};
+  var MAP = {"&": "&amp;", "<": "&lt;", ">": "&gt;"};
 
-  function esc(s) { return String(s).replace(/[&<>"]/g, function (c) { return MAP[c]; }); }
+  function esc(s) { return String(s).replace(/[&<>]/g, function (c) { return MAP[c]; }); }
 
   function title(t) {
     if (typeof t === "string") return esc(t);
