@@ -3,8 +3,9 @@
 A tiny causal transformer learns to reverse strings ("abc=" -> "cba<eos>").  Each step:
 
 * rollout: sample G responses of variable length for each of P prompts (temperature 1,
-  stop at <eos>), keep each sampled token's log-probability, score them with a rule
-  reward (characters in the right place, a bonus for the exact answer);
+  stop at <eos>; the policy never emits <pad>, <bos> or "="), keep each sampled token's
+  log-probability, score them with a rule reward (characters in the right place, a bonus
+  for the exact answer);
 * train: group-relative advantages, then PPO-clip updates against the recorded
   log-probabilities; print the step's loss and grad-norm.
 
@@ -71,12 +72,15 @@ class TinyLM(nn.Module):
         self.tok, self.pos = nn.Embedding(VOCAB, d), nn.Embedding(max_len, d)
         self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
         self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, VOCAB)
+        self.register_buffer("never", torch.tensor([PAD, BOS, SEP]), persistent=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.tok(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device))
         for b in self.blocks:
             x = b(x)
-        return self.head(self.ln(x))
+        # a policy never emits <pad>, <bos> or the prompt's "=": their logits are -inf for sampler and
+        # trainer alike, so a sampled response is letters and <eos> only
+        return self.head(self.ln(x)).index_fill(-1, self.never.to(ids.device), float("-inf"))
 
 
 # ----------------------------------------------------------------------------- rollout

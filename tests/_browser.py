@@ -2,7 +2,7 @@
 ``chromium`` and ``chromium-driver`` (installed once per session by ``_provision.ensure_apt`` where
 missing; skipped with the command to run where that is impossible), driven by Selenium through the
 system ``/usr/bin/chromedriver`` -- Selenium Manager is never asked for a driver (it would download one).
-``ViewServer`` runs the ``trajstore view`` console script on a free 127.0.0.1 port."""
+``ViewServer`` runs the ``trajstore view`` console script on a free 127.0.0.1 port (in ``cwd`` if given)."""
 
 from __future__ import annotations
 
@@ -78,13 +78,13 @@ def free_port() -> int:
 class ViewServer:
     """``trajstore view *args --port N`` in a subprocess, up once ``GET /`` answers."""
 
-    def __init__(self, *args: Any, log: Path) -> None:
+    def __init__(self, *args: Any, log: Path, cwd: Path | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         self._out = open(log, "w")
         self.proc = subprocess.Popen(cli() + ["view", *map(str, args), "--port", str(self.port)],
-                                     stdout=self._out, stderr=subprocess.STDOUT,
+                                     stdout=self._out, stderr=subprocess.STDOUT, cwd=cwd,
                                      env={**os.environ, "NO_COLOR": "1"})
         deadline = time.monotonic() + 120
         while True:

@@ -6,7 +6,7 @@ should show, computed here from ``trajstore.Reader`` alone (never from trajstore
 fields, trajectory ``XSS_INDEX`` of every step is the ``PAYLOAD`` as its completion text and tokens),
 split ``ranks`` (2 SPMD shards a step, step ``INCOMPLETE`` of rank 0 only),
 split ``packed`` (``cu_seqlens``, no mask) and split ``long`` (one trajectory of ``LONG`` tokens).
-``diff_dumps``: two small dumps equal but for one logprob (``PLANT``)."""
+``diff_dumps``: two small dumps equal but for one logprob (``PLANT``) and the rewards of step ``PLANT_REWARDS``."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ XSS_INDEX = 2
 STEPS, SKIPPED, INCOMPLETE = [0, 1, 2, 4, 5], 3, 2
 B, LONG = 6, 16384
 PLANT = {"step": 2, "field": "old_logprobs", "index": 1, "token": None, "delta": 0.25}  # token: 3rd response token
+PLANT_REWARDS = 3  # b's rewards of this step differ too: a second field that differs, after the first
 PAIR = ("old_logprobs", "rollout_logprobs")  # the first pair of the viewer's list that the dump has
 PALETTE = ["rgb(255, 255, 255)", "rgb(198, 219, 239)", "rgb(158, 202, 225)", "rgb(107, 174, 214)",
            "rgb(66, 146, 198)", "rgb(33, 113, 181)", "rgb(8, 81, 156)", "rgb(8, 48, 107)"]
@@ -113,8 +114,8 @@ def view_dump(path: Path, tok_path: Path) -> None:
 
 
 def diff_dumps(a: Path, b: Path, tok_path: Path) -> dict:
-    """Two dumps of steps 0..3, equal but for ``PLANT``: ``old_logprobs`` of one response token of one
-    trajectory. Returns ``PLANT`` with its token."""
+    """Two dumps of steps 0..3, equal but for ``PLANT`` (``old_logprobs`` of one response token of one
+    trajectory) and the rewards of step ``PLANT_REWARDS``. Returns ``PLANT`` with its token."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(tok_path))
@@ -125,6 +126,8 @@ def diff_dumps(a: Path, b: Path, tok_path: Path) -> dict:
                 if planted and s == PLANT["step"]:
                     j = int(batch["loss_mask"][PLANT["index"]].nonzero()[2])
                     batch[PLANT["field"]][PLANT["index"], j] += PLANT["delta"]
+                if planted and s == PLANT_REWARDS:
+                    batch["rewards"] = batch["rewards"] + 1
                 w.append(s, batch)
     return {**PLANT, "token": j}
 
@@ -182,15 +185,17 @@ def js_round(x: float) -> int:
     return math.floor(x + 0.5)
 
 
-def colour(mode: str, mask: int, lp: float | None, other: float | None, v: int | None, maxv: int | None) -> str:
-    """The background colour a token should have (the viewer's documented formula)."""
+def colour(mode: str, mask: int, lp: float | None, other: float | None, v: int | None, maxv: int | None,
+           top: float | None = None) -> str:
+    """The background colour a token should have (the viewer's documented formula); ``top``: the
+    largest ``|lp - other|`` of the trajectory's loss-mask tokens (the diff colouring's scale)."""
     if mask == 0:
         return MASKED
     if mode == "logprob" and lp is not None:
         p = min(max(math.exp(lp), 0.0), 1.0)
         return f"rgb(255, {js_round(255 * p)}, {js_round(255 * p)})"
-    if mode == "diff" and lp is not None and other is not None:
-        d = min(abs(lp - other), 1.0)
+    if mode == "diff" and lp is not None and other is not None and top:
+        d = min(abs(lp - other), top) / top
         return f"rgb(255, {js_round(255 * (1 - d))}, {js_round(255 * (1 - d))})"
     if mode == "version" and v is not None and maxv is not None:
         return PALETTE[(maxv - v) % 8]

@@ -44,6 +44,23 @@ def no_sampler(monkeypatch, example):
     monkeypatch.setattr(example.Sampler, "__init__", boom)
 
 
+def test_the_policy_never_samples_special_tokens(tmp_path, example):
+    """A response is letters and at most one <eos>, last: no <pad>, <bos> or the prompt's "=" sampled
+    (they would show in `trajstore show` and the viewer as padding leaking into the data)."""
+    d = str(tmp_path / "dump")
+    example.run(["--dump", d, "--steps", "2", "--prompts", "4", "--group", "8", "--quiet"])
+    r = trajstore.Reader(d)
+    n = 0
+    for s in r.steps:
+        b = r[s]
+        for ids, m, text in zip(b["input_ids"], b["response_mask"].bool(), b["response"]):
+            resp = ids[m].tolist()
+            assert not {example.PAD, example.BOS, example.SEP} & set(resp), resp
+            assert example.EOS not in resp[:-1] and example.decode(resp) == text
+            n += len(resp)
+    assert n > 64  # responses were sampled (an untrained policy: most are several tokens long)
+
+
 def test_dump_then_replay_is_bit_identical(tmp_path, example, monkeypatch):
     d = str(tmp_path / "dump")
     a = example.run(["--dump", d] + SMALL)

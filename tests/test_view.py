@@ -170,14 +170,15 @@ def test_step_and_trajectory_pages_hold_the_readers_data(dumps, tok):
                 toks = tr["tokens"]
                 assert [k["id"] for k in toks] == [int(v) for v in x["input_ids"]]
                 assert [k["mask"] for k in toks] == [int(v) for v in m]
-                assert [k["logprob"] for k in toks] == [repr(float(v)) for v in x["old_logprobs"]]
-                assert [k["other"] for k in toks] == [repr(float(v)) for v in x["logprobs"]]
+                # float32 (and bf16, held as float32) values at float32 precision: the shortest repr
+                assert [k["logprob"] for k in toks] == [str(np.float32(float(v))) for v in x["old_logprobs"]]
+                assert [k["other"] for k in toks] == [str(np.float32(float(v))) for v in x["logprobs"]]
                 assert [k["version"] for k in toks] == [str(int(v)) for v in x["versions"]]
                 assert [k["text"] for k in toks] == [decode_ids(t, [int(v)]) for v in x["input_ids"]]
                 assert any(re.search("[a-z]", k["text"]) for k in toks)  # decoded text, not ids
                 k = toks[0]
-                assert k["title"] == (f"id={k['id']} text={k['text']!r} logprob={k['logprob']} mask={k['mask']} "
-                                      f"version={k['version']} other={k['other']}")
+                assert k["title"] == (f"id={k['id']} text={k['text']!r} old_logprobs={k['logprob']} "
+                                      f"logprobs={k['other']} loss_mask={k['mask']} versions={k['version']}")
         assert srv.get("/api/traj?split=train&step=0&index=3")[0] == 404  # no such trajectory
         assert srv.get("/api/step?split=train&step=4")[0] == 404  # incomplete
         assert srv.get("/api/step?split=train&step=x")[0] == 400
@@ -291,7 +292,8 @@ def test_diff_page_names_the_planted_divergence(tmp_path, tok):
         srv.close()
     f = d["first"]
     assert (f["step"], f["field"], f["trajectory"], f["token"]) == (1, "logprobs", 2, 3)
-    assert f["a"] - f["b"] == pytest.approx(-0.5, abs=1e-6)
+    assert float(f["a"]) - float(f["b"]) == pytest.approx(-0.5, abs=1e-6)  # float32 values as float32 text
+    assert f["a"] == str(np.float32(f["a"])) and f["b"] == str(np.float32(f["b"]))
     ids_a = [t["id"] for t in d["tokens_a"]]
     rows = step_rows(trajstore.Reader(tmp_path / "a"), 1)
     assert ids_a == [int(v) for v in rows[2]["input_ids"]] == [t["id"] for t in d["tokens_b"]]

@@ -2,9 +2,10 @@
 tests/_browser.py): the run page plots the reader's statistics and a click opens the step; the step
 table sorts, filters and opens a trajectory; token colours and tooltips follow the documented formulas;
 the diff page shows a planted divergence; dump text stays text; no path leaves the dump; the exported
-HTML works with no network; a 16k-token trajectory renders whole. The dumps and the expected values
-come from tests/_viewdumps.py (trajstore.Reader only). ``pytest --screenshots DIR`` also writes the
-PNG of each page (docs/img/ in the repository)."""
+HTML works with no network; a 16k-token trajectory renders whole; the demo's pages. The dumps and the
+expected values come from tests/_viewdumps.py (trajstore.Reader only). ``pytest --screenshots DIR`` also
+writes the PNG of each page of the demo's dump (20 steps, against a second run of 5 steps on 2 CPU
+threads): ``pytest tests/test_view_browser.py -k demo --screenshots docs/img``."""
 
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from _browser import OFFLINE, ViewServer, get_raw, make_driver, need_chromium, save_shot
 from _dumps import run as run_cli
-from _viewdumps import (B, INCOMPLETE, LONG, PAIR, PAYLOAD, SKIPPED, XSS_INDEX, colour, curves, diff_dumps,
-                        make_tokenizer, rows, view_dump)
+from _viewdumps import (B, INCOMPLETE, LONG, PAIR, PAYLOAD, PLANT_REWARDS, SKIPPED, XSS_INDEX, colour, curves,
+                        diff_dumps, make_tokenizer, rows, view_dump)
 
 pytestmark = pytest.mark.browser
 
@@ -107,6 +109,19 @@ def only_local_resources(driver, base: str) -> None:
     assert names and all(n.startswith(base) for n in names), names
 
 
+def gapped(xs: list, ys: list) -> tuple[list, list]:
+    """Split train's curve as plotted: a null point at the skipped step breaks the line."""
+    k = xs.index(SKIPPED + 1)
+    return xs[:k] + [SKIPPED] + xs[k:], ys[:k] + [None] + ys[k:]
+
+
+def same_curve(got: list, xs: list, ys: list, what: str) -> None:
+    assert got[0] == xs, (what, got[0])
+    assert [y is None for y in got[1]] == [y is None for y in ys], (what, got[1])
+    assert [y for y in got[1] if y is not None] == pytest.approx([y for y in ys if y is not None],
+                                                                 rel=1e-6, abs=1e-12), (what, got[1], ys)
+
+
 def test_run_page_plots_the_readers_statistics_and_a_point_opens_its_step(env, browser, shots):
     from selenium.webdriver.common.action_chains import ActionChains
 
@@ -116,14 +131,38 @@ def test_run_page_plots_the_readers_statistics_and_a_point_opens_its_step(env, b
         for metric, (xs, ys) in curves(env.dump, split).items():
             got = plot(browser, prefix + metric)
             assert got is not None, f"no plot {prefix + metric}"
-            assert got[0] == xs, (prefix + metric, got[0])
-            assert got[1] == pytest.approx(ys, rel=1e-6, abs=1e-12), (prefix + metric, got[1], ys)
+            if split == "train":  # the skipped step is a gap in the line: its point is null
+                xs, ys = gapped(xs, ys)
+            same_curve(got, xs, ys, prefix + metric)
+            axes = browser.execute_script("const l = document.getElementById(arguments[0])._fullLayout;"
+                                          "return [l.xaxis.title.text, l.yaxis.title.text]", prefix + metric)
+            assert axes[0] == "step" and axes[1], (prefix + metric, axes)  # both axes titled
     assert browser.execute_script("return document.getElementById('curve-packed-logprob_mismatch')") is None
+    # the reward mean with a band of one standard deviation (mean - std .. mean + std)
+    xs, mean = curves(env.dump, "train")["reward_mean"]
+    std = curves(env.dump, "train")["reward_std"][1]
+    band = browser.execute_script("const d = document.getElementById('curve-reward_mean').data;"
+                                  "return d.map(t => [Array.from(t.x), Array.from(t.y), t.fill || null])")
+    assert len(band) == 2 and band[1][2] == "toself"
+    # one closed shape per run of steps (the skipped step breaks it): mean + std forth, mean - std back
+    k = xs.index(SKIPPED + 1)
+    shape = []
+    for lo, hi in ((0, k), (k, len(xs))):
+        shape += [None] * bool(shape) + [m + s for m, s in zip(mean[lo:hi], std[lo:hi])]
+        shape += [m - s for m, s in zip(mean[lo:hi], std[lo:hi])][::-1]
+    assert band[1][0] == [x for x in (xs[:k] + xs[:k][::-1] + [None] + xs[k:] + xs[k:][::-1])]
+    assert [y is None for y in band[1][1]] == [y is None for y in shape]
+    assert [y for y in band[1][1] if y is not None] == pytest.approx([y for y in shape if y is not None], rel=1e-6)
+    # a curve with no data (split "packed" has no versions field) says so, with no empty axes
+    empty = browser.execute_script("const g = document.getElementById('curve-packed-version_lag');"
+                                   "return [g.dataset.empty, g._fullLayout.yaxis.visible,"
+                                   " (g.layout.annotations || []).map(a => a.text)]")
+    assert empty[0] == "1" and empty[1] is False and any("no versions field" in t for t in empty[2]), empty
     missing = browser.execute_script("return Array.from(document.querySelectorAll('#missing li'))"
                                      ".map(li => [li.dataset.step, li.dataset.why, li.dataset.split])")
     assert sorted(missing) == [[str(INCOMPLETE), "incomplete", "ranks"], [str(SKIPPED), "skipped", "train"]]
     only_local_resources(browser, env.url)
-    save_shot(browser, "run", shots)
+    save_shot(browser, "test-run", shots[:1])
 
     # click the plotted point of step 2: Plotly's own hover and click handling, then navigation
     x, y = curves(env.dump, "train")["reward_mean"][0][2], curves(env.dump, "train")["reward_mean"][1][2]
@@ -147,6 +186,11 @@ def table(driver, key: str) -> list[tuple[str, str]]:
         ".map(tr => [tr.dataset.index, tr.querySelector(`td[data-key='${arguments[0]}']`).dataset.value]);", key)]
 
 
+def headers(driver) -> list[str]:
+    """The keys of the step table's columns, in page order."""
+    return driver.execute_script("return Array.from(document.querySelectorAll('#traj-table th')).map(th => th.dataset.key)")
+
+
 def test_step_page_sorts_filters_and_opens_a_trajectory(env, browser, shots):
     import trajstore
 
@@ -154,7 +198,7 @@ def test_step_page_sorts_filters_and_opens_a_trajectory(env, browser, shots):
     rs = rows(trajstore.Reader(env.dump)[step])
     open_page(browser, f"{env.url}/step/train/{step}", "step",
               f"document.querySelectorAll('#traj-table tbody tr').length === {B}")
-    keys = browser.execute_script("return Array.from(document.querySelectorAll('#traj-table th')).map(th => th.dataset.key)")
+    keys = headers(browser)
     assert keys[:4] == ["index", "reward", "length", "version"] and "kl" in keys, keys
     got = {i: float(v) for i, v in table(browser, "reward")}
     assert got == {str(i): pytest.approx(r["reward"], rel=1e-7) for i, r in enumerate(rs)}
@@ -167,7 +211,17 @@ def test_step_page_sorts_filters_and_opens_a_trajectory(env, browser, shots):
             assert sorted(h[0]) == pytest.approx(sorted(want), rel=1e-7)
         else:  # pre-binned bars: the counts add up to the trajectories
             assert sum(h[1]) == len(want)
-    save_shot(browser, "step", shots)
+        axes = browser.execute_script("const l = document.getElementById(arguments[0])._fullLayout;"
+                                      "return [l.xaxis.title.text, l.yaxis.title.text]", div)
+        assert axes[0] and axes[1] == "trajectories", (div, axes)
+    # the table uses the page's width; text left-aligned, numbers right-aligned
+    widths = browser.execute_script("return [document.getElementById('traj-table').getBoundingClientRect().width,"
+                                    " document.getElementById('app').getBoundingClientRect().width]")
+    assert widths[0] >= 0.99 * widths[1], widths
+    align = browser.execute_script(
+        "const a = k => getComputedStyle(document.querySelector(`#traj-table td[data-key='${k}']`)).textAlign;"
+        "return [a('completion'), a('uid'), a('reward'), a('length')]")
+    assert align == ["left", "left", "right", "right"], align
 
     by_reward = [str(i) for i in sorted(range(B), key=lambda i: rs[i]["reward"])]
     header = browser.find_element("css selector", "#traj-table th[data-key='reward']")
@@ -188,18 +242,36 @@ def test_step_page_sorts_filters_and_opens_a_trajectory(env, browser, shots):
     browser.find_element("css selector", "#traj-table tbody tr[data-index='3']").click()
     wait_js(browser, f"location.pathname === '/traj/train/{step}/3' && document.body.dataset.page === 'traj'")
 
+    # split "packed" has no versions field: no version column, and the page says it hid it
+    open_page(browser, f"{env.url}/step/packed/0", "step", "document.querySelectorAll('#traj-table tbody tr').length")
+    keys = headers(browser)
+    assert keys == ["index", "reward", "length"], keys
+    assert "version" in browser.find_element("id", "empty-columns").text
+
 
 def spans(driver) -> list[dict]:
     return driver.execute_script(
         "return Array.from(document.querySelectorAll('#tokens span.tok')).map(s => ({pos: s.dataset.pos,"
         " id: s.dataset.id, logprob: s.dataset.logprob, mask: s.dataset.mask, version: s.dataset.version,"
-        " other: s.dataset.other, title: s.title, text: s.textContent, bg: getComputedStyle(s).backgroundColor,"
+        " other: s.dataset.other, title: s.title, text: s.dataset.text, shown: s.textContent, bytes: s.dataset.bytes,"
+        " bg: getComputedStyle(s).backgroundColor,"
         " seg: s.closest('div.segment') ? Array.from(document.querySelectorAll('div.segment')).indexOf("
         "s.closest('div.segment')) : -1}))")
 
 
-def _num(s: str | None) -> float | None:
-    return None if s in (None, "") else float(s)
+# the text a reader sees: each run of tokens that makes whole characters as those characters, every
+# other token as its text (whitespace marks put back)
+SHOWN_TEXT = r"""return Array.from(document.querySelectorAll(arguments[0] + ' div.segment')).map(seg =>
+  Array.from(seg.children).map(c => c.classList.contains('chars') ? c.querySelector('.whole').textContent
+    : c.textContent).join('')).join('').replace(/\u21b5\n/g, '\n').replace(/\u00b7/g, ' ').replace(/\u2192/g, '\t')"""
+
+
+def legend(driver) -> dict:
+    return driver.execute_script(
+        "const g = document.getElementById('legend'); return {mode: g.dataset.mode, min: g.dataset.min,"
+        " max: g.dataset.max, text: g.textContent, bar: !!g.querySelector('.bar'),"
+        " ticks: Array.from(g.querySelectorAll('.tick')).map(t => t.textContent),"
+        " swatches: Array.from(g.querySelectorAll('.swatch-item')).map(t => t.textContent)}")
 
 
 def test_trajectory_page_colours_and_tooltips_follow_the_data(env, browser, shots):
@@ -214,16 +286,24 @@ def test_trajectory_page_colours_and_tooltips_follow_the_data(env, browser, shot
     open_page(browser, f"{env.url}/traj/train/{step}/{index}", "traj",
               f"document.querySelectorAll('#tokens span.tok').length === {n}")
     got = spans(browser)
+    ids = r["input_ids"].tolist()
     assert [int(s["pos"]) for s in got] == list(range(n))
-    assert [int(s["id"]) for s in got] == r["input_ids"].tolist()
-    assert [s["text"] for s in got] == [tok.decode([t]) for t in r["input_ids"].tolist()]
+    assert [int(s["id"]) for s in got] == ids
+    assert [s["text"] for s in got] == [tok.decode([t]) for t in ids]
     assert [int(s["mask"]) for s in got] == r["loss_mask"].tolist()
     assert [int(s["version"]) for s in got] == r["versions"].tolist()
-    assert [float(s["logprob"]) for s in got] == r[PAIR[0]].tolist()
-    assert [float(s["other"]) for s in got] == r[PAIR[1]].tolist()
-    for s in got:
-        assert s["title"] == (f"id={s['id']} text={s['text']!r} logprob={s['logprob']} mask={s['mask']} "
-                              f"version={s['version']} other={s['other']}"), s
+    # float32 values (bf16 held as float32) at float32 precision: their shortest float32 repr
+    lps, others = ([float(str(np.float32(x))) for x in r[k]] for k in PAIR)
+    assert [s["logprob"] for s in got] == [str(np.float32(x)) for x in r[PAIR[0]]]
+    assert [s["other"] for s in got] == [str(np.float32(x)) for x in r[PAIR[1]]]
+    for s in got:  # the tooltip names each field
+        text = f"id={s['id']} text={s['text']!r} " + (f"bytes={s['bytes']} " if s["bytes"] else "")
+        assert s["title"].startswith(text), s
+        assert s["title"].endswith(f"{PAIR[0]}={s['logprob']} {PAIR[1]}={s['other']} loss_mask={s['mask']} "
+                                   f"versions={s['version']}"), s
+    assert browser.execute_script(SHOWN_TEXT, "#tokens") == tok.decode(ids)
+    spaces = [s for s in got if " " in s["text"] and not s["bytes"]]
+    assert spaces and all("\u00b7" in s["shown"] for s in spaces)  # whitespace shown
 
     # segments: one per run of the loss mask, in order: prompt, response, turn, response
     mask = r["loss_mask"].tolist()
@@ -232,16 +312,54 @@ def test_trajectory_page_colours_and_tooltips_follow_the_data(env, browser, shot
     assert kinds == ["prompt", "response", "turn", "response"] and len(runs) == 4
     assert [s["seg"] for s in got] == [sum(k <= j for k in runs) - 1 for j in range(n)]
 
-    maxv = int(r["versions"].max())
-    for mode in ("logprob", "diff", "version"):
+    resp = r["loss_mask"] == 1
+    maxv = int(r["versions"][resp].max())
+    top = float(abs(np.asarray(lps) - np.asarray(others))[resp].max())
+    modes = browser.execute_script("return Array.from(document.querySelectorAll('#colour option')).map(o => o.value)")
+    assert modes == ["logprob", "diff", "version"]
+    for mode in modes:
         Select(browser.find_element("id", "colour")).select_by_value(mode)
-        want = [colour(mode, m, lp, o, v, maxv) for m, lp, o, v in
-                zip(mask, r[PAIR[0]].tolist(), r[PAIR[1]].tolist(), r["versions"].tolist())]
+        want = [colour(mode, m, lp, o, v, maxv, top) for m, lp, o, v in zip(mask, lps, others, r["versions"].tolist())]
         got = eventually(lambda: [s["bg"] for s in spans(browser)], want)  # colouring may run in chunks
         assert got == want, mode
         assert len(set(want)) > 2  # the mode shows something
+        key = eventually(lambda: legend(browser)["mode"], mode)
+        assert key == mode
+        g = legend(browser)
+        assert "not in loss_mask" in g["text"]  # the masked tokens' grey is in every legend
         if mode == "logprob":
-            save_shot(browser, "trajectory", shots)
+            assert g["bar"] and g["ticks"] == ["0", "1"] and PAIR[0] in g["text"]
+        if mode == "diff":  # the scale is fitted to this trajectory: its largest |a - b| is the darkest red
+            assert g["bar"] and float(g["max"]) == pytest.approx(top, rel=1e-12) and g["ticks"][0] == "0"
+            assert float(g["ticks"][1].split()[0]) == pytest.approx(top, rel=1e-2)
+            assert "rgb(255, 0, 0)" in want and top < 0.2  # the real bf16 mismatch is small and still visible
+        if mode == "version":
+            shown = [int(x.split()[0]) for x in g["swatches"][:-1]]  # newest first, then the mask's grey
+            assert shown == sorted(set(r["versions"][resp].tolist()), reverse=True)
+    save_shot(browser, "test-trajectory", shots[:1])
+
+
+def test_multi_byte_characters_come_out_whole(env, browser):
+    """A byte-level tokenizer cuts "ï" and "—" between tokens: the page shows the characters whole,
+    each piece as its bytes, never U+FFFD."""
+    import trajstore
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(env.tok))
+    r = trajstore.Reader(env.dump)
+    where = next((s, i) for s in r.steps for i, x in enumerate(rows(r[s]))
+                 if "naïve" in tok.decode(x["input_ids"].tolist()))
+    ids = rows(r[where[0]])[where[1]]["input_ids"].tolist()
+    open_page(browser, f"{env.url}/traj/train/{where[0]}/{where[1]}", "traj",
+              f"document.querySelectorAll('#tokens span.tok').length === {len(ids)}")
+    assert browser.execute_script(SHOWN_TEXT, "#tokens") == tok.decode(ids)
+    wholes = browser.execute_script("return Array.from(document.querySelectorAll('#tokens span.chars'))"
+                                    ".map(c => [c.querySelector('.whole').textContent, Array.from("
+                                    "c.querySelectorAll('span.tok')).map(t => t.dataset.bytes)])")
+    assert any("ï" in w for w, _ in wholes) and any("—" in w for w, _ in wholes), wholes
+    for w, parts in wholes:  # each token of a run as its bytes; together the run's characters
+        assert b"".join(bytes.fromhex(p) for p in parts) == w.replace("\u00b7", " ").encode()
+    assert "\ufffd" not in browser.find_element("id", "tokens").text
 
 
 def test_diff_page_highlights_the_planted_divergence(env, browser, shots):
@@ -261,12 +379,31 @@ def test_diff_page_highlights_the_planted_divergence(env, browser, shots):
     for side in ("a", "b"):
         hot = browser.find_elements("css selector", f"#tokens-{side} span.tok.diverge")
         assert len(hot) == 1 and hot[0].get_attribute("data-pos") == str(plant["token"]), side
-        assert float(hot[0].get_attribute("data-logprob")) == first[side]
+        assert hot[0].get_attribute("data-logprob") == str(np.float32(first[side]))  # float32 precision
     assert len(browser.find_elements("css selector", "span.tok.diverge")) == 2
-    values = [float(dd.text) for dd in browser.find_elements("css selector", "#divergence dd.side")[:2]]
-    assert values == [first["a"], first["b"]]
+    values = [dd.text for dd in browser.find_elements("css selector", "#divergence dd.side")[:2]]
+    assert values == [str(np.float32(first["a"])), str(np.float32(first["b"]))]
+    # the summary: which steps and fields are identical, and every field that differs, in words
+    rep = trajstore.diff(env.dir / "a", env.dir / "b")
+    bad = [k for k, v in rep.fields().items() if v["status"] not in ("identical", "close")]
+    assert bad == [plant["field"], "rewards"]
+    summary = browser.execute_script("const s = document.getElementById('diff-summary');"
+                                     "return [s.dataset.differFields, s.dataset.differSteps,"
+                                     " Array.from(s.querySelectorAll('li'))"
+                                     ".map(li => [li.dataset.what, li.textContent])]")
+    assert summary[0].split(",") == bad and summary[1] == f"{plant['step']}-{PLANT_REWARDS}"
+    said = dict(summary[2])
+    assert said["steps"].startswith("4 steps in both dumps: 2 identical (0-1)") and "2 differ (2-3)" in said["steps"]
+    assert said["differ-fields"] == "fields that differ: " + ", ".join(bad)
+    assert said["identical-fields"].startswith("fields identical at every step: input_ids, attention_mask")
+    table = browser.execute_script("return Array.from(document.querySelectorAll('#diff-fields tbody tr'))"
+                                   ".map(tr => Array.from(tr.cells).map(td => td.textContent))")
+    assert [t[0] for t in table] == bad and all(t[1] == "differs" for t in table)
+    assert table[1][2] == str(PLANT_REWARDS) and table[1][5].startswith(f"step {PLANT_REWARDS}, trajectory 0")
+    text = browser.find_element("tag name", "body").text
+    assert "field *" not in text and "\nb: " not in text and "(differs)" in text
     only_local_resources(browser, env.diff_url)
-    save_shot(browser, "diff", shots)
+    save_shot(browser, "test-diff", shots[:1])
 
 
 def test_diff_page_of_equal_dumps_says_so(env, browser):
@@ -282,7 +419,7 @@ def test_diff_page_of_equal_dumps_says_so(env, browser):
 def test_dump_text_is_shown_as_text_never_run(env, browser):
     open_page(browser, f"{env.url}/traj/train/0/{XSS_INDEX}", "traj", "document.querySelectorAll('#tokens span.tok').length")
     no_alert(browser)
-    assert PAYLOAD in browser.execute_script("return document.getElementById('tokens').textContent")
+    assert PAYLOAD in browser.execute_script(SHOWN_TEXT, "#tokens")
     assert browser.execute_script("return document.querySelectorAll('#tokens img, #tokens script, body img').length") == 0
     open_page(browser, f"{env.url}/step/train/0", "step", f"document.querySelectorAll('#traj-table tbody tr').length === {B}")
     no_alert(browser)
@@ -337,9 +474,7 @@ def test_exported_html_works_with_no_network(env, tmp_path):
         sizes = driver.execute_script("return Array.from(document.querySelectorAll('.js-plotly-plot'))"
                                       ".map(d => d.data ? d.data.length : 0)")
         assert sizes and all(sizes), sizes
-        xs, ys = curves(env.dump, "train")["reward_mean"]
-        got = plot(driver, "curve-reward_mean")
-        assert got[0] == xs and got[1] == pytest.approx(ys, rel=1e-6)
+        same_curve(plot(driver, "curve-reward_mean"), *gapped(*curves(env.dump, "train")["reward_mean"]), "export")
         res = driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
         assert all(n.startswith(("file:", "data:", "blob:")) for n in res), res
         no_alert(driver)
@@ -359,6 +494,84 @@ def test_a_16k_token_trajectory_renders_whole(env, browser):
     assert last == [LONG, str(LONG - 1), str(int(r["input_ids"][-1]))]
     assert not math.isnan(float(browser.execute_script(
         "return document.querySelector('#tokens span.tok[data-mask=\"1\"]').dataset.logprob")))
+
+
+# -- the demo's dump: the pages a newcomer first sees (and docs/img/, with --screenshots docs/img)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def demo(request, tmp_path_factory):
+    """The demo's dump (examples/rl_loop.py, as examples/demo.py runs it) and a second run of the same
+    seed on 2 CPU threads (``b``): 20 and 5 steps for the screenshots, else 3 and 2 (quicker)."""
+    import os
+    import subprocess
+    import sys
+
+    need_chromium()
+    d = tmp_path_factory.mktemp("demo")
+    full = bool(request.config.getoption("--screenshots", None))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    for name, steps, extra in (("demo", 20 if full else 3, []), ("demo2", 5 if full else 2, ["--threads", "2"])):
+        subprocess.run([sys.executable, str(ROOT / "examples" / "rl_loop.py"), "--dump", f"dumps/{name}", "--steps",
+                        str(steps), "--quiet", *extra], check=True, env=env, timeout=600, cwd=d)
+    tok = ROOT / "examples" / "tokenizer.json"
+    # served from the folder holding dumps/, so the pages name dumps/demo and dumps/demo2 as README.md does
+    srv = ViewServer("dumps/demo", "dumps/demo2", "--tokenizer", tok, log=d / "view.log", cwd=d)
+    try:
+        yield SimpleNamespace(dump=d / "dumps" / "demo", b=d / "dumps" / "demo2", tok=tok, url=srv.url)
+    finally:
+        srv.stop()
+
+
+def test_the_demo_dumps_pages(demo, browser, shots):
+    import trajstore
+    from selenium.webdriver.support.ui import Select
+    from tokenizers import Tokenizer
+
+    r = trajstore.Reader(demo.dump)
+    open_page(browser, demo.url + "/", "run", "document.querySelector('#curve-reward_mean .main-svg')"
+              " && !document.querySelector('p.pending').textContent")
+    g = browser.execute_script("const g = document.getElementById('curve-version_lag');"
+                               "return [g.dataset.empty, (g.layout.annotations || []).map(a => a.text)]")
+    assert g[0] == "1" and "no versions field" in g[1][0]  # the demo records no policy versions
+    assert browser.execute_script("return document.getElementById('curve-reward_mean').data.length") == 2
+    save_shot(browser, "run", shots)
+
+    step = min(12, r.steps[-1])
+    open_page(browser, f"{demo.url}/step/train/{step}", "step",
+              "document.querySelectorAll('#traj-table tbody tr').length")
+    keys = headers(browser)
+    assert keys == ["index", "reward", "length", "group", "prompt", "response"], keys  # no versions: no column
+    save_shot(browser, "step", shots)
+
+    # a trajectory whose response has several tokens: no <pad> or <bos> sampled, the mismatch coloured
+    b = r[step]
+    index = int(b["response_mask"].sum(1).argmax())
+    resp = b["input_ids"][index][b["response_mask"][index].bool()].tolist()
+    tok = Tokenizer.from_file(str(demo.tok))
+    assert not {"<pad>", "<bos>", "="} & {tok.decode([t], skip_special_tokens=False) for t in resp}
+    open_page(browser, f"{demo.url}/traj/train/{step}/{index}", "traj",
+              "document.querySelectorAll('#tokens span.tok').length")
+    modes = browser.execute_script("return Array.from(document.querySelectorAll('#colour option')).map(o => o.value)")
+    assert modes == ["logprob", "diff"]  # no versions field: no colour by version
+    Select(browser.find_element("id", "colour")).select_by_value("diff")
+    wait_js(browser, "document.getElementById('legend').dataset.mode === 'diff'")
+    top = float(legend(browser)["max"])
+    mask = b["response_mask"][index].bool()
+    shown = [[float(str(np.float32(x))) for x in b[k][index][mask].float().tolist()]
+             for k in ("old_logprobs", "logprobs")]
+    want = max(abs(x - y) for x, y in zip(*shown))  # of the values as the page shows them (float32 text)
+    assert top == pytest.approx(want, rel=1e-12) and 0 < top < 0.1  # the bf16 vs fp32 gap, on its own scale
+    save_shot(browser, "trajectory", shots)
+
+    open_page(browser, demo.url + "/diff", "diff", "document.getElementById('diff-summary')")
+    rep = trajstore.diff(demo.dump, demo.b)
+    bad = [k for k, v in rep.fields().items() if v["status"] not in ("identical", "close") and k != "*"]
+    got = browser.execute_script("return document.getElementById('diff-summary').dataset.differFields")
+    assert (got.split(",") if got else []) == bad
+    save_shot(browser, "diff", shots)
 
 
 def test_plotly_draws_a_field_name_as_text(browser, tmp_path):

@@ -13,11 +13,12 @@ import os
 import re
 import sys
 import traceback
+import warnings
 from pathlib import Path
 from typing import IO, Iterator
 from contextlib import contextmanager
 
-__all__ = ["locate", "one_line", "report_error", "interrupted", "output_file", "INTERRUPTED"]
+__all__ = ["locate", "one_line", "report_error", "interrupted", "output_file", "warnings_as_lines", "INTERRUPTED"]
 
 INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by CTRL-C
 
@@ -44,6 +45,26 @@ def report_error(command: str | None, e: BaseException, debug: bool) -> int:
     hint = "" if debug or isinstance(e, TrajstoreError) else " (run with --debug for the traceback)"
     print(f"trajstore{' ' + command if command else ''}: error: {msg}{hint}", file=sys.stderr)
     return 2
+
+
+@contextmanager
+def warnings_as_lines(command: str | None) -> Iterator[None]:
+    """A ``TrajstoreWarning`` shown as one line ``trajstore CMD: warning: ...`` on stderr, as errors are
+    (not Python's two lines naming the console script); other warnings as Python shows them."""
+    from .errors import TrajstoreWarning
+
+    default = warnings.formatwarning
+
+    def fmt(message, category, filename, lineno, line=None):  # noqa: ANN001 - warnings' own signature
+        if issubclass(category, TrajstoreWarning):
+            return f"trajstore{' ' + command if command else ''}: warning: {one_line(str(message))}\n"
+        return default(message, category, filename, lineno, line)
+
+    warnings.formatwarning = fmt
+    try:
+        yield
+    finally:
+        warnings.formatwarning = default
 
 
 def interrupted(command: str | None) -> int:

@@ -77,6 +77,7 @@ def _fields(args: argparse.Namespace) -> dict:
          arg("--all-steps", action="store_true", help="list every step (default: the first and last 10)"), JSON)
 def cmd_info(args: argparse.Namespace) -> int:
     from .inspection.describe import describe, short
+    from .store.paths import ranks_text
 
     d = describe(args.path, args.split, progress=lambda s, name: out.progress(s, f"reading {name}"))
     if args.json:
@@ -97,7 +98,7 @@ def cmd_info(args: argparse.Namespace) -> int:
             print(f"written by {', '.join(map(str, ranks))} ranks (one shard file per rank and step)")
         for inc in sp.get("incomplete", []):  # shards not all committed: not readable (docs/RELIABILITY.md)
             print(f"INCOMPLETE step {inc['step']}: {inc['ranks']} ranks, rank(s) "
-                  f"{', '.join(map(str, inc['missing']))} not committed; the step is not readable")
+                  f"{ranks_text(inc['missing'])} not committed; the step is not readable")
         for amb in sp.get("ambiguous", []):  # a whole file and shards, or shards of two world sizes
             print(f"AMBIGUOUS step {amb['step']}: {', '.join(amb['files'])}; keep the files of one writing")
         per = sp["per_step"]
@@ -194,11 +195,39 @@ def _where(fd: dict | None) -> str:
         return "-"
     short = {"step": "step", "field": "field", "trajectory": "traj", "token": "tok", "element": "elem"}
     s = " ".join(f"{short[k]} {fd[k]}" for k in short if k in fd)
+    if fd.get("id"):
+        s += f" (id {_id(fd)})"
     if "a" in fd:
         s += f": {out.fmt(fd['a'])} vs {out.fmt(fd['b'])}"
     if fd.get("note"):
         s += f" ({fd['note']})"
     return s
+
+
+def _id(loc: dict | None) -> str:
+    """A trajectory's id ``(step, row)`` (docs/FORMAT.md 3.13), or its index."""
+    if not loc:
+        return "-"
+    return "({}, {})".format(*loc["id"]) if loc.get("id") else str(loc.get("trajectory", "-"))
+
+
+DIVERGING_ROWS = 200  # the per-step table's rows in text; --json has every entry
+
+
+def _diverging(rep: Any) -> None:
+    """Every (step, field) beyond tolerance: max/mean abs and rel differences, where the worst value is
+    (trajectory id, token), and the trajectories with a value beyond tolerance."""
+    bad = [e for e in rep.entries if e.status not in ("identical", "close")]
+    if not bad:
+        return
+    rows = [[e.step, e.field, e.status, e.max_abs, e.mean_abs, e.max_rel, e.mean_rel, _id(e.worst),
+             (e.worst or {}).get("token", "-"),
+             " ".join("({}, {})".format(*b) if isinstance(b, list) else str(b) for b in e.beyond) or e.note or "-"]
+            for e in bad[:DIVERGING_ROWS]]
+    out.table(["step", "field", "status", "max abs", "mean abs", "max rel", "mean rel", "worst traj", "token",
+               "trajectories beyond tol"], rows, title="beyond tolerance, per step and field")
+    if len(bad) > DIVERGING_ROWS:
+        print(f"... and {len(bad) - DIVERGING_ROWS} more (--json lists every one)")
 
 
 @command("diff", "compare two dumps (or two fields of one) step by step, field by field",
@@ -242,6 +271,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     for name, f in summ.items():
         if f["first"]:
             print(f"{name}: first beyond tolerance at {_where(f['first'])}")
+    _diverging(rep)
     first = rep.first_divergence
     if rep.identical:
         print("identical")
@@ -459,7 +489,8 @@ def run(argv: list[str] | None = None) -> int:
         args = parser().parse_args(argv)
         command, debug = args.command, getattr(args, "debug", False)
         support.locate(args)
-        return args._fn(args)
+        with support.warnings_as_lines(command):
+            return args._fn(args)
     except KeyboardInterrupt:
         return support.interrupted(command)
     except BrokenPipeError:  # e.g. piped into head

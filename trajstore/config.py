@@ -116,7 +116,9 @@ class DumpReplayConfig:
     to ``Writer(encodings=...)``; docs/FORMAT.md 3.5.  ``balance``: at replay on several ranks, how a
     logical step is cut into the ranks' slices: ``"contiguous"`` (default: equal chunks in order, like
     verl's ``DataProto.chunk``; the dumped shards when replayed on the dump's world size) or ``"tokens"``
-    (token-balanced, equal sizes); ``Reader(rank=, world_size=, balance=)``.
+    (token-balanced, equal sizes); ``Reader(rank=, world_size=, balance=)``.  ``outputs``: at replay, the
+    dump ``Recorder.record(step, outputs, split="outputs")`` writes the replaying run's outputs to (the
+    replayed dump is only read; when dumping they go next to the inputs); docs/PRECISION.md.
 
     Build it from a dict (``from_dict``: YAML, Hydra, parsed arguments) or from
     ``TRAJSTORE_*`` environment variables (``from_env``: ``TRAJSTORE_DUMP=1``,
@@ -140,6 +142,7 @@ class DumpReplayConfig:
     masks: dict[str, list[str]] | None = None
     encodings: str = "portable"
     balance: str = "contiguous"
+    outputs: str | None = None
 
     def __post_init__(self) -> None:
         s = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen dataclass
@@ -170,6 +173,10 @@ class DumpReplayConfig:
                 raise ConfigError(f"DumpReplayConfig.device: {self.device!r} is not a torch device ({e})") from None
         s("masks", _masks(self.masks))
         check_encodings(self.encodings, "DumpReplayConfig.encodings")
+        if self.outputs is not None:
+            if not isinstance(self.outputs, str | os.PathLike) or not str(self.outputs):
+                raise ConfigError(f"DumpReplayConfig.outputs: {self.outputs!r} is not a path")
+            s("outputs", str(self.outputs))
         if self.balance not in ("contiguous", "tokens"):
             raise ConfigError(f"DumpReplayConfig.balance: {self.balance!r}; use 'contiguous' or 'tokens'")
         v = self.run_id

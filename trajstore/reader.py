@@ -66,6 +66,7 @@ class Reader:
                  rank: int | None = None, world_size: int | None = None, balance: str = "contiguous",
                  fs: Any = None):
         self._slice = shard_read.check_slice(rank, world_size, balance, f"Reader({str(path)!r})")
+        self._by_id = False  # rows of each step sorted by trajectory id (what an aligned diff compares)
         self.path = resolve(path, f"Reader({str(path)!r})", fs)  # a Path, or a RemotePath (store/fs.py)
         self.verify = verify  # check each step file against its recorded SHA-256 before decoding
         self._lone: int | None = None  # the step of a step file opened on its own
@@ -204,7 +205,14 @@ class Reader:
         return shard_read.logical(self, step, None, None)[0] if self._sharded(step) else self._open(step).doc
 
     def _sharded(self, step: int) -> bool:  # read through shard_read: shards, or a rank's slice
-        return self._slice is not None or step in self._listing.shards
+        return self._slice is not None or self._by_id or step in self._listing.shards
+
+    def ids(self, step: int) -> Any:
+        """The trajectory id of each row ``read(step)`` returns, in its order: an int64 numpy array of
+        shape ``[B, 2]``, row ``i`` holding ``(step, row)`` of the logical batch as it was dumped (its
+        step and its row there), whatever slice, rank layout or balance this reader reads; a step
+        recorded with ``ids=`` (``Writer.append``) gives those (docs/FORMAT.md 3.13)."""
+        return shard_read.ids(self, paths.check_step(step))
 
     def files(self, step: int) -> list[Path]:
         """The files of ``step``: its step file, or its N shard files in rank order."""

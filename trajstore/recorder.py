@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -47,17 +46,16 @@ import pyarrow.parquet as pq
 import torch
 
 from . import fingerprint
-from ._text import human_bytes
 from .config import DumpReplayConfig, location
 from .errors import BatchError, ConfigError, EnvironmentMismatchError
 from .format import containers
-from .format.layout import count_tokens
 from .prefetch import ReadAhead
 from .reader import Reader
 from .store import commit, index
 from .store import paths
 from .store.fs import source
-from .writer import Committed, Writer
+from .recorder_log import DumpLog, log_step, tokens_of
+from .writer import Writer
 
 __all__ = ["Recorder", "DumpReplayConfig"]
 
@@ -65,85 +63,6 @@ log = logging.getLogger("trajstore.recorder")
 
 _active: set[tuple[str, str]] = set()  # (path, split) of open dumping Recorders in this process
 _active_lock = threading.Lock()
-
-
-def _tokens(plain: Any) -> Callable[[], int | None]:
-    """The number of valid tokens of a plain batch (``format.layout.count_tokens``), read later: a
-    CUDA count is copied to host memory behind an event now, so neither this call nor the read
-    blocks on the caller's GPU work."""
-    n = count_tokens(plain)
-    if isinstance(n, torch.Tensor) and n.is_cuda:
-        host = n.to("cpu", non_blocking=True)  # into pinned memory
-        ev = torch.cuda.Event()
-        ev.record(torch.cuda.current_stream(n.device))
-        return lambda: (ev.synchronize(), int(host))[1]
-    return lambda: None if n is None else int(n)
-
-
-def _log_step(what: str, step: int, f: Path, rows: int | None, tokens: int | None, size: int) -> None:
-    log.info("trajstore %s step=%d path=%s trajectories=%s tokens=%s bytes=%d", what, step, f, rows, tokens, size)
-
-
-class _DumpLog:
-    """The dumped steps' log lines and sizes, fed by the writer's ``on_commit`` (on its thread)."""
-
-    def __init__(self, cfg: DumpReplayConfig, path: Path):
-        self.cfg, self.path = cfg, path
-        self._lock = threading.Lock()
-        self._landing: dict[int, deque] = {}  # step -> token counts of its appends not yet committed
-        self.sizes: list[int] = []
-
-    def appending(self, step: int, tokens: Callable[[], int | None]) -> None:
-        with self._lock:
-            self._landing.setdefault(step, deque()).append(tokens)
-
-    def landing(self, step: int) -> bool:
-        """Whether an append of ``step`` is not committed yet."""
-        with self._lock:
-            return step in self._landing
-
-    def forget(self, step: int | None = None) -> None:
-        """Drop the last append of ``step`` (it was refused), or every one (all settled: the failed)."""
-        with self._lock:
-            if step is None:
-                self._landing.clear()
-            elif self._landing.get(step):
-                self._landing[step].pop()
-                if not self._landing[step]:
-                    del self._landing[step]
-
-    def committed(self, c: Committed) -> None:
-        with self._lock:
-            q = self._landing.get(c.step)
-            tokens = q.popleft() if q else (lambda: None)
-            if q is not None and not q:
-                del self._landing[c.step]
-            self.sizes.append(c.bytes)
-            first = len(self.sizes) == 1
-        _log_step("dump", c.step, c.path, c.rows, tokens(), c.bytes)
-        if first:
-            self._log_estimate(c.bytes)
-
-    def estimate(self, total_steps: int) -> dict:
-        c = self.cfg
-        sel = [s for s in range(total_steps) if c.selects(s)]
-        pinned = [s for s in sel if s in c.pin_steps]
-        rot = len(sel) - len(pinned)
-        kept = len(pinned) + (rot if c.max_keep is None else min(c.max_keep, rot))
-        with self._lock:
-            per = sum(self.sizes) / len(self.sizes) if self.sizes else None
-        return {"dumped": len(sel), "kept": kept, "bytes_per_step": per,
-                "bytes": None if per is None else int(per * kept)}
-
-    def _log_estimate(self, size: int) -> None:
-        n = self.cfg.total_steps
-        if n is None:
-            log.info("trajstore dump %s: one step is %s on disk; Recorder.estimate(total_steps) or total_steps "
-                     "in the config gives the disk a whole run needs", self.path, human_bytes(size))
-            return
-        e = self.estimate(n)
-        log.info("trajstore dump %s: one step is %s on disk; a run of %d steps records %d and keeps %d: "
-                 "about %s", self.path, human_bytes(size), n, e["dumped"], e["kept"], human_bytes(e["bytes"]))
 
 
 class Recorder:
@@ -167,10 +86,11 @@ class Recorder:
         self._writer: Writer | None = None
         self._reader: Reader | None = None
         self._kept: list[int] = []  # dumped steps on disk, oldest first (pinned ones included)
-        self._dumped = _DumpLog(cfg, self.path)
+        self._dumped = DumpLog(cfg, self.path)
         self._key: tuple[str, str] | None = None
         self._ahead: ReadAhead | None = None  # replay: the next step, read while the caller trains
         self._replayed: Callable[[], None] | None = None  # replay to CUDA: the last step's log line, not yet written
+        self._others: dict[str, Writer] = {}  # record(..., split=): the writers of other splits (outputs)
         if self.mode == "replay":
             self._open_replay()
 
@@ -205,30 +125,81 @@ class Recorder:
             self.record(step, b, meta)
         return b
 
-    def record(self, step: int, batch: Any, meta: dict | None = None) -> None:
-        """Record ``batch`` as ``step`` (dump mode), then apply ``max_keep``."""
+    def record(self, step: int, batch: Any, meta: dict | None = None, *, split: str | None = None,
+               ids: Any = None) -> None:
+        """Record ``batch`` as ``step`` (dump mode), then apply ``max_keep``.
+
+        ``split``: another split of this run, e.g. ``"outputs"``: the trainer's per-trajectory outputs
+        (recomputed logprobs, per-sample loss, entropy, values) next to the inputs, with per-step
+        scalars (loss, grad-norm) in ``meta``; each rank records its own rows, joined like any sharded
+        step. When dumping they go to this dump; at replay to the dump ``cfg.outputs``, each row with
+        the trajectory id of the row it was computed from (``ids``, default ``self.ids(step)``, the rows
+        this rank was given), so a comparison joins them whatever the layout (docs/PRECISION.md). When
+        dumping, rank r's rows are taken as the rows of its input shard, in order (or pass ``ids``).
+        Off: nothing is recorded. A batch that cannot be stored is logged and skipped, as in ``batch``."""
+        if split is not None and split != self.split:
+            return self._record_other(step, batch, meta, paths.check_split(split), ids)
         if self.mode != "dump":
             raise ConfigError(f"record(step={step}): this Recorder is in {self.mode!r} mode, not 'dump'")
         step = paths.check_step(step)
         w = self._open_writer()
         landing = False
         try:
-            self._dumped.appending(step, _tokens(containers.unwrap(batch)[0]))
+            self._dumped.appending(step, tokens_of(containers.unwrap(batch)[0]))
             landing = True
-            w.append(step, batch, meta)
+            w.append(step, batch, meta, ids=ids)
         except BaseException as e:
             if landing:
                 self._dumped.forget(step)
-            if self.cfg.strict or not isinstance(e, BatchError):
-                raise
-            commit.record_skipped(w.dir, step, f"{type(e).__name__}: {e}", w.final(step).name)  # Reader.skipped
-            log.error("trajstore dump step=%d was not recorded, training goes on (strict=True raises): %s: %s",
-                      step, type(e).__name__, e)
+            self._skip(w, step, e)
             return
         if step in self._kept:
             self._kept.remove(step)
         self._kept.append(step)
         self._rotate()
+
+    def ids(self, step: int) -> Any:
+        """The trajectory ids of the rows ``load(step)`` gives this rank (``Reader.ids``: ``[B, 2]`` int64
+        of ``(step, row)`` of the logical batch as dumped), at replay."""
+        if self._reader is None:
+            raise ConfigError(f"ids(step={step}): this Recorder is in {self.mode!r} mode; ids of the rows a rank "
+                              "gets are known at replay (when dumping, a rank's rows are its shard's)")
+        return self._reader.ids(step)
+
+    def _skip(self, w: Writer, step: int, e: BaseException) -> None:
+        """A batch that could not be recorded: raised when strict (or not a BatchError), else recorded as
+        skipped and logged, and training goes on."""
+        if self.cfg.strict or not isinstance(e, BatchError):
+            raise e
+        commit.record_skipped(w.dir, step, f"{type(e).__name__}: {e}", w.final(step).name)  # Reader.skipped
+        log.error("trajstore dump step=%d was not recorded, training goes on (strict=True raises): %s: %s",
+                  step, type(e).__name__, e)
+
+    def _record_other(self, step: int, batch: Any, meta: dict | None, split: str, ids: Any) -> None:
+        """``record(..., split=split)``: this rank's rows of ``step`` in another split (see ``record``)."""
+        if self._off:
+            return
+        step = paths.check_step(step)
+        if self.mode == "replay":
+            if self.cfg.outputs is None:
+                raise ConfigError(f"record(step={step}, split={split!r}) at replay: set DumpReplayConfig.outputs (or "
+                                  "TRAJSTORE_OUTPUTS) to the dump this run's outputs go to; the replayed dump "
+                                  f"{self.path} is only read")
+            if ids is None:
+                ids = self.ids(step)
+        w = self._others.get(split)
+        if w is None:
+            root = self.path if self.mode == "dump" else self.cfg.outputs
+            if self.mode == "replay" and "://" not in root and Path(root).resolve() == Path(str(self.path)).resolve():
+                raise ConfigError(f"DumpReplayConfig.outputs is the replayed dump {self.path}; give the replay's "
+                                  "outputs a dump of their own, so both runs' outputs can be compared")
+            w = self._others[split] = Writer(root, split=split, overwrite=True, masks=self.cfg.masks,
+                                             on_error="raise" if self.cfg.strict else "warn",
+                                             encodings=self.cfg.encodings, **self._shard())
+        try:
+            w.append(step, batch, meta, ids=ids)
+        except BaseException as e:
+            self._skip(w, step, e)
 
     def load(self, step: int) -> Any:
         """The recorded batch of ``step`` (replay mode), on ``cfg.device`` if set, else CPU."""
@@ -244,8 +215,8 @@ class Recorder:
                 rows = None if self._reader._slice else sum(pq.read_metadata(source(f)).num_rows for f in fs)
             except Exception:  # noqa: BLE001 - only for the log line
                 rows = None
-            tokens, size = _tokens(containers.unwrap(b)[0]), sum(f.stat().st_size for f in fs)
-            self._replayed = lambda: _log_step("replay", step, fs[0], rows, tokens(), size)
+            tokens, size = tokens_of(containers.unwrap(b)[0]), sum(f.stat().st_size for f in fs)
+            self._replayed = lambda: log_step("replay", step, fs[0], rows, tokens(), size)
             if self.cfg.device is None or torch.device(self.cfg.device).type != "cuda":
                 self._log_replayed()  # else at the next load or close: a CUDA count is read once the batch is there
         return b
@@ -288,6 +259,8 @@ class Recorder:
         if self._ahead is not None:
             self._ahead, ahead = None, self._ahead
             ahead.close()
+        while self._others:
+            self._others.popitem()[1].close()
         if self._writer is not None:
             try:
                 self._writer.close()

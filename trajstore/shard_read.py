@@ -19,16 +19,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from .errors import ConfigError, StepNotFoundError
 from .format import containers, shards, typed
+from .format import ids as idcol
 from .format.shard_join import Joiner, merge_meta
 from .store import paths
 
 
 __all__ = ["BALANCES", "check_slice", "files", "logical", "shard", "column", "meta", "incomplete",
-           "check_whole", "ranks"]
+           "check_whole", "ranks", "ids"]
 
 BALANCES = ("contiguous", "tokens")
 
@@ -59,7 +61,7 @@ def incomplete(r: Any, step: int) -> str:
     if got is None:
         return ""
     n, missing = got
-    return (f"; it was written by {n} ranks and the shard(s) of rank(s) {', '.join(map(str, missing))} are not "
+    return (f"; it was written by {n} ranks and the shard(s) of rank(s) {paths.ranks_text(missing)} are not "
             "committed (still being written, or that rank stopped): a step is readable once all its shards "
             "are (`trajstore verify` lists incomplete steps)")
 
@@ -85,33 +87,79 @@ def _part(r: Any, step: int, fs: list[Path], k: int, columns: list[str] | None,
 
 def logical(r: Any, step: int, columns: list[str] | None, layout: str | None) -> tuple[dict, pa.Table, Any]:
     """``(doc, table, where)`` of what ``r.read(step, columns, layout)`` decodes: the logical step, or
-    the reader's slice of it."""
+    the reader's slice of it (for a reader in id order, its rows sorted by trajectory id)."""
+    doc, table, where = _logical(r, step, columns, layout)
+    if getattr(r, "_by_id", False):
+        o = idcol.order(ids(r, step, _sorted=False))
+        if o is not None:
+            doc, table = shards.take(doc, table, o)
+    return doc, table, where
+
+
+def _logical(r: Any, step: int, columns: list[str] | None, layout: str | None) -> tuple[dict, pa.Table, Any]:
     fs = files(r, step)
     sl = r._slice
     if sl is not None and sl[2] == "contiguous" and len(fs) == sl[1] > 1:
         return _part(r, step, fs, sl[0], columns, layout)  # M == N: exactly the shard rank r dumped
-    # each shard's own columns of ``columns`` join (docs/FORMAT.md 3.12); token balancing reads every
-    # column (each row's tokens), and ``columns`` then selects what is decoded
-    whole = sl is not None and sl[2] == "tokens"
-    parts = [_part(r, step, fs, k, None if whole else columns, layout) for k in range(len(fs))]
-    if len(parts) == 1:
-        doc, table, where = parts[0]
-    else:
-        doc, table = shards.join([(d, t) for d, t, _ in parts])
-        where = f"{r.dir}/step_{step:08d}.rank*-of-{len(fs):05d}.parquet"
+    doc, table, where = _joined(r, step, fs, columns, layout)
     if sl is None:
         return doc, table, where
-    rank, m, how = sl
-    b = table.num_rows
+    doc, table = shards.take(doc, table, _slice_rows(r, step, doc, table, len(fs)))
+    return doc, table, where
+
+
+def _joined(r: Any, step: int, fs: list[Path], columns: list[str] | None, layout: str | None) -> tuple:
+    """``(doc, table, where)`` of the logical step: its one file, or its shards joined."""
+    # each shard's own columns of ``columns`` join (docs/FORMAT.md 3.12); token balancing reads every
+    # column (each row's tokens, in any layout), and ``columns`` and ``layout`` then select what is decoded
+    sl = r._slice
+    whole = sl is not None and sl[2] == "tokens"
+    parts = [_part(r, step, fs, k, None if whole else columns, None if whole else layout) for k in range(len(fs))]
+    if len(parts) == 1:
+        return parts[0]
+    doc, table = shards.join([(d, t) for d, t, _ in parts])
+    return doc, table, f"{r.dir}/step_{step:08d}.rank*-of-{len(fs):05d}.parquet"
+
+
+def _slice_rows(r: Any, step: int, doc: dict | None, table: pa.Table | None, nfiles: int, b: int | None = None) -> list[int]:
+    """The rows of the logical step (of ``b`` rows, or ``table``'s) that the reader's slice takes."""
+    rank, m, how = r._slice
+    b = table.num_rows if b is None else b
     if b % m:
         raise ConfigError(
             f"step {step} of dump {r.path} split {r.split!r} holds {b} trajectories, which {m} ranks cannot share "
             f"equally (balance={how!r} needs B % world_size == 0); replay on a world size that divides {b}"
-            + (f", or on the {len(fs)} ranks that wrote it (their shards as dumped)" if len(fs) > 1 else ""))
+            + (f", or on the {nfiles} ranks that wrote it (their shards as dumped)" if nfiles > 1 else ""))
     counts = shards.token_counts(doc, table) if how == "tokens" else None
-    rows = shards.partition(b, m, how, counts)[rank]
-    doc, table = shards.take(doc, table, rows)
-    return doc, table, where
+    return shards.partition(b, m, how, counts)[rank]
+
+
+def ids(r: Any, step: int, _sorted: bool = True) -> np.ndarray:
+    """The trajectory ids of the rows ``r.read(step)`` returns, in their order (format/ids.py): an int64
+    ``[B, 2]`` array of ``(step, row)``; only the files' footers and id columns are read, and for a
+    token-balanced slice the columns that count each row's tokens."""
+    fs = files(r, step)
+    per, start = [], 0
+    for f in fs:
+        sf = r._open(step, check=False, f=f)
+        t = sf.pf.read(columns=[idcol.STEP_COL, idcol.ROW_COL] if idcol.has_ids(sf.doc) else [])
+        per.append(idcol.of_table(sf.doc, t, step, start))
+        start += t.num_rows
+    every = np.concatenate(per) if per else np.zeros((0, 2), np.int64)
+    sl = r._slice
+    if sl is not None and sl[2] == "contiguous" and len(fs) == sl[1] > 1:
+        out = per[sl[0]]
+    elif sl is None:
+        out = every
+    elif sl[2] == "contiguous":
+        out = every[_slice_rows(r, step, None, None, len(fs), b=len(every))]
+    else:
+        doc, table, _ = _joined(r, step, fs, None, None)
+        out = every[_slice_rows(r, step, doc, table, len(fs))]
+    if _sorted and getattr(r, "_by_id", False):
+        o = idcol.order(out)
+        out = out if o is None else out[o]
+    return out
 
 
 def shard(r: Any, step: int, rank: Any, columns: list[str] | None, layout: str | None) -> Any:

@@ -14,7 +14,9 @@ a split whose name needs quotes has a second view that does not (``train-rank0``
 rank splits of one split (``train-rank0``, ``train-rank1``...) a logical view (``train``) with a ``rank`` column. A
 split written by N ranks as shard files (docs/FORMAT.md section 1) is one view whose shard rows carry their
 ``rank`` column (NULL for whole-step files): the view lists the files of complete steps only, so the shards
-of a step whose other shards are not committed are not in it (a glob of ``*.parquet`` sees them). Columns are the stored Arrow
+of a step whose other shards are not committed are not in it (a glob of ``*.parquet`` sees them). A view holds
+exactly the steps a Reader reads (``_opened``: a step whose footer the Reader refuses is left out, with a warning),
+each file handed to DuckDB by its literal name (``_literal``: no glob, no hive partitions). Columns are the stored Arrow
 columns (docs/FORMAT.md): per-token fields are lists, nested fields have dotted names (quote
 them: ``"a.b"``), JSON-valued fields are JSON strings, and bfloat16 / float16 values appear as
 float32 numbers (as their raw uint16 bits / halffloat in step files of format versions 1 and 2:
@@ -31,13 +33,10 @@ import os
 import re
 from typing import TYPE_CHECKING, Any
 
-import pyarrow.parquet as pq
-
-from .errors import FormatError, MissingDependencyError, foreign_errors
-from .format import limits
+from .errors import FormatError, MissingDependencyError, TrajstoreError, TrajstoreWarning, warn
 from .format.spec import RUNS_COL
-from .store import paths, remote
-from .store.fs import is_remote, resolve, source
+from .store import paths, remote, stepfile
+from .store.fs import is_remote, resolve
 from .store.regular import open_checked
 
 if TYPE_CHECKING:  # optional extras, imported when used
@@ -99,7 +98,7 @@ def duckdb_connect(path: Any, con: Any = None) -> duckdb.DuckDBPyConnection:
         raise MissingDependencyError("SQL over a dump needs duckdb: pip install 'trajstore[cli]'") from None
     root = resolve(getattr(path, "path", path), "sql")
     if root.is_file() and getattr(path, "steps", None) is not None:  # a Reader of one step file
-        groups = {path.split: [root if is_remote(root) else str(root)]}
+        groups = {path.split: _opened(root.parent, [(s, [root]) for s in path.steps])}
     else:
         paths.read_manifest(root)
         groups = {split: _files(root / split) for split in paths.list_splits(root)}
@@ -107,17 +106,17 @@ def duckdb_connect(path: Any, con: Any = None) -> duckdb.DuckDBPyConnection:
     groups = {split: files for split, files in groups.items() if files}
     for split, files in groups.items():
         if is_remote(root):  # DuckDB scans a pyarrow dataset of the objects (store/remote.py)
-            con.register(f"__trajstore_{split}", remote.dataset(files))
+            con.register(f"__trajstore_{split}", remote.dataset([f for f, _ in files]))
             con.execute(f"CREATE OR REPLACE VIEW {_quote(split)} AS SELECT * FROM {_quote('__trajstore_' + split)}")
             continue
         by_select: dict[str | None, list[str]] = {}  # files whose rows are trajectories: None
-        for f in files:
+        for f, doc in files:
             _check_footer(f)
-            by_select.setdefault(_group_select(f), []).append(f)
+            by_select.setdefault(_group_select(doc), []).append(_literal(f))
         parts = []
         for sel, fs in by_select.items():
             lst = "[" + ", ".join(_lit(f) for f in fs) + "]"
-            parts.append(f"SELECT * FROM read_parquet({lst}, union_by_name = true)" if sel is None else
+            parts.append(f"SELECT * FROM read_parquet({lst}, {_OPTIONS})" if sel is None else
                          sel.replace(_FILES, lst))
         try:
             con.execute(f"CREATE OR REPLACE VIEW {_quote(split)} AS " + " UNION ALL BY NAME ".join(parts))
@@ -169,11 +168,39 @@ def _check_footer(f: str) -> None:
                           "steps with trajstore.Reader)")
 
 
-def _files(d: Any) -> list[str]:
-    """The files of the split's readable steps: whole step files, and the shards of complete steps."""
+def _files(d: Any) -> list[tuple[Any, dict]]:
+    """The files of the split's readable steps (whole step files, and the shards of complete steps) with
+    their descriptions: those of ``_opened``."""
     ls = paths.scan(d)
-    return [f if is_remote(f) else str(f)
-            for s in ls.steps if s not in ls.ambiguous for f in paths.step_files(d, ls, s)]
+    return _opened(d, [(s, paths.step_files(d, ls, s)) for s in ls.steps if s not in ls.ambiguous])
+
+
+def _opened(d: Any, steps: list[tuple[int, list]]) -> list[tuple[Any, dict]]:
+    """``(file, description)`` of each file of ``steps`` (step, its files) whose footer the Reader accepts
+    (``stepfile.open_step``: a trajstore description of a known format version, of the step its name says,
+    that fits the file's columns), so a view holds exactly the steps a Reader reads. A step with a refused file (a
+    copy of another step planted under a new name, a damaged footer) is left out of the view whole, with a
+    ``TrajstoreWarning`` naming the file and why (``trajstore verify`` reports it too). The decode budget is
+    not applied: DuckDB reads the columns itself, within its own ``memory_limit``."""
+    out = []
+    for s, fs in steps:
+        try:
+            out += [(f, stepfile.open_step(f, s, budget=False).doc) for f in fs]
+        except (TrajstoreError, OSError) as e:
+            out = [(f, doc) for f, doc in out if f not in fs]
+            warn(f"{e}; step {s} is left out of the SQL views, as a Reader refuses it", TrajstoreWarning)
+    return out
+
+
+_GLOB = re.compile(r"([][*?])")
+# every file named by itself: no hive partitions read from a folder named `lr=0.1` (an extra column)
+_OPTIONS = "union_by_name = true, hive_partitioning = false"
+
+
+def _literal(f: Any) -> str:
+    """Local step file ``f`` as a name DuckDB reads literally: absolute (no ``~`` expansion), and the glob
+    characters ``[ ] * ?`` each in a class of its own (``runs/run[1]`` would also match ``runs/run1``)."""
+    return _GLOB.sub(r"[\1]", os.path.abspath(f))
 
 
 def _ident(name: str, reserved: set[str]) -> str:
@@ -221,17 +248,11 @@ def _columns(con: Any, view: str) -> list[str]:
 _FILES = "\x00files\x00"  # where _group_select's SELECT takes its file list (no column name has a NUL)
 
 
-def _group_select(f: str) -> str | None:
-    """For a step file of a list batch whose elements have an ``attention_mask`` cell (AReaL's
-    episodes ``[1, T]`` and groups ``[g, T]``): a SELECT (``_FILES`` to fill in) with one row per
-    trajectory (the ``__shape__`` columns stay the stored element's); None for any other file (its
-    rows are trajectories already). Reads the footer's spec only; a file the spec lies about fails
-    in DuckDB (a FormatError)."""
-    try:
-        with pq.ParquetFile(source(f), **limits.THRIFT_LIMITS) as pf:
-            doc = limits.load_doc((pf.metadata.metadata or {}).get(b"trajstore", b"{}"), str(f))
-    except (*foreign_errors.MAPPED, ValueError):  # FormatError is a ValueError
-        return None  # DuckDB's own read of the file reports it
+def _group_select(doc: dict) -> str | None:
+    """For a step file (its description ``doc``) of a list batch whose elements have an ``attention_mask``
+    cell (AReaL's episodes ``[1, T]`` and groups ``[g, T]``): a SELECT (``_FILES`` to fill in) with one
+    row per trajectory (the ``__shape__`` columns stay the stored element's); None for any other file (its
+    rows are trajectories already)."""
     spec = doc.get("batch") if isinstance(doc, dict) else None
     elem = spec.get("elem") if isinstance(spec, dict) and spec.get("t") == "seq" else None
     keys = elem.get("keys") if isinstance(elem, dict) and elem.get("t") == "struct" else None
@@ -265,4 +286,4 @@ def _group_select(f: str) -> str | None:
     drop = ", ".join([t, '"file_row_number"'] + [q(c) for c, _ in cells.values()])
     return (f"SELECT * EXCLUDE ({drop}), CASE WHEN {g} > 1 THEN \"file_row_number\" END AS \"group\", "
             + ", ".join(exprs) + f" FROM (SELECT *, unnest(range({g})) AS {t} FROM "
-            f"read_parquet({_FILES}, union_by_name = true, file_row_number = true))")
+            f"read_parquet({_FILES}, {_OPTIONS}, file_row_number = true))")

@@ -41,6 +41,7 @@ from . import schema
 from .errors import BatchError, StepExistsError, TrajstoreError, WriterError
 from .format.parquet import parquet_options
 from .format.shards import RANK_COLUMN
+from .format import ids as idcol
 from .snapshot import Snapshot, with_rank
 from .store import commit, paths, remote
 from .store.fs import is_remote
@@ -57,6 +58,7 @@ class Job:
     def __init__(self, step: int, snap: Snapshot, tag: dict | None, meta: dict, overwrite: bool, nbytes: int):
         self.step, self.snap, self.tag, self.meta, self.overwrite = step, snap, tag, meta, overwrite
         self.nbytes, self.seq = nbytes, -1
+        self.ids: Any = None  # the rows' trajectory ids (format/ids.py), stored in their columns when given
 
 
 class Turns:
@@ -97,9 +99,13 @@ class Steps:
         job.snap.check(job.step)
         extra = job.meta if self.shard is None else {**job.meta, "shard": {"rank": self.shard[0],
                                                                             "world_size": self.shard[1]}}
+        if job.ids is not None:
+            extra = {**extra, **idcol.ENVELOPE}
         table = schema.encode_plain(batch, job.tag, step=job.step, split=self.split, extra=extra, masks=self.masks)
         if self.shard is not None:
             table = with_rank(table, self.shard[0], job.step)
+        if job.ids is not None:
+            table = idcol.add(table, job.ids, job.step)
         return table
 
     def fit(self, job: Job, table: pa.Table) -> pa.Table:

@@ -45,6 +45,7 @@ from .store import paths
 from .store import remote
 from .store.fs import is_remote, resolve
 from .errors import BatchError, BatchWriteError, ConfigError, StepExistsError, TrajstoreError, WriterError
+from .format import ids as idcol
 from .snapshot import Snapshot, check_meta, check_rank_field, nbytes_of
 from .write_pool import Job, Pool, Steps
 
@@ -186,7 +187,7 @@ class Writer:
 
     # -- caller's side
     def append(self, step: int, batch: Any, meta: dict | None = None, *, overwrite: bool | None = None,
-               copy: bool | None = None) -> None:
+               copy: bool | None = None, ids: Any = None) -> None:
         """Record ``batch`` as step ``step``, with step metadata ``meta``: a dict of what a batch's
         non-tensor values may hold (numpy scalars and arrays, tuples, non-str keys, bytes, tensors),
         read back by ``Reader.meta`` with the same types.
@@ -195,7 +196,12 @@ class Writer:
         writer's default, ``Writer(copy=...)``) CPU tensors and arrays are copied now, wherever they
         sit in the batch, so the caller may refill them right after ``append``. ``copy=False`` keeps
         CPU tensors by reference (no copy on the caller's thread): modifying one in place before it
-        is written fails that step with ``WriterError`` (its version counter is checked)."""
+        is written fails that step with ``WriterError`` (its version counter is checked).
+
+        ``ids``: the trajectory id of each row (``Reader.ids`` of the rows this batch was computed from,
+        ``[B, 2]`` of ``(step, row)``, or ``B`` rows of ``step``), stored in the step file's id columns
+        (docs/FORMAT.md 3.13) so that a comparison joins its rows on them; without, a row's id is its
+        place in the logical step."""
         t0 = time.perf_counter()
         with self._lock:
             if self._closed:
@@ -222,6 +228,10 @@ class Writer:
             plain, tag = containers.unwrap(batch)
             if self.shard is not None:
                 check_rank_field(plain, step)
+            if ids is not None:
+                ids = idcol.normalize(ids, step, None)
+                if isinstance(plain, dict):
+                    idcol.check_fields(plain, step)
             check.check(plain, self.masks)  # types, keys, shapes, lengths: errors now, not one step later
             nbytes = nbytes_of(plain)
             self._admit(step, nbytes)  # before the copy: the buffers of steps written meanwhile are reused
@@ -230,7 +240,9 @@ class Writer:
             except BaseException:
                 self._done(step, nbytes)
                 raise
-            self._workers.submit(Job(step, snap, tag, meta, ow, nbytes))
+            job = Job(step, snap, tag, meta, ow, nbytes)
+            job.ids = ids
+            self._workers.submit(job)
         dt = time.perf_counter() - t0
         with self._cond:
             self._stats["appended"] += 1

@@ -49,7 +49,8 @@ def _str(v, what: str) -> str:
 
 
 class _Checker:
-    def __init__(self, schema: pa.Schema, n: int, spec: dict, version=None):
+    def __init__(self, schema: pa.Schema, n: int, spec: dict, version=None, budget: bool = True):
+        self.budget = budget  # False: the decode budget is not applied (DuckDB reads the columns itself)
         self.types = {f.name: f.type for f in schema}
         self.dtypes = {f.name: (f.metadata or {}).get(b"trajstore.dtype") for f in schema}
         self.n = n
@@ -60,7 +61,7 @@ class _Checker:
 
     def add(self, nbytes: int, what: str) -> None:
         self.bytes += nbytes
-        if self.bytes > limits.MAX_DECODED_BYTES:
+        if self.budget and self.bytes > limits.MAX_DECODED_BYTES:
             raise _Over(self.bytes, what)
 
     def col(self, node: dict, key: str, expect) -> str:
@@ -342,8 +343,9 @@ class _Checker:
             raise _Bad(f"unknown element type {t!r}")
 
 
-def check(doc: dict, schema: pa.Schema, num_rows: int, where: str) -> None:
-    """Raise FormatError unless ``doc`` (a step's trajstore metadata) fits the file."""
+def check(doc: dict, schema: pa.Schema, num_rows: int, where: str, budget: bool = True) -> None:
+    """Raise FormatError unless ``doc`` (a step's trajstore metadata) fits the file (``budget``: and a decode
+    of it stays within ``limits.MAX_DECODED_BYTES``)."""
     try:
         spec = doc.get("batch")
         n = _int(doc.get("num_rows"), "num_rows")
@@ -353,7 +355,7 @@ def check(doc: dict, schema: pa.Schema, num_rows: int, where: str) -> None:
             raise _Bad("meta is not an object")
         if "shard" in doc:
             shard(doc, schema)
-        ch = _Checker(schema, n, spec, doc.get("format_version"))
+        ch = _Checker(schema, n, spec, doc.get("format_version"), budget)
         t = spec.get("t")
         if t == "batch":
             form = spec.get("form")

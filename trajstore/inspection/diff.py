@@ -14,6 +14,12 @@ Each (step, field) gets a status:
 ``mismatch``   shapes or trajectory counts differ, or a trajectory is rejected on one side only
 ``missing``    the step or field exists on one side only
 
+Rows are aligned on their trajectory ids (docs/FORMAT.md 3.13, ``diff_ids``) when a compared step of either
+dump holds stored ids (outputs recorded at replay): whatever the row order or rank layout of each run, row
+``i`` of both is one trajectory, and each entry names the trajectories (their ids) of its first and worst
+value and of every value beyond tolerance; the outputs' per-step scalars (numbers of the step metadata,
+``meta.loss``) are compared too. A step whose two sides hold other trajectories is a ``mismatch``.
+
 Only the fields compared are read. Tensor fields of padded and packed dict batches are compared on
 their stored Arrow columns, every trajectory of a step at once (``diff_arrow``); the others are decoded
 and compared trajectory by trajectory (``format.rows``); both give the same entries (``diff_field``).
@@ -34,7 +40,7 @@ from ..format import containers
 from ..format.rows import rows
 from ..format.spec import is_dict_batch
 from ..reader import Reader
-from . import diff_arrow
+from . import diff_arrow, diff_ids
 from .diff_field import OK, FieldDiff, _Field
 
 __all__ = ["diff", "DiffReport", "FieldDiff"]
@@ -168,15 +174,21 @@ def diff(a: Any, b: Any = None, *, steps: Iterable[int] | str | None = None,
     entries: list[FieldDiff] = []
     absd: dict[str, list] = {}
     it = progress(all_steps) if progress else all_steps
+    ra, rb, aligned = diff_ids.align(ra, rb, all_steps)  # rows joined on their trajectory ids
     for s in it:
         in_a, in_b = s in ra.steps, s in rb.steps
         if not (in_a and in_b):
             side = "b" if in_a else "a"
             entries.append(FieldDiff(s, "*", "missing", note=f"step {s} is not in {side}"))
+        elif aligned and (why := diff_ids.id_mismatch(ra, rb, s)):
+            entries.append(FieldDiff(s, "*", "mismatch", note=why))
         else:
             entries.extend(_step(ra, rb, s, fields, atol, rtol, pair, mask, absd, first))
+            if aligned and fields is None:  # outputs: their per-step scalars too
+                entries.extend(diff_ids.meta_entries(ra, rb, s, lambda k: _Field(s, k, atol, rtol, False)))
         if first and entries and entries[-1].status not in OK:
             break
+    diff_ids.finish(entries, ra, aligned)
     return DiffReport(str(ra.path), str(rb.path), atol, rtol, entries, tuple(pair) if pair else None, absd)
 
 

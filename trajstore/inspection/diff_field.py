@@ -35,6 +35,10 @@ class FieldDiff:
     max_rel: float | None = None    # max |a - b| / |b|
     first: dict | None = None       # first value beyond tolerance: step, trajectory, token, a, b
     note: str = ""
+    worst: dict | None = None       # the largest |a - b|: trajectory, token, a, b, abs, rel
+    beyond: list = field(default_factory=list)  # the trajectories with a value beyond tolerance
+    mean_abs: float | None = None   # mean |a - b| over the finite values (set when the report is made)
+    mean_rel: float | None = None   # mean |a - b| / |b|
     # running sums for summary statistics (numeric fields)
     sums: dict = field(default_factory=dict, repr=False)
 
@@ -74,6 +78,7 @@ class _Field:
             if _numeric(a) != _numeric(b) or _jsonish(a) != _jsonish(b):
                 e.n += 1
                 e.n_exceed += 1
+                e.beyond = sorted(set(e.beyond) | {traj})
                 if e.status != "differs":
                     e.status, e.first = "differs", {"trajectory": traj, "a": _short(a), "b": _short(b)}
             else:
@@ -111,13 +116,14 @@ class _Field:
                  width: int, same: bool) -> None:
         """Compare the float64 values ``xf`` (of ``a``) and ``yf`` (of ``b``) of trajectory ``traj``
         (``x``: its original values; ``idx``: their flat positions when masked) and update the entry."""
-        self._compare(xf, yf, idx, width, same, lambda pos: (traj, pos, x.ndim >= 1))
+        self._compare(xf, yf, idx, width, same, lambda pos: (traj, pos, x.ndim >= 1),
+                      lambda pos: np.full(len(pos), traj, np.int64))
 
     def _compare(self, xf: np.ndarray, yf: np.ndarray, idx: np.ndarray | None, width: int, same: bool,
-                 locate: Any) -> None:
+                 locate: Any, trajs: Any) -> None:
         """The entry updated with values ``xf`` / ``yf`` (float64; ``idx``: their flat positions when
         masked); ``locate(position)`` gives the first differing value's (trajectory, flat index in it,
-        whether it has a token axis)."""
+        whether it has a token axis); ``trajs(positions)`` the trajectory of each."""
         e = self.e
         eq = (xf == yf) | (np.isnan(xf) & np.isnan(yf))  # same infinities and NaNs are equal
         d = np.where(eq, 0.0, xf - yf)
@@ -130,6 +136,8 @@ class _Field:
             e.max_rel = _max(e.max_rel, float(np.max(rel)))
             fin = np.isfinite(xf) & np.isfinite(yf)
             xs, ys, ds = xf[fin], yf[fin], d[fin]
+            e.sums["rd"] = e.sums.get("rd", 0.0) + float(rel[fin].sum())
+            self._worst(xf, yf, ad, rel, idx, width, locate)
             for k, v in (("n", float(fin.sum())), ("d", ds.sum()), ("ad", np.abs(ds).sum()), ("d2", (ds * ds).sum()),
                          ("a", xs.sum()), ("b", ys.sum()), ("a2", (xs * xs).sum()), ("b2", (ys * ys).sum()),
                          ("ab", (xs * ys).sum())):
@@ -139,6 +147,8 @@ class _Field:
         nbad = int(bad.sum())
         if nbad:
             e.n_exceed += nbad
+            pos = np.flatnonzero(bad)
+            e.beyond = sorted(set(e.beyond) | set(trajs(idx[pos] if idx is not None else pos).tolist()))
             if e.status != "differs":
                 j = int(np.argmax(bad))
                 traj, flat, has_token = locate(int(idx[j]) if idx is not None else j)
@@ -151,6 +161,22 @@ class _Field:
                 e.status, e.first = "differs", first
         elif not same and e.status == "identical":
             e.status = "close"
+
+    def _worst(self, xf: np.ndarray, yf: np.ndarray, ad: np.ndarray, rel: np.ndarray, idx: np.ndarray | None,
+               width: int, locate: Any) -> None:
+        """Keep where the largest ``|a - b|`` is (a NaN on one side counts as the largest)."""
+        j = int(np.argmax(ad))
+        v, w = float(ad[j]), self.e.worst
+        if v == 0 or w is not None and not (v > w["abs"] or math.isnan(v) and not math.isnan(w["abs"])):
+            return
+        traj, flat, has_token = locate(int(idx[j]) if idx is not None else j)
+        out: dict = {"trajectory": traj}
+        if has_token:
+            out["token"] = flat // width
+            if width > 1:
+                out["element"] = flat % width
+        out.update(a=_num(xf[j]), b=_num(yf[j]), abs=v, rel=float(rel[j]))
+        self.e.worst = out
 
     def add_flat(self, x: np.ndarray, y: np.ndarray, dta: np.dtype, dtb: np.dtype, counts: np.ndarray,
                  width: int, has_token: bool, keep: np.ndarray | None, same_obj: bool) -> None:
@@ -175,7 +201,7 @@ class _Field:
                     e.max_abs, e.max_rel = _max(e.max_abs, 0.0), _max(e.max_rel, 0.0)
                     xs = xf[np.isfinite(xf)]
                     a, a2 = float(xs.sum()), float((xs * xs).sum())
-                    for k, v in (("n", float(len(xs))), ("d", 0.0), ("ad", 0.0), ("d2", 0.0), ("a", a),
+                    for k, v in (("n", float(len(xs))), ("d", 0.0), ("ad", 0.0), ("rd", 0.0), ("d2", 0.0), ("a", a),
                                  ("b", a), ("a2", a2), ("b2", a2), ("ab", a2)):
                         e.sums[k] = e.sums.get(k, 0.0) + v
                 return
@@ -191,7 +217,8 @@ class _Field:
             traj = int(np.searchsorted(starts, pos, side="right")) - 1
             return traj, pos - int(starts[traj]), has_token
 
-        self._compare(xf, yf, idx, width, same, locate)
+        self._compare(xf, yf, idx, width, same, locate,
+                      lambda pos: np.searchsorted(starts, pos, side="right").astype(np.int64) - 1)
 
 
 def _max(cur: float | None, v: float) -> float:

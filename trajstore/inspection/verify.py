@@ -67,10 +67,11 @@ def verify(path: str | Path, split: str | None = None, *, deep: bool = False) ->
         steps = listing.steps
         rep.checked[s] = len(steps)
         rep.skipped.update({(s, k): why for k, why in paths.list_skipped(d).items()})
-        rep.incomplete.update({(s, k): f"written by {n} ranks; the shard(s) of rank(s) {', '.join(map(str, miss))} "
+        rep.incomplete.update({(s, k): f"written by {n} ranks; the shard(s) of rank(s) {paths.ranks_text(miss)} "
                                "are not committed (a rank still writing, or stopped): the step is not readable"
                                for k, (n, miss) in listing.incomplete.items()})
-        rep.damaged.update({(s, paths.step_of(Path(n))): f"{d / n}: {what}, not a regular file (not read)"
+        rep.damaged.update({(s, paths.step_of(Path(n))): f"{d / n}: {what}"
+                            + (", not a step" if what == paths.TOO_LARGE else ", not a regular file") + " (not read)"
                             for n, what in listing.odd.items()})  # a FIFO, a device... named as a step
         if deep:  # decoding needs the reader (and torch); the checksums alone do not (`trajstore verify`)
             from ..reader import Reader

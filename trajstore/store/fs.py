@@ -28,6 +28,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -213,8 +214,16 @@ class RemotePath:
         return self.store.pa.open_input_file(self.key)
 
     def unlink(self, missing_ok: bool = False) -> None:
+        """Delete this one object, its key taken literally: fsspec's ``rm`` (what pyarrow's
+        ``FSSpecHandler.delete_file`` calls) expands ``[ ] * ?`` as a glob, and s3fs would delete
+        another run's objects (``exp[1]`` matching ``exp1``); ``rm_file`` deletes the one key."""
         try:
-            self.store.pa.delete_file(self.key)
+            if self.store.fsspec is None:
+                self.store.pa.delete_file(self.key)
+                return
+            if not missing_ok and not self.exists():
+                raise FileNotFoundError(f"{self}: no such object")
+            self.store.fsspec.rm_file(self.key)
         except FileNotFoundError:
             if not missing_ok:
                 raise
@@ -248,6 +257,10 @@ def resolve(path: Any, who: str, fs: Any = None) -> Path | RemotePath:
     if fs is None and (m is None or scheme == "file"):
         return Path(s[len(m.group(0)):] or "/") if m else Path(s)
     rest = s[len(m.group(0)):] if m else s
+    if scheme in (*PYARROW, "s3a") and "?" in rest:
+        raise ConfigError(f"{who}: {s!r} has the character '?': in an object-storage URL pyarrow reads what follows "
+                          "it as options and s3fs as a version, so it cannot name a dump literally; rename the "
+                          "folder, and pass options through the environment (AWS_ENDPOINT_URL...) or fs=")
     if fs is not None:
         return _given(fs, s, rest, scheme, who)
     if scheme in ("s3", "s3a", "gs", "gcs") and not rest.split("/", 1)[0]:
@@ -260,8 +273,9 @@ def resolve(path: Any, who: str, fs: Any = None) -> Path | RemotePath:
     if scheme not in PYARROW:
         raise ConfigError(f"{who}: {s!r}: pyarrow has no {scheme}:// file system ({ENV}=pyarrow); "
                           f"unset {ENV} to use fsspec, or use one of {', '.join(p + '://' for p in PYARROW)}")
-    try:
-        pa_fs, key = pafs.FileSystem.from_uri("gs" + s[len(scheme):] if scheme == "gcs" else s)
+    try:  # the path percent-encoded: pyarrow's URI parser takes it literally ('#', '[', '%'... included)
+        pa_fs, key = pafs.FileSystem.from_uri(("gs" if scheme == "gcs" else scheme) + "://"
+                                              + urllib.parse.quote(rest, safe="/:@"))
     except (pa.ArrowException, OSError, ValueError) as e:
         raise ConfigError(f"{who}: pyarrow cannot open {s!r} ({e}); check the URL, and for hdfs:// the Hadoop "
                           f"client (libhdfs, HADOOP_HOME); or install the fsspec package "

@@ -9,6 +9,7 @@ keeps its layout when appended to, and readers look in both places."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -37,6 +38,8 @@ SHARD_SKIPPED_RE = re.compile(r"^step_([0-9]{8,})\.rank([0-9]{5,})-of-([0-9]{5,}
 SUM_RE = re.compile(r"^(step_[0-9]{8,}(?:\.rank[0-9]{5,}-of-[0-9]{5,})?)\.sha256\Z")  # a step file's checksum
 TMP_SUM_RE = re.compile(r"^\.(step_[0-9]{8,}(?:\.rank[0-9]{5,}-of-[0-9]{5,})?)\.sha256\.tmp-")  # its temporary
 TMP_PREFIX = ".step_"
+MAX_WORLD_SIZE = 99999  # the most ranks a step is written by: a shard name of more is ambiguous, never listed
+TOO_LARGE = "a step number of 2**63 or more (no writer makes one)"  # Listing.odd's reason for such a name
 _SPLIT_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
 
 
@@ -81,7 +84,7 @@ def check_shard(rank: Any, world_size: Any, who: str) -> tuple[int, int] | None:
     if rank is None and world_size is None:
         return None
     ok = all(type(v) is int or hasattr(v, '__index__') and not isinstance(v, bool | float) for v in (rank, world_size))
-    if not ok or not 0 <= rank < world_size or world_size > 99999:
+    if not ok or not 0 <= rank < world_size or world_size > MAX_WORLD_SIZE:
         raise ConfigError(f"{who}: rank={rank!r}, world_size={world_size!r}: give both, ints with 0 <= rank < "
                           "world_size <= 99999 (this rank's shards, or its slice of each step), or neither (whole steps)")
     return rank.__index__(), world_size.__index__()
@@ -102,11 +105,21 @@ def shard_name(step: int, rank: int, world_size: int) -> str:
     return f"step_{step:08d}{shard_tag(rank, world_size)}parquet"
 
 
+class Missing(list):
+    """An incomplete step's missing ranks: the first ``MAX_LISTED``, ``total`` in all (``scan`` never builds
+    a list of 99999 ints per step of a folder of shard names); ``ranks_text`` writes them for a message."""
+
+    total = 0
+
+
+MAX_LISTED = 16
+
+
 class Listing(NamedTuple):
     """What a split folder holds (``scan``). ``steps``: the logical steps a reader lists, sorted:
     whole step files, complete shard sets (all N shards of one N committed) and ambiguous steps
     (reading one raises a FormatError naming its files). ``shards``: step -> N of its complete
-    shard set. ``incomplete``: step -> (N, missing ranks) of shard sets not complete (a rank still
+    shard set. ``incomplete``: step -> (N, missing ranks: ``Missing``) of shard sets not complete (a rank still
     writing, or dead); they are not in ``steps``. ``ambiguous``: step -> its files, for a step
     with a whole file and shards, or shards of two world sizes. ``parts``: step -> N -> the ranks
     whose shard is there (complete and incomplete sets alike). ``odd``: name -> what it is, of the
@@ -115,7 +128,7 @@ class Listing(NamedTuple):
 
     steps: list[int]
     shards: dict[int, int]
-    incomplete: dict[int, tuple[int, list[int]]]
+    incomplete: dict[int, tuple[int, Missing]]
     ambiguous: dict[int, list[str]]
     parts: dict[int, dict[int, set[int]]]
     odd: dict[str, str] = {}
@@ -130,6 +143,10 @@ def scan(split_dir: Path) -> Listing:
             names, odd = listdir(split_dir), {}
         except FileNotFoundError:
             names, odd = [], {}
+    big = {n: TOO_LARGE for n in names if len(n) > 25 and (m := STEP_RE.match(n) or SHARD_RE.match(n))
+           and int(m.group(1)) >= 2**63}
+    if big:  # a step number no writer makes (check_step): not a step, `verify` reports the name
+        names, odd = [n for n in names if n not in big], {**odd, **big}
     steps = [int(m.group(1)) for n in names if (m := STEP_RE.match(n))]
     parts: dict[int, dict[int, set[int]]] = {}
     if len(steps) < len(names):  # other names: shard files, maybe
@@ -142,7 +159,8 @@ def scan(split_dir: Path) -> Listing:
     whole = set(steps)
     shards, incomplete, ambiguous = {}, {}, {}
     for s, by in parts.items():
-        bad = any(N < 1 or max(ranks) >= N for N, ranks in by.items())  # a name no writer makes
+        # a name no writer makes; a world size over MAX_WORLD_SIZE is never expanded (no range(10**12))
+        bad = any(not 1 <= N <= MAX_WORLD_SIZE or max(ranks) >= N for N, ranks in by.items())
         if s in whole or len(by) > 1 or bad:
             ambiguous[s] = sorted(([step_name(s)] if s in whole else [])
                                   + [shard_name(s, r, N) for N, ranks in by.items() for r in ranks])
@@ -151,8 +169,19 @@ def scan(split_dir: Path) -> Listing:
         if len(ranks) == N:
             shards[s] = N
         else:
-            incomplete[s] = (N, sorted(set(range(N)) - ranks))
+            incomplete[s] = (N, _missing(N, ranks))
     return Listing(sorted(whole | shards.keys() | ambiguous.keys()), shards, incomplete, ambiguous, parts, odd)
+
+
+def _missing(n: int, ranks: set[int]) -> Missing:  # at most len(ranks) + MAX_LISTED turns
+    out = Missing(itertools.islice((r for r in range(n) if r not in ranks), MAX_LISTED))
+    out.total = n - len(ranks)
+    return out
+
+
+def ranks_text(missing: list[int]) -> str:
+    total = getattr(missing, "total", len(missing))
+    return ", ".join(map(str, missing)) + (f", ... ({total} in all)" if total > len(missing) else "")
 
 
 def step_files(split_dir: Path, listing: Listing, step: int) -> list[Path]:

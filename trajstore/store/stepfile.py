@@ -32,10 +32,11 @@ class StepFile(NamedTuple):
     path: Path
 
 
-def open_step(f: Path, step: int, verify: bool = False, check: bool = True) -> StepFile:
+def open_step(f: Path, step: int, verify: bool = False, check: bool = True, budget: bool = True) -> StepFile:
     """Step file (or shard) ``f`` of ``step`` opened; ``verify`` reads its bytes checked against the
     recorded checksum first; ``check=False`` skips the walk of the whole spec (``validate.check``), for
-    callers that check the one node they decode."""
+    callers that check the one node they decode; ``budget=False`` checks the spec without the decode budget
+    (the SQL views: DuckDB reads the columns itself)."""
     with foreign_errors(f, "reading it as a Parquet file", then="the step is damaged"):
         src = checksums.read_verified(f, step) if verify else source(f)
         pf = pq.ParquetFile(src, memory_map=False, page_checksum_verification=True, **limits.THRIFT_LIMITS)
@@ -51,10 +52,11 @@ def open_step(f: Path, step: int, verify: bool = False, check: bool = True) -> S
         raise FormatError(f"{f}: the file says it holds step {doc.get('step')!r}, its name says {step}")
     _check_shard(f, doc.get("shard"))
     if check:
-        limits.check_pages(pf.metadata, str(f))
+        if budget:
+            limits.check_pages(pf.metadata, str(f))
         with foreign_errors(f, "reading its Arrow schema", then="the step is damaged"):
             arrow_schema = pf.schema_arrow
-        validate.check(doc, arrow_schema, pf.metadata.num_rows, str(f))
+        validate.check(doc, arrow_schema, pf.metadata.num_rows, str(f), budget)
     return StepFile(pf, src, doc, f)
 
 

@@ -35,6 +35,7 @@ from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Respon
 from starlette.routing import Route
 
 from ..errors import TrajstoreError
+from . import compare
 from .pages import View
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -60,7 +61,7 @@ def shell(page: str, title: str, attrs: dict[str, Any] | None = None) -> str:
             f'<link rel="stylesheet" href="/static/view.css"></head>\n'
             f'<body data-page="{page}"{a}><nav><a href="/">run</a></nav><h1>{t}</h1><div id="app"></div>\n'
             f'<script src="/static/plotly.min.js"></script><script src="/static/plotly_text.js"></script>'
-            f'<script src="/static/view.js"></script>\n</body></html>\n')
+            f'<script src="/static/view.js"></script><script src="/static/compare.js"></script>\n</body></html>\n')
 
 
 def _int(req: Request, name: str) -> int:
@@ -164,7 +165,8 @@ def make_app(view: View, host: str = "127.0.0.1", port: int = 8000) -> Any:
     async def diff_page(req: Request) -> Response:
         if view.other is None:
             return HTMLResponse(shell("diff", "diff: give two dumps (trajstore view A B)"), 404, headers=HEADERS)
-        return HTMLResponse(shell("diff", f"diff {name} vs {os.path.basename(str(view.other).rstrip('/'))}"),
+        return HTMLResponse(shell("diff", f"diff {name} vs {os.path.basename(str(view.other).rstrip('/'))}",
+                                  {"diff": 1}),
                             headers=HEADERS)
 
     def api_run(req: Request) -> Response:
@@ -198,7 +200,7 @@ def make_app(view: View, host: str = "127.0.0.1", port: int = 8000) -> Any:
                 return JSONResponse({"error": str(e)}, 404, headers=HEADERS)
         return call
 
-    routes = [
+    routes = _compare_routes(view, name, guarded) + [
         Route("/", run_page), Route("/step/{split}/{step:int}", step_page),
         Route("/traj/{split}/{step:int}/{index:int}", traj_page), Route("/diff", diff_page),
         Route("/api/run", guarded(api_run)), Route("/api/step", guarded(api_step)),
@@ -206,6 +208,37 @@ def make_app(view: View, host: str = "127.0.0.1", port: int = 8000) -> Any:
         Route("/static/{name}", static),
     ]
     return HostCheck(Starlette(routes=routes), host, port)
+
+
+def _float(req: Request, name: str) -> float:
+    v = req.query_params.get(name, "0")
+    if not re.fullmatch(r"\d{1,6}(\.\d{1,12})?([eE]-?\d{1,3})?", v):
+        raise _Bad(f"{name} must be a non-negative number, got {v!r}")
+    return float(v)
+
+
+def _compare_routes(view: View, name: str, guarded: Any) -> list[Route]:
+    """Two runs side by side (``view/compare.py``): the aligned trajectory page and the JSON of the
+    overlaid curves, the diverging fields and the aligned trajectory."""
+    async def aligned_page(req: Request) -> Response:
+        s, i = _int(req, "step"), _int(req, "row")
+        sp = req.path_params["split"]
+        return HTMLResponse(shell("aligned", f"{name} {sp} trajectory ({s}, {i}) of both runs",
+                                  {"split": sp, "step": s, "row": i}), headers=HEADERS)
+
+    def api_run(req: Request) -> Response:
+        return _json(compare.curves(view, req.query_params.get("split")))
+
+    def api_diff(req: Request) -> Response:
+        return _json(compare.diverging(view, req.query_params.get("split"), _float(req, "atol"), _float(req, "rtol")))
+
+    def api_traj(req: Request) -> Response:
+        return _json(compare.aligned(view, _int(req, "step"), _int(req, "row"), req.query_params.get("field") or None,
+                                     req.query_params.get("split")))
+
+    return [Route("/aligned/{split}/{step:int}/{row:int}", aligned_page),
+            Route("/api/compare/run", guarded(api_run)), Route("/api/compare/diff", guarded(api_diff)),
+            Route("/api/compare/traj", guarded(api_traj))]
 
 
 def serve(view: View, host: str = "127.0.0.1", port: int = 8000) -> None:

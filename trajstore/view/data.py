@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from ..errors import ConfigError
 from ..format.spec import is_dict_batch, is_plain_sample, is_token
@@ -51,6 +52,7 @@ class Cols:
     counts: np.ndarray  # tokens of each trajectory
     tok: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # name -> (offsets, values)
     scal: dict[str, list] = field(default_factory=dict)  # name -> one value per trajectory (None: absent)
+    f32: set[str] = field(default_factory=set)  # scalar fields stored as float32 or narrower (shown as float32)
 
     def row(self, name: str, i: int) -> np.ndarray | None:
         got = self.tok.get(name)
@@ -171,6 +173,7 @@ def _join(parts: list, toks: list[str], scal: list[str]) -> Cols:
     counts = []
     tok: dict[str, list] = {k: [] for k in toks}
     sc: dict[str, list] = {k: [] for k in scal}
+    f32: set[str] = set()
     for want, t, cnt, len_col in parts:
         got = dict(zip(want, t.columns))
         if cnt is not None:
@@ -183,7 +186,9 @@ def _join(parts: list, toks: list[str], scal: list[str]) -> Cols:
             tok[k].append(_lists(got[k]) if k in got else None)
         for k in scal:
             sc[k] += got[k].to_pylist() if k in got else [None] * t.num_rows
-    out = Cols(n, np.concatenate(counts) if counts else np.zeros(0, np.int64), scal=sc)
+            if k in got and pa.types.is_floating(got[k].type) and got[k].type.bit_width <= 32:
+                f32.add(k)
+    out = Cols(n, np.concatenate(counts) if counts else np.zeros(0, np.int64), scal=sc, f32=f32)
     for k, ps in tok.items():
         if ps and all(p is not None for p in ps):
             vals = [p[1][p[0][0]:p[0][-1]] for p in ps]
@@ -214,6 +219,9 @@ def _from_rows(reader: Any, step: int, toks: list[str], scal: list[str], row: in
             out.tok[k] = (np.concatenate([[0], np.cumsum(lens)]), np.concatenate(vals) if vals else np.zeros(0))
     for k in scal:
         out.scal[k] = [_plain(r.get(k)) if r is not None else None for r in rows]
+        if any(isinstance(r.get(k), np.ndarray | np.generic) and np.asarray(r[k]).dtype.kind == "f"
+               and np.asarray(r[k]).dtype.itemsize <= 4 for r in rows if r is not None):
+            out.f32.add(k)
     return out
 
 

@@ -15,10 +15,13 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, StepNotFoundError, TrajstoreError
+from .._text import format_ranges, runs
 from ..inspection.diff import diff
-from ..inspection.traces import decode_ids, load_tokenizer
+from ..inspection.diff_field import OK
+from ..inspection.traces import load_tokenizer
 from ..reader import Reader
 from . import data
+from .tokens import number, token_texts
 
 CHUNK = 256  # steps read per batch of the run page's metrics
 READERS = 2  # step files read at once (pyarrow's reads release the GIL)
@@ -152,12 +155,16 @@ class View:
         cols = base + list(extra)
         rows = []
         for i in range(c.n):
-            row = {"index": i, "reward": _f(t["reward"][i]), "length": _f(t["length"][i]),
+            row = {"index": i, "reward": _f32(t["reward"][i], f.reward in c.f32), "length": _f(t["length"][i]),
                    "version": _f(t["version"][i]) if "version" in t else None}
             for k, s in extra.items():
-                row[k] = _f(c.scal[s][i])
+                row[k] = _f32(c.scal[s][i], s in c.f32)
             rows.append(row)
+        empty = [k for k in cols[1:] if all(row[k] in (None, "") for row in rows)]  # hidden: no values
+        cols = [k for k in cols if k not in empty]
+        text = [k for k in cols if any(isinstance(row[k], str) and row[k] not in ("inf", "-inf") for row in rows)]
         return {"path": str(self.path), "split": r.split, "step": step, "columns": cols, "rows": rows,
+                "empty": empty, "text": text,
                 "fields": {"reward": f.reward, "mask": f.mask, "versions": f.versions}}
 
     # -- trajectory page
@@ -174,42 +181,111 @@ class View:
         lp_name = f.pair[0] if f.pair else lone
         cols = {k: c.row(k, 0) for k in want}
         n_tok = int(c.counts[0]) if ids is None else len(cols[ids])
-        tid = cols[ids] if ids else np.arange(n_tok)
+        tid = [int(x) for x in (cols[ids] if ids else np.arange(n_tok))]
         mask = (cols[f.mask] != 0).astype(int) if f.mask else np.ones(n_tok, int)
         lp = cols.get(lp_name) if lp_name else None
         other = cols.get(f.pair[1]) if f.pair else None
         ver = cols.get(f.versions) if f.versions else None
-        text = [decode_ids(self.tokenizer, [int(x)]) for x in tid] if self.tokenizer else [str(int(x)) for x in tid]
+        texts = token_texts(self.tokenizer, tid) if self.tokenizer else [{"text": str(x)} for x in tid]
         toks = []
         for j in range(n_tok):
-            lps = "" if lp is None else repr(float(lp[j]))
-            vs = "" if ver is None else str(int(ver[j]))
-            title = f"id={int(tid[j])} text={text[j]!r} logprob={lps} mask={int(mask[j])} version={vs}"
-            t = {"id": int(tid[j]), "text": text[j], "logprob": lps, "mask": int(mask[j]), "version": vs}
+            t = {"id": tid[j], **texts[j], "mask": int(mask[j]),
+                 "logprob": "" if lp is None else number(lp[j], lp.dtype),
+                 "version": "" if ver is None else str(int(ver[j]))}
             if other is not None:
-                t["other"] = repr(float(other[j]))
-                title += f" other={t['other']}"
-            t["title"] = title
+                t["other"] = number(other[j], other.dtype)
+            t["title"] = _title(t, f, lp_name)
             toks.append(t)
-        scal = {k: _f(v[0]) for k, v in c.scal.items()}
+        scal = {k: _f32(v[0], k in c.f32) for k, v in c.scal.items()}
         return {"path": str(r.path), "split": r.split, "step": step, "index": index, "tokens": toks,
                 "fields": {"ids": ids, "mask": f.mask, "versions": f.versions, "logprob": lp_name,
                            "other": f.pair[1] if f.pair else None}, "values": scal}
 
     # -- diff page
     def diff(self) -> dict:
+        """The diff page: what is identical and what differs (steps, fields; ``summary``), the first
+        divergence of every diverging field (``fields``), and both sides' tokens of the first one."""
         if self.other is None:
             raise ConfigError("the diff page needs two dumps: trajstore view PATH PATH2")
         rb = Reader(self.other, self.split)
         ra = self.reader(None)
-        rep = diff(ra, rb, split=self.split, first=True)  # only the first divergence is shown
-        first = rep.first_divergence
-        out = {"a": str(ra.path), "b": str(rb.path), "split": self.split, "first": first and
-               {k: _f(v) if not isinstance(v, list | dict) else v for k, v in first.items()}}
+        rep = diff(ra, rb, split=self.split)
+        first, fields = rep.first_divergence, rep.fields()
+        out = {"a": str(ra.path), "b": str(rb.path), "split": self.split, "first": first and _first(ra, rb, first),
+               "summary": _summary(rep.entries, fields, ra.steps, rb.steps),
+               "fields": [{"field": k, **_plain(v), "first": v["first"] and _first(ra, rb, {"field": k, **v["first"]}),
+                           "differ_steps": format_ranges(runs(
+                               [e.step for e in rep.entries if e.field == k and e.status not in OK]))}
+                          for k, v in fields.items() if k != "*"]}
         if first and first.get("trajectory") is not None and first["step"] in ra.steps and first["step"] in rb.steps:
-            out["tokens_a"] = self.traj(None, first["step"], first["trajectory"], ra)["tokens"]
-            out["tokens_b"] = self.traj(None, first["step"], first["trajectory"], rb)["tokens"]
+            for side, r in (("a", ra), ("b", rb)):
+                t = self.traj(None, first["step"], first["trajectory"], r)
+                out[f"tokens_{side}"], out[f"token_fields_{side}"] = t["tokens"], t["fields"]
         return out
+
+
+def _first(ra: Reader, rb: Reader, first: dict) -> dict:
+    """A first difference as JSON, its values ``a`` and ``b`` at the precision of their stored dtype
+    (float32 as ``-0.61626863``, not ``-0.6162686347961426``)."""
+    out = _plain(first)
+    for side, r in (("a", ra), ("b", rb)):
+        v = out.get(side)
+        if isinstance(v, float) and first.get("step") in r.steps:
+            spec = r.info(first["step"])["batch"]
+            keys = spec.get("keys") if isinstance(spec, dict) and isinstance(spec.get("keys"), list) else []
+            node = dict(keys).get(first.get("field"))
+            if isinstance(node, dict) and str(node.get("dtype")) in ("float32", "float16", "bfloat16"):
+                out[side] = number(v, np.float32)
+    return out
+
+
+def _plain(d: dict) -> dict:
+    return {k: _plain(v) if isinstance(v, dict) else v if isinstance(v, list) else _f(v) for k, v in d.items()}
+
+
+def _summary(entries: list, fields: dict, steps_a: list[int], steps_b: list[int]) -> dict:
+    """Steps identical, within tolerance, differing and in one dump only (as ranges ``0-3, 7``), and
+    the fields identical at every step compared and those that differ somewhere."""
+    rank = lambda st: 0 if st == "identical" else 1 if st in OK else 2  # noqa: E731
+    worst: dict[int, str] = {}
+    for e in entries:
+        if e.field != "*":
+            worst[e.step] = max(worst.get(e.step, "identical"), e.status, key=rank)
+    ranges = lambda xs: format_ranges(runs(sorted(xs)))  # noqa: E731
+    both = sorted(set(steps_a) & set(steps_b))
+    by = {k: [s for s in both if rank(worst.get(s, "identical")) == i]
+          for i, k in enumerate(("identical", "close", "differ"))}
+    return {"compared": len(both), **{f"{k}_steps": ranges(v) for k, v in by.items()},
+            **{f"n_{k}": len(v) for k, v in by.items()},
+            "only_a": ranges(set(steps_a) - set(steps_b)), "only_b": ranges(set(steps_b) - set(steps_a)),
+            "identical_fields": [k for k, v in fields.items() if k != "*" and v["status"] == "identical"],
+            "close_fields": [k for k, v in fields.items() if k != "*" and v["status"] == "close"],
+            "differ_fields": [k for k, v in fields.items() if k != "*" and v["status"] not in OK]}
+
+
+def _f32(v: Any, narrow: bool) -> Any:
+    """``_f``, a float32 value as the float64 nearest its shortest float32 repr (JSON ``0.2``, not
+    ``0.20000000298023224``; read back as float32 it is the stored value, bit for bit)."""
+    if narrow and isinstance(v, float | np.floating) and math.isfinite(v):
+        return float(number(v, np.float32))
+    return _f(v)
+
+
+def _title(t: dict, f: data.Fields, lp_name: str | None) -> str:
+    """A token's tooltip: its id, text (or bytes) and each per-token value under its field's name."""
+    out = [f"id={t['id']}", f"text={t['text']!r}"]
+    if "part" in t:
+        out.append(f"bytes={t['part']}")
+    if "whole" in t:
+        out.append(f"with the next {t['span'] - 1} token(s): {t['whole']!r}")
+    if lp_name:
+        out.append(f"{lp_name}={t['logprob']}")
+    if "other" in t:
+        out.append(f"{f.pair[1]}={t['other']}")
+    out.append(f"{f.mask}={t['mask']}" if f.mask else "mask=1 (no mask field)")
+    if f.versions:
+        out.append(f"{f.versions}={t['version']}")
+    return " ".join(out)
 
 
 def dump_name(path: Any) -> str:

@@ -36,11 +36,62 @@
   }
 
   // ---------------------------------------------------------------- run page
+  var YTITLES = {reward_mean: "reward", reward_std: "reward std", reward_min: "reward", reward_max: "reward",
+    length_mean: "response tokens", length_p95: "response tokens", tokens: "tokens", version_lag: "versions behind",
+    logprob_mismatch: "mean |a - b| (nats)"};
+
+  function why(d, m) {  // why a curve has no point, in words
+    var f = d.fields;
+    if (m.indexOf("reward") === 0 && !f.reward) return "no data: this split has no reward field";
+    if (m === "version_lag" && !f.versions) return "no data: this split has no versions field";
+    return "no data at these steps";
+  }
+
+  function gapped(d, ys) {  // x and y with a null at each skipped or incomplete step: the line breaks there
+    var miss = d.missing.map(function (m) { return m.step; }).sort(function (a, b) { return a - b; });
+    var x = [], y = [], k = 0;
+    d.steps.forEach(function (s, i) {
+      while (k < miss.length && miss[k] < s) {
+        if (i && miss[k] > d.steps[i - 1] && (!x.length || y[y.length - 1] !== null)) { x.push(d.steps[i - 1] + 1); y.push(null); }
+        k++;
+      }
+      x.push(s); y.push(ys[i]);
+    });
+    return {x: x, y: y};
+  }
+
   function curve(div, d, m, fresh) {
-    var trace = [{x: d.steps, y: d.series[m], type: "scatter", mode: d.steps.length > 300 ? "lines" : "lines+markers",
-      hovertemplate: "step %{x}<br>%{y}<extra></extra>"}];
-    var layout = {title: {text: TITLES[m] || m}, height: 250, margin: {l: 50, r: 10, t: 36, b: 36},
-      xaxis: {title: {text: "step"}}};
+    var xy = gapped(d, d.series[m]), mode = d.steps.length > 300 ? "lines" : "lines+markers";
+    var trace = [{x: xy.x, y: xy.y, type: "scatter", mode: mode, name: TITLES[m] || m, line: {color: "#1f77b4"},
+      hovertemplate: "step %{x}<br>%{y:.7~g}<extra></extra>"}];
+    var title = TITLES[m] || m;
+    if (m === "reward_mean" && d.series.reward_std) {  // the mean with a band of one standard deviation
+      var sd = d.series.reward_std, bx = [], by = [], seg = [];
+      function close() {  // one closed shape per run of steps with a value: mean + std forth, mean - std back
+        if (!seg.length) return;
+        if (bx.length) { bx.push(null); by.push(null); }
+        seg.forEach(function (p) { bx.push(p[0]); by.push(p[1] + p[2]); });
+        seg.slice().reverse().forEach(function (p) { bx.push(p[0]); by.push(p[1] - p[2]); });
+        seg = [];
+      }
+      xy.x.forEach(function (x, i) {
+        var k = d.steps.indexOf(x), v = xy.y[i];
+        if (v === null || k < 0 || sd[k] === null) close(); else seg.push([x, v, sd[k]]);
+      });
+      close();
+      trace.push({x: bx, y: by, type: "scatter", mode: "lines", fill: "toself", fillcolor: "rgba(31, 119, 180, 0.18)",
+        line: {width: 0}, hoverinfo: "skip", showlegend: false, name: "mean \u00b1 std"});
+      title = "reward mean \u00b1 std";
+    }
+    var empty = !d.pending && d.series[m].every(function (v) { return v === null; });
+    div.setAttribute("data-empty", empty ? "1" : "0");
+    var layout = {title: {text: title}, height: 250, margin: {l: 70, r: 10, t: 36, b: 40}, showlegend: false,
+      xaxis: {title: {text: "step"}}, yaxis: {title: {text: YTITLES[m] || m}, automargin: true}};
+    if (empty) {
+      layout.xaxis.visible = false; layout.yaxis.visible = false;
+      layout.annotations = [{text: why(d, m), showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5,
+        font: {size: 14, color: "#777"}}];
+    }
     return fresh ? Plotly.newPlot(div, trace, layout, PLOT) : Plotly.react(div, trace, layout, PLOT);
   }
 
@@ -135,16 +186,22 @@
     sec.appendChild(hists);
     var table = el("table", {id: "traj-table" + suffix, "class": "traj-table"});
     var head = el("tr"), thead = el("thead"), tbody = el("tbody");
-    d.columns.forEach(function (c) { head.appendChild(el("th", {"data-key": c}, c)); });
+    var text = {};
+    (d.text || []).forEach(function (c) { text[c] = true; });
+    function cls(c) { return text[c] ? "text" : "num"; }
+    d.columns.forEach(function (c) { head.appendChild(el("th", {"data-key": c, "class": cls(c)}, c)); });
     thead.appendChild(head); table.appendChild(thead); table.appendChild(tbody);
     var frag = document.createDocumentFragment();
     d.rows.forEach(function (r) {
       var tr = el("tr", {"data-index": r.index});
-      d.columns.forEach(function (c) { tr.appendChild(el("td", {"data-key": c, "data-value": raw(r[c])}, show(r[c]))); });
+      d.columns.forEach(function (c) { tr.appendChild(el("td", {"data-key": c, "data-value": raw(r[c]), "class": cls(c)}, show(r[c]))); });
       if (open) tr.addEventListener("click", function () { open(r.index); });
       frag.appendChild(tr);
     });
     tbody.appendChild(frag);
+    if (d.empty && d.empty.length) {
+      sec.appendChild(el("p", {"class": "fields", id: "empty-columns" + suffix}, "columns hidden (no value in any trajectory): " + d.empty.join(", ")));
+    }
     sec.appendChild(table);
     app.appendChild(sec);
     var state = {key: null, dir: 1};
@@ -171,13 +228,13 @@
         tr.hidden = !hit;
       });
     });
-    function hist(div, key, title) {
+    function hist(div, key, title, xtitle) {
       var xs = d.rows.map(function (r) { return r[key]; }).filter(function (v) { return v !== null; });
       Plotly.newPlot(div, [{x: xs, type: "histogram"}], {title: {text: title}, height: 240,
-        margin: {l: 40, r: 10, t: 36, b: 30}}, PLOT);
+        margin: {l: 60, r: 10, t: 36, b: 44}, xaxis: {title: {text: xtitle}}, yaxis: {title: {text: "trajectories"}}}, PLOT);
     }
-    hist(hr, "reward", "reward (" + raw(d.fields.reward || "none") + ")");
-    hist(hl, "length", "response length");
+    hist(hr, "reward", "reward (" + raw(d.fields.reward || "none") + ")", "reward");
+    hist(hl, "length", "response length", d.fields.mask ? "response tokens (" + d.fields.mask + ")" : "tokens");
   }
 
   function stepPage() {
@@ -190,50 +247,131 @@
   }
 
   // ---------------------------------------------------------------- trajectory page
-  function colour(t, mode, maxv) {
+  function num(v) { return v === "-inf" ? -Infinity : v === "inf" ? Infinity : v === "" || v === undefined ? NaN : Number(v); }
+  function red(x) { var g = Math.round(255 * Math.min(1, Math.max(0, x))); return "rgb(255, " + g + ", " + g + ")"; }
+  function absdiff(t) { return Math.abs(num(t.logprob) - num(t.other)); }
+
+  // the scale of a colouring over the trajectory's loss-mask tokens: the largest |a - b| for "diff"
+  function scaleOf(toks, mode) {
+    var top = 0, maxv = null;
+    toks.forEach(function (t) {
+      if (t.mask === 0) return;
+      if (mode === "diff") { var dd = absdiff(t); if (isFinite(dd) && dd > top) top = dd; }
+      if (mode === "version" && t.version !== "" && (maxv === null || Number(t.version) > maxv)) maxv = Number(t.version);
+    });
+    return {top: top, maxv: maxv};
+  }
+
+  function colour(t, mode, sc) {
     if (t.mask === 0) return MASKED;
     if (mode === "logprob") {
-      var x = t.logprob === "-inf" ? -Infinity : Number(t.logprob);
-      if (t.logprob === "" || isNaN(x)) return WHITE;
-      var p = Math.min(1, Math.max(0, Math.exp(x))), g = Math.round(255 * p);
-      return "rgb(255, " + g + ", " + g + ")";
+      var x = num(t.logprob);
+      return isNaN(x) ? WHITE : red(Math.exp(x));
     }
     if (mode === "diff") {
-      if (t.logprob === "" || t.other === undefined || t.other === "") return WHITE;
-      var dd = Math.min(Math.abs(Number(t.logprob) - Number(t.other)), 1);
-      if (isNaN(dd)) return WHITE;
-      var h = Math.round(255 * (1 - dd));
-      return "rgb(255, " + h + ", " + h + ")";
+      var dd = absdiff(t);
+      return isNaN(dd) || !(sc.top > 0) ? WHITE : red(1 - Math.min(dd, sc.top) / sc.top);
     }
-    if (t.version === "") return WHITE;
-    return PALETTE[(((maxv - Number(t.version)) % 8) + 8) % 8];
+    if (mode === "version") {
+      if (t.version === "" || sc.maxv === null) return WHITE;
+      return PALETTE[(((sc.maxv - Number(t.version)) % 8) + 8) % 8];
+    }
+    return WHITE;
+  }
+
+  function fmt(x) { return String(Number(x.toPrecision(3))); }
+
+  // the legend of a colouring: a bar (or swatches) with its scale, and the masked tokens' grey
+  function legend(box, mode, sc, f, toks) {
+    box.textContent = "";
+    box.setAttribute("data-mode", mode);
+    function sw(colour, label, attrs) {
+      var it = el("span", Object.assign({"class": "swatch-item"}, attrs || {}));
+      var c = el("span", {"class": "swatch"}); c.style.backgroundColor = colour;
+      it.appendChild(c); it.appendChild(el("span", null, label)); box.appendChild(it);
+    }
+    function bar(lo, hi, title, cLo, cHi) {
+      box.appendChild(el("span", {"class": "legend-title"}, title));
+      box.appendChild(el("span", {"class": "tick", "data-end": "low"}, lo));
+      var b = el("span", {"class": "bar", "data-low": cLo, "data-high": cHi});
+      b.style.backgroundImage = "linear-gradient(to right, " + cLo + ", " + cHi + ")";
+      box.appendChild(b);
+      box.appendChild(el("span", {"class": "tick", "data-end": "high"}, hi));
+    }
+    if (mode === "logprob") {
+      box.setAttribute("data-min", "0"); box.setAttribute("data-max", "1");
+      bar("0", "1", "probability exp(" + f.logprob + "):", red(0), red(1));
+    } else if (mode === "diff") {
+      box.setAttribute("data-min", "0"); box.setAttribute("data-max", String(sc.top));
+      if (sc.top > 0) bar("0", fmt(sc.top) + " (largest here)", "|" + f.logprob + " - " + f.other + "|:", red(1), red(0));
+      else box.appendChild(el("span", {"class": "legend-title"}, f.logprob + " and " + f.other + " are equal at every loss-mask token"));
+    } else if (mode === "version") {
+      var seen = {};
+      toks.forEach(function (t) { if (t.mask !== 0 && t.version !== "") seen[t.version] = true; });
+      box.appendChild(el("span", {"class": "legend-title"}, f.versions + ":"));
+      Object.keys(seen).map(Number).sort(function (a, b) { return b - a; }).forEach(function (v) {
+        var behind = sc.maxv - v;
+        sw(PALETTE[((behind % 8) + 8) % 8], v + (behind ? " (" + behind + " behind)" : " (newest)"), {"data-version": v});
+      });
+    }
+    if (f.mask) sw(MASKED, "not in " + f.mask + " (not trained on)", {"data-masked": "1"});
+  }
+
+  var WS = {" ": "\u00b7", "\t": "\u2192", "\n": "\u21b5", "\r": "\u240d"};
+  // a token's text with its whitespace shown (a dot for a space, an arrow for a tab, a return mark and a
+  // real line break for a newline); its raw text stays in data-text
+  function fill(span, text) {
+    var buf = "";
+    function flush() { if (buf) { span.appendChild(document.createTextNode(buf)); buf = ""; } }
+    for (var i = 0; i < text.length; i++) {
+      var c = text[i];
+      if (WS[c]) { flush(); span.appendChild(el("span", {"class": "ws"}, WS[c])); if (c === "\n") span.appendChild(document.createTextNode("\n")); }
+      else buf += c;
+    }
+    flush();
+    if (!text.length) span.appendChild(el("span", {"class": "ws"}, "\u2205"));
   }
 
   function tokenSpan(t, j) {
     var a = {"class": "tok", "data-pos": j, "data-id": t.id, "data-logprob": t.logprob, "data-mask": t.mask,
-      "data-version": t.version, title: t.title};
+      "data-version": t.version, "data-text": t.text, title: t.title};
     if (t.other !== undefined) a["data-other"] = t.other;
-    return el("span", a, t.text);
+    if (t.part !== undefined) { a["data-bytes"] = t.part; a["class"] = "tok part"; }
+    var s = el("span", a);
+    if (t.part !== undefined) s.textContent = t.part; else fill(s, t.text);
+    return s;
   }
 
   function tokenView(d, suffix, diverge) {
-    var toks = d.tokens, maxv = null;
-    toks.forEach(function (t) { if (t.version !== "" && (maxv === null || Number(t.version) > maxv)) maxv = Number(t.version); });
+    var toks = d.tokens;
     var box = el("div", {id: "tokens" + suffix, "class": "tokens"});
-    var frag = document.createDocumentFragment(), seg = null, spans = [];
+    var frag = document.createDocumentFragment(), seg = null, spans = [], group = null, left = 0;
     toks.forEach(function (t, j) {
       if (seg === null || Number(seg.getAttribute("data-mask")) !== t.mask) {
         var kind = t.mask === 1 ? "response" : (j === 0 ? "prompt" : "turn");
         seg = el("div", {"class": "segment", "data-kind": kind, "data-mask": t.mask});
         frag.appendChild(seg);
+        left = 0;
+      }
+      if (t.whole !== undefined) {  // tokens that make whole characters only together: the characters, then each token's bytes
+        group = el("span", {"class": "chars", "data-text": t.whole, "data-from": j, "data-to": j + t.span - 1,
+          title: "tokens " + j + "-" + (j + t.span - 1) + " together: " + JSON.stringify(t.whole)});
+        var w = el("span", {"class": "whole"}); fill(w, t.whole); group.appendChild(w);
+        seg.appendChild(group);
+        left = t.span;
       }
       var s = tokenSpan(t, j);
       if (diverge === j) s.classList.add("diverge");
       spans.push(s);
-      seg.appendChild(s);
+      (left > 0 ? group : seg).appendChild(s);
+      left -= 1;
     });
     box.appendChild(frag);
-    function paint(mode) { spans.forEach(function (s, j) { s.style.backgroundColor = colour(toks[j], mode, maxv); }); }
+    function paint(mode) {
+      var sc = scaleOf(toks, mode);
+      spans.forEach(function (s, j) { s.style.backgroundColor = colour(toks[j], mode, sc); });
+      return sc;
+    }
     return {box: box, paint: paint};
   }
 
@@ -246,14 +384,23 @@
     var dl = el("dl", {"class": "values"});
     Object.keys(d.values).forEach(function (k) { dl.appendChild(el("dt", null, k)); dl.appendChild(el("dd", null, show(d.values[k]))); });
     sec.appendChild(dl);
+    var modes = [];
+    if (f.logprob) modes.push(["logprob", "colour by probability (" + f.logprob + ")"]);
+    if (f.logprob && f.other) modes.push(["diff", "colour by |" + f.logprob + " - " + f.other + "|"]);
+    if (f.versions) modes.push(["version", "colour by policy version (" + f.versions + ")"]);
+    var bar = el("div", {"class": "colourbar"});
     var sel = el("select", {id: "colour" + suffix});
-    ["logprob", "diff", "version"].forEach(function (m) { sel.appendChild(el("option", {value: m}, "colour by " + m)); });
-    sec.appendChild(sel);
+    modes.forEach(function (m) { sel.appendChild(el("option", {value: m[0]}, m[1])); });
+    if (modes.length) bar.appendChild(sel);
+    var key = el("div", {id: "legend" + suffix, "class": "legend"});
+    bar.appendChild(key);
+    sec.appendChild(bar);
     var v = tokenView(d, suffix, null);
     sec.appendChild(v.box);
     app.appendChild(sec);
-    v.paint(sel.value);
-    sel.addEventListener("change", function () { v.paint(sel.value); });
+    function paint() { var mode = modes.length ? sel.value : "none"; legend(key, mode, v.paint(mode), f, d.tokens); }
+    paint();
+    sel.addEventListener("change", paint);
   }
 
   function trajPage() {
@@ -268,17 +415,68 @@
   }
 
   // ---------------------------------------------------------------- diff page
+  var STATUS = {identical: "identical", close: "equal within tolerance (or same values, other dtype)",
+    differs: "differs", mismatch: "shapes or trajectory counts differ", missing: "in one dump only"};
+
+  function where(f) {  // "step 2, trajectory 1, token 7" of a first divergence
+    return "step " + f.step + (f.trajectory !== undefined && f.trajectory !== null ? ", trajectory " + f.trajectory : "") +
+      (f.token !== undefined && f.token !== null ? ", token " + f.token : "");
+  }
+
+  function diffSummary(d) {
+    var s = d.summary, sec = el("section", {id: "diff-summary", "data-differ-fields": s.differ_fields.join(","),
+      "data-identical-fields": s.identical_fields.join(","), "data-differ-steps": s.differ_steps});
+    var dl = el("dl", {"class": "values"});
+    [["dump A", d.a], ["dump B", d.b]].forEach(function (kv) { dl.appendChild(el("dt", null, kv[0])); dl.appendChild(el("dd", null, kv[1])); });
+    sec.appendChild(dl);
+    var ul = el("ul");
+    ul.appendChild(el("li", {"data-what": "steps"}, s.compared + " steps in both dumps: " + s.n_identical + " identical" +
+      (s.n_identical ? " (" + s.identical_steps + ")" : "") +
+      (s.n_close ? ", " + s.n_close + " equal within tolerance (" + s.close_steps + ")" : "") +
+      ", " + s.n_differ + " differ" + (s.n_differ ? " (" + s.differ_steps + ")" : "") + "."));
+    if (s.only_a !== "none") ul.appendChild(el("li", {"data-what": "only-a"}, "steps only in dump A: " + s.only_a));
+    if (s.only_b !== "none") ul.appendChild(el("li", {"data-what": "only-b"}, "steps only in dump B: " + s.only_b));
+    ul.appendChild(el("li", {"data-what": "identical-fields"}, "fields identical at every step: " +
+      (s.identical_fields.length ? s.identical_fields.join(", ") : "none")));
+    if (s.close_fields.length) ul.appendChild(el("li", {"data-what": "close-fields"}, "fields equal within tolerance: " + s.close_fields.join(", ")));
+    ul.appendChild(el("li", {"data-what": "differ-fields"}, "fields that differ: " +
+      (s.differ_fields.length ? s.differ_fields.join(", ") : "none")));
+    sec.appendChild(ul);
+    var bad = d.fields.filter(function (f) { return s.differ_fields.indexOf(f.field) >= 0; });
+    if (bad.length) {
+      var t = el("table", {id: "diff-fields", "class": "traj-table"}), head = el("tr");
+      ["field", "what", "steps that differ", "values beyond tolerance", "largest |A - B|", "first difference", "A", "B"].forEach(function (h) {
+        head.appendChild(el("th", {"class": "text"}, h));
+      });
+      var thead = el("thead"); thead.appendChild(head); t.appendChild(thead);
+      var tb = el("tbody");
+      bad.forEach(function (f) {
+        var tr = el("tr", {"data-field": f.field, "data-status": f.status}), fst = f.first || {};
+        [f.field, STATUS[f.status] || f.status, f.differ_steps, f.n ? f.n_exceed + " of " + f.n : "",
+          f.max_abs === null || f.max_abs === undefined ? "" : show(f.max_abs), f.first ? where(fst) + (fst.note ? " (" + fst.note + ")" : "") : "",
+          fst.a === undefined ? "" : typeof fst.a === "object" ? JSON.stringify(fst.a) : fst.a,
+          fst.b === undefined ? "" : typeof fst.b === "object" ? JSON.stringify(fst.b) : fst.b].forEach(function (v, i) {
+          tr.appendChild(el("td", {"class": "text", "data-col": i}, v));
+        });
+        tb.appendChild(tr);
+      });
+      t.appendChild(tb);
+      sec.appendChild(t);
+    }
+    app.appendChild(sec);
+  }
+
   function diffPage() {
     get("/api/diff").then(function (d) {
       var f = d.first;
+      diffSummary(d);
       var div = el("div", {id: "divergence", "data-step": f ? raw(f.step) : "", "data-field": f ? raw(f.field) : "",
         "data-index": f ? raw(f.trajectory) : "", "data-token": f ? raw(f.token) : ""});
-      div.appendChild(el("p", null, f ? "first divergence: step " + f.step + ", field " + f.field +
-        (f.trajectory !== undefined ? ", trajectory " + f.trajectory : "") +
-        (f.token !== undefined ? ", token " + f.token : "") + " (" + f.status + ")" : "the dumps agree"));
+      div.appendChild(el("h2", null, f ? "first difference: " + (f.field === "*" ? "step " + f.step + " is in one dump only" :
+        "field " + f.field + ", " + where(f) + " (" + (STATUS[f.status] || f.status) + ")") : "the dumps are identical"));
       if (f) {
         var dl = el("dl", {"class": "values"});
-        [["a: " + d.a, f.a], ["b: " + d.b, f.b], ["note", f.note]].forEach(function (kv) {
+        [["dump A", f.a], ["dump B", f.b], ["note", f.note]].forEach(function (kv) {
           if (kv[1] === undefined) return;
           dl.appendChild(el("dt", null, kv[0])); dl.appendChild(el("dd", {"class": "side"}, typeof kv[1] === "object" ? JSON.stringify(kv[1]) : kv[1]));
         });
@@ -288,10 +486,13 @@
       ["a", "b"].forEach(function (side) {
         var toks = d["tokens_" + side];
         if (!toks) return;
-        app.appendChild(el("h2", null, "trajectory " + f.trajectory + " of step " + f.step + " in " + d[side]));
+        app.appendChild(el("h2", null, "trajectory " + f.trajectory + " of step " + f.step + " in dump " + side.toUpperCase() + " (" + d[side] + ")"));
         var v = tokenView({tokens: toks}, "-" + side, f.token === undefined ? null : f.token);
+        var fs = d["token_fields_" + side] || {}, mode = fs.logprob ? "logprob" : "none";
+        var key = el("div", {id: "legend-" + side, "class": "legend"});
+        app.appendChild(key);
         app.appendChild(v.box);
-        v.paint("logprob");
+        legend(key, mode, v.paint(mode), fs, toks);
       });
       ready();
     }).catch(fail);
