@@ -57,8 +57,9 @@ class _Server:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(make_app(View(path)), host="127.0.0.1", port=self.port,
-                                                    log_level="error", lifespan="off"))
+        app = make_app(View(path), "127.0.0.1", self.port)  # it answers Host 127.0.0.1:<port> only
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error",
+                                                    lifespan="off"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         while not self.server.started:

@@ -219,10 +219,9 @@ def test_hostile_dump_every_entry_point(base, tmp_path, case):
     assert not m.broken, json.dumps(m.broken, indent=1)
 
 
-# Cells broken by what another part of issue 27 fixes (item 5: the viewer's fast path decodes without the
-# checks of every other reader); remove an entry once its cell passes.
-KNOWN = {("bit_flip", "view"): "issue 27 item 5: the viewer's fast path reads a damaged file unchecked",
-         ("bit_flip", "http"): "issue 27 item 5: the viewer's fast path reads a damaged file unchecked"}
+# Cells known broken, (case, cell) -> why (the test xfails on them alone); remove an entry once its cell
+# passes. None now: the viewer's column reads check each file as every reader does (issue 27 item 5).
+KNOWN: dict[tuple[str, str], str] = {}
 
 
 def _same(a: object, b: object) -> None:

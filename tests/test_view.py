@@ -49,8 +49,9 @@ class Server:
         s.bind(("127.0.0.1", 0))
         self.port = s.getsockname()[1]
         s.close()
-        self.server = uvicorn.Server(uvicorn.Config(make_app(view), host="127.0.0.1", port=self.port,
-                                                    log_level="error", lifespan="off"))
+        app = make_app(view, "127.0.0.1", self.port)  # it answers only Host 127.0.0.1:<port> (and localhost)
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error",
+                                                    lifespan="off"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         while not self.server.started:

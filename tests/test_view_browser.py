@@ -572,3 +572,24 @@ def test_the_demo_dumps_pages(demo, browser, shots):
     got = browser.execute_script("return document.getElementById('diff-summary').dataset.differFields")
     assert (got.split(",") if got else []) == bad
     save_shot(browser, "diff", shots)
+
+
+def test_plotly_draws_a_field_name_as_text(browser, tmp_path):
+    """A field name reaches plotly's titles as text (static/plotly_text.js): tags and entities in it are
+    drawn as the characters they are, never as a link or markup."""
+    import torch
+
+    import trajstore
+
+    name = '<b>r</b><a href="javascript:alert(1)">y</a> a&amp;b &lt;'
+    with trajstore.Writer(tmp_path / "d") as w:
+        w.append(0, {"input_ids": torch.ones(2, 4, dtype=torch.int64),
+                     "attention_mask": torch.ones(2, 4, dtype=torch.int64), name: torch.tensor([1.0, 2.0])})
+    out = tmp_path / "t.html"
+    run_cli("view", tmp_path / "d", "--export", out, "--steps", "0", timeout=600)
+    browser.get(out.as_uri())
+    wait_js(browser, "document.querySelectorAll('.gtitle').length >= 9")
+    titles = browser.execute_script("return Array.from(document.querySelectorAll('.gtitle')).map(e => e.textContent)")
+    assert f"reward ({name})" in titles, titles
+    assert browser.execute_script("return document.querySelectorAll('svg a, svg b').length") == 0
+    no_alert(browser)

@@ -340,7 +340,11 @@ class Reader:
         batch = self._decode(sf, step, [name], None)
         if isinstance(batch, list | tuple):
             return [None if e is None else e.get(name) for e in batch]
-        return containers.unwrap(batch)[0][name] if "wrapper" in spec else batch[name]
+        plain = containers.unwrap(batch)[0] if "wrapper" in spec else batch
+        if name not in plain:  # the description names it, but its container tag does not give it back
+            raise FormatError(f"{sf.path}: step {step}: field {name!r} is in the file's spec but not in the batch "
+                              "its container wrapper rebuilds; the file's description is damaged")
+        return plain[name]
 
     def iter(self, steps: list[int] | None = None, device: Any = None, prefetch: int = 2,
              columns: list[str] | None = None, layout: str | None = None) -> Iterator[tuple[int, Any]]:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .errors import ConfigError, FormatError, StepNotFoundError
+from .errors import ConfigError, StepNotFoundError
 from .format import containers, shards, typed
 from .format import ids as idcol
 from .format.shard_join import Joiner, merge_meta
@@ -81,10 +81,7 @@ def files(r: Any, step: int) -> list[Path]:
 def _part(r: Any, step: int, fs: list[Path], k: int, columns: list[str] | None,
           layout: str | None) -> tuple[dict, pa.Table, Path]:
     """Shard ``k`` of ``fs`` (or the one step file): its checked description and the table to decode."""
-    sf = r._open(step, f=fs[k])
-    if len(fs) > 1 and sf.doc.get("shard") != {"rank": k, "world_size": len(fs)}:
-        raise FormatError(f"{sf.path}: its metadata says shard {sf.doc.get('shard')!r}, its name says rank {k} "
-                          f"of {len(fs)}; the file was renamed or is damaged")
+    sf = r._open(step, f=fs[k])  # its footer's shard is the one its name says (store/stepfile.py)
     return sf.doc, r._table(sf, step, columns, layout), sf.path
 
 

@@ -38,7 +38,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from .errors import BatchError, ConfigError, WriterError
+from ._text import human_bytes
+from .errors import BatchError, ConfigError, TrajstoreError, WriterError
 from .format import typed
 from .format.shards import RANK_COLUMN
 from .format.spec import where
@@ -155,6 +156,26 @@ def _object_array(v: np.ndarray, leaf: Any, path: tuple) -> np.ndarray:
     return out
 
 
+def _out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` is an allocation that failed (Python's, numpy's, torch's CPU or CUDA allocator)."""
+    text = str(e).lower()
+    return isinstance(e, MemoryError) or "can't allocate memory" in text or "out of memory" in text \
+        or "unable to allocate" in text
+
+
+def _no_memory(v: Any, path: tuple, e: BaseException) -> BatchError:
+    """The error of a batch value whose copy at ``append`` could not be allocated."""
+    shape = list(v.shape) if hasattr(v, "shape") else None
+    n = v.numel() * v.element_size() if isinstance(v, torch.Tensor) else getattr(v, "nbytes", 0)
+    held = v.untyped_storage().nbytes() if isinstance(v, torch.Tensor) and v.device.type != "meta" else \
+        (v.base.nbytes if isinstance(v, np.ndarray) and isinstance(v.base, np.ndarray) else n)
+    view = (f" It is a view of {human_bytes(held)} of memory (an expand or broadcast: stride 0); store the tensor "
+            "before expanding it and expand it after reading.") if held < n else ""
+    return BatchError(f"field {where(path)!r}: the copy append makes of its {shape} values ({human_bytes(n)}) could "
+                      f"not be allocated ({type(e).__name__}: {str(e)[:160]}).{view} Nothing of the step was "
+                      "written; free memory or store less, and append again")
+
+
 def nbytes_of(obj: Any) -> int:
     """The tensor and array bytes of a plain batch, as ``Snapshot.nbytes`` will count them (before any copy)."""
     count = _ByteCount()
@@ -230,7 +251,16 @@ class Snapshot:
         self._fetch = areal.fetch([rt for _, rt in self.remote]) if self.remote else None
 
     def _take(self, v: Any, path: tuple) -> Any:
-        """One value of the batch (a ``map_tree`` leaf) as the background will encode it."""
+        """One value of the batch (a ``map_tree`` leaf) as the background will encode it; a copy that
+        cannot be allocated is a BatchError naming the field (``_no_memory``), not the allocator's error."""
+        try:
+            return self._take_one(v, path)
+        except (MemoryError, RuntimeError) as e:
+            if isinstance(e, TrajstoreError) or not _out_of_memory(e):
+                raise
+            raise _no_memory(v, path, e) from None
+
+    def _take_one(self, v: Any, path: tuple) -> Any:
         if isinstance(v, torch.Tensor):
             self.nbytes += v.numel() * v.element_size()
             if v.device.type == "cuda":

@@ -39,6 +39,7 @@ from .errors import FormatError, MissingDependencyError, TrajstoreError, Trajsto
 from .format.spec import RUNS_COL
 from .store import paths, remote, stepfile
 from .store.fs import is_remote, resolve
+from .store.regular import open_checked
 
 if TYPE_CHECKING:  # optional extras, imported when used
     import duckdb
@@ -114,6 +115,7 @@ def duckdb_connect(path: Any, con: Any = None) -> duckdb.DuckDBPyConnection:
             continue
         by_select: dict[str | None, list[str]] = {}  # files whose rows are trajectories: None
         for f, doc in files:
+            _check_footer(f)
             by_select.setdefault(_group_select(doc), []).append(_literal(f))
         parts = []
         for sel, fs in by_select.items():
@@ -147,6 +149,27 @@ def explain_sql_error(con: Any, error: Exception, path: Any) -> str:
             extra.append(f"did you mean {next(v for v in views if v.lower() == close[0])}?")
     listed = ", ".join(views) if views else "none (no split has a readable step)"
     return f"SQL error: {head}{''.join(' ' + e for e in extra)} (views of dump {path}: {listed})"
+
+
+SQL_FOOTER_BYTES = 16 << 20  # the largest Parquet footer handed to DuckDB
+
+
+def _check_footer(f: str) -> None:
+    """FormatError for a local step file whose Parquet footer is larger than ``SQL_FOOTER_BYTES``:
+    DuckDB holds several copies of a footer's strings per thread, and a failed allocation there
+    aborts the process (a forged 60 MB metadata string under a 3 GiB address-space limit) instead
+    of raising. A footer trajstore writes is far smaller (its description and schema: KBs)."""
+    fd, st = open_checked(f, "the step file")
+    try:
+        tail = os.pread(fd, 8, max(0, st.st_size - 8))
+    finally:
+        os.close(fd)
+    n = int.from_bytes(tail[:4], "little") if len(tail) == 8 and tail[4:] == b"PAR1" else 0
+    if n > SQL_FOOTER_BYTES:
+        raise FormatError(f"{f}: its Parquet footer holds {n} bytes, over the {SQL_FOOTER_BYTES} bytes trajstore "
+                          "gives DuckDB (trajstore.tables.SQL_FOOTER_BYTES); a footer trajstore writes is far "
+                          "smaller: the file is damaged or hostile; move it out of the split (or read the other "
+                          "steps with trajstore.Reader)")
 
 
 def _files(d: Any) -> list[tuple[Any, dict]]:

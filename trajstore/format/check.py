@@ -32,7 +32,7 @@ from .layout import Layout
 from .limits import MAX_DIMS, MAX_SPEC_DEPTH
 from .spec import SHAPE_PREFIX, where
 from .typed import check_np_dtype, needs_typed
-from .values import check_json, check_str, describe, has_tensor, is_tensorlike, number_lists
+from .values import check_json, check_str, cycle_error, describe, has_tensor, is_tensorlike, number_lists
 
 __all__ = ["check", "plan", "Plan", "Tensor", "Json", "TValue", "Group", "Seq", "Empty", "Cells", "Struct", "Values",
            "MISSING", "GLOBAL", "TOKENS", "FLAT", "SAMPLE", "SEGMENTS"]
@@ -173,6 +173,7 @@ class _Walk:
         self.splits = splits or {}  # top-level fields stored per trajectory by counts (integrations)
         self.segmented: list[tuple[Tensor, trl.Split]] = []
         self.suspects: list[str] = []  # names of per-token-looking fields of another width than the mask
+        self.open: set[int] = set()  # ids of the dicts on the path being walked (a cycle is an error)
 
     def field(self, v: Any, path: tuple) -> Any:
         if len(path) > MAX_SPEC_DEPTH:  # a field at depth len(path): what the reader accepts (validate)
@@ -183,7 +184,12 @@ class _Walk:
             classes.refuse_partial(v, f"field {where(path)!r}")  # its attributes would be lost
         if isinstance(v, Mapping):
             if all(type(k) is str for k in v):
-                return Group([(k, self.field(x, path + (k,))) for k, x in v.items()])
+                if id(v) in self.open:  # a group inside itself: no walk would end
+                    raise cycle_error(f"field {where(path)!r}")
+                self.open.add(id(v))
+                g = Group([(k, self.field(x, path + (k,))) for k, x in v.items()])
+                self.open.discard(id(v))
+                return g
             needs_typed(v, f"field {where(path)!r}")  # not str keys: a batch-wide value, typed
             return TValue(v)
         trail = None
@@ -273,7 +279,8 @@ class _Walk:
         if all(tens):
             return self.cells(rows, present)
         dicts = [isinstance(e, Mapping) for _, e in present]
-        nested = any(d and has_tensor(e) for d, (_, e) in zip(dicts, present))  # a tensor in a dict
+        nested = any(d and has_tensor(e, f"field {where(path)!r} row {i}")
+                     for d, (i, e) in zip(dicts, present))  # a tensor in a dict
         str_keys = all(type(k) is str for d, (_, e) in zip(dicts, present) if d for k in e)
         if all(dicts) and nested and str_keys:
             keys: dict[str, None] = {}

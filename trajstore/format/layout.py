@@ -297,6 +297,8 @@ def classify(mask: torch.Tensor) -> tuple[str | None, torch.Tensor, torch.Tensor
     positions), None for holes."""
     W = mask.shape[1]
     lengths = mask.sum(1)
+    if mask.shape[0] == 0:  # no rows: every side fits (and no [W] positions are built for a wide empty batch)
+        return "right", lengths, None
     ar = torch.arange(W)
     if torch.equal(mask, ar[None, :] < lengths[:, None]):
         return "right", lengths, None
@@ -332,6 +334,8 @@ def read_groups(lay: Layout, batch: Mapping) -> None:
 
 def span_mask(starts: np.ndarray, lengths: np.ndarray, W: int) -> torch.Tensor:
     """The [B, W] bool mask of rows holding ``lengths`` tokens from ``starts``."""
+    if len(lengths) == 0:  # no rows: no [W] positions (a wide empty batch)
+        return torch.zeros((0, W), dtype=torch.bool)
     ar = np.arange(W)
     s = np.asarray(starts, dtype=np.int64)[:, None]
     return torch.from_numpy((ar[None, :] >= s) & (ar[None, :] < s + np.asarray(lengths, np.int64)[:, None]))
@@ -341,6 +345,8 @@ def padded_mask(lengths: np.ndarray, T: int, side: str) -> torch.Tensor:
     """The [B, T] bool mask of ``lengths`` right- or left-aligned, built by row ranges in parallel."""
     L = np.asarray(lengths, dtype=np.int64).reshape(-1)
     out = np.empty((len(L), T), np.bool_)
+    if not len(L):  # no rows: no [T] positions (a wide empty batch)
+        return torch.from_numpy(out)
     ar = np.arange(T)
 
     def rows(ab: tuple[int, int]) -> None:

@@ -28,7 +28,7 @@ from ..errors import ConfigError, FormatError, foreign_errors
 
 __all__ = ["KNOB", "MAX_DECODED_BYTES", "MAX_SPEC_DEPTH", "MAX_VALUE_DEPTH", "MAX_DIMS", "MAX_META_BYTES",
            "ROW_OBJECT_BYTES", "STRUCT_ROW_BYTES", "JSON_EXPANSION", "THRIFT_LIMITS", "over", "decoded_limit",
-           "check_pages", "load_doc"]
+           "check_pages", "load_doc", "padded_bytes"]
 
 KNOB = "TRAJSTORE_MAX_DECODED_BYTES"
 
@@ -62,6 +62,12 @@ JSON_EXPANSION = 24
 # the footer's thrift decode (``pq.ParquetFile(thrift_...)``): one string (the description) and
 # one list (columns, row groups, key-value pairs) at most this long
 THRIFT_LIMITS = {"thrift_string_size_limit": 256 << 20, "thrift_container_size_limit": 1 << 20}
+
+
+def padded_bytes(n: int, T: int, elem: int, masks: int = 1) -> int:
+    """What a ``[n, T]`` padded output of ``elem``-byte tokens allocates: itself, its ``masks`` ``[n, T]``
+    bool masks and their ``arange(T)`` (none for no rows: ``layout.padded_mask``)."""
+    return n * T * (elem + masks) + (8 * T if n else 0)
 
 
 def decoded_limit() -> int:

@@ -29,6 +29,7 @@ from . import dtypes as dt
 from .arrow import Columns, TableBuilder, empty, list_array
 from .check import FLAT, GLOBAL, SEGMENTS, TOKENS, Tensor
 from .layout import Layout, MaskGroup, channel_major, len_col, start_col
+from .limits import padded_bytes
 from .spec import PAD_PREFIX, GTensorNode, SegTensorNode, TensorNode
 from .values import as_cpu, bits, dumps, storage
 
@@ -283,7 +284,7 @@ def decode_padded(cols: Columns, node: TensorNode, n: int, T: int | None, side: 
         raise FormatError(f"{cols.where}: column {node['col']!r} has a row of {longest} "
                           f"tokens, longer than the padded length {T}")
     if charge is not None:  # the output, its [n, T] bool mask and the mask's arange(T)
-        charge(n * T * (math.prod(trail) * dt.storage_numpy(node["dtype"]).itemsize + 1) + 8 * T,
+        charge(padded_bytes(n, T, math.prod(trail) * dt.storage_numpy(node["dtype"]).itemsize),
                f"field {node['col']!r} padded to [{n}, {T}]")
     starts = _starts(lengths, T, side)
     # deferred with known starts: no [n, T] mask (``decoder.fill`` builds the rows it fills from the starts)

@@ -45,7 +45,7 @@ from ..errors import BatchError, FormatError, UnsupportedTypeError
 from ..integrations import class_path, load_class, skyrl
 from . import dtypes as dt
 from .limits import MAX_VALUE_DEPTH
-from .values import check_tensor, is_tensor
+from .values import check_tensor, cycle_error, is_tensor
 
 __all__ = ["needs_typed", "check_np_dtype", "encode", "decode", "version", "step_meta", "STORABLE", "MAX_DEPTH"]
 
@@ -70,10 +70,10 @@ def _np_dtype_ok(d: np.dtype) -> bool:
 def needs_typed(v: Any, what: str) -> bool:
     """Whether ``v`` needs the typed encoding (False: plain JSON, stored as before). Raises
     UnsupportedTypeError (naming ``what`` and the place inside it) for what cannot be stored."""
-    return _walk(v, what, [], 0)
+    return _walk(v, what, [], 0, set())
 
 
-def _walk(v: Any, what: str, at: list, depth: int) -> bool:
+def _walk(v: Any, what: str, at: list, depth: int, open_: set[int]) -> bool:
     t = type(v)
     if t in _PLAIN:
         if t is str and not v.isascii():
@@ -81,11 +81,22 @@ def _walk(v: Any, what: str, at: list, depth: int) -> bool:
         return t is float and not math.isfinite(v)  # NaN / inf: not strict JSON, typed ("float")
     if depth >= MAX_DEPTH:
         raise BatchError(f"{_at(what, at)[:120]}...: a value nests more than {MAX_DEPTH} levels deep; flatten it")
+    if id(v) in open_:  # a container inside itself: no walk would end
+        raise cycle_error(_at(what, at))
+    open_.add(id(v))
+    try:
+        return _inner(v, t, what, at, depth, open_)
+    finally:
+        open_.discard(id(v))
+
+
+def _inner(v: Any, t: type, what: str, at: list, depth: int, open_: set[int]) -> bool:
+    """``_walk`` of a value that is not a plain scalar, once it is on the path ``open_``."""
     if t is list or t is tuple:
         typed = t is tuple
         for i, x in enumerate(v):
             at.append(i)
-            typed |= _walk(x, what, at, depth + 1)
+            typed |= _walk(x, what, at, depth + 1, open_)
             at.pop()
         return typed
     if t is dict:
@@ -94,12 +105,12 @@ def _walk(v: Any, what: str, at: list, depth: int) -> bool:
             if type(k) is not str or k == TAG:
                 typed = True
                 at.append(k)
-                _walk(k, what + " key", at, depth + 1)
+                _walk(k, what + " key", at, depth + 1, open_)
                 at.pop()
             elif not k.isascii():
                 _utf8(k, what + " key", at)
             at.append(k)
-            typed |= _walk(x, what, at, depth + 1)
+            typed |= _walk(x, what, at, depth + 1, open_)
             at.pop()
         return typed
     if t is bytes:
@@ -112,7 +123,7 @@ def _walk(v: Any, what: str, at: list, depth: int) -> bool:
         if v.dtype.kind == "O":
             for i, x in enumerate(v.reshape(-1)):
                 at.append(i)
-                _walk(x, what, at, depth + 1)
+                _walk(x, what, at, depth + 1, open_)
                 at.pop()
         return True
     if is_tensor(v):

@@ -192,12 +192,12 @@ class _Checker:
         self.pad(node, name, size)
         if spec.get("form") == "padded":  # the output, its [B, T] bool mask and the mask's arange(T)
             T = spec["T"]
-            self.add(self.n * T * (w * size + 1) + 8 * T, f"field {node['col']!r} padded to [{self.n}, {T}]")
+            self.add(limits.padded_bytes(self.n, T, w * size), f"field {node['col']!r} padded to [{self.n}, {T}]")
         if spec.get("form") == "masked":
             if g is None or g.get("side") is None:
                 raise _Bad(f"token field {node['col']!r} of a masked batch names no mask group with a side")
             masks = 3 if g.get("side") == "span" else 1  # a span's mask is built from two comparisons
-            self.add(self.n * g["W"] * (w * size + masks) + 8 * g["W"],
+            self.add(limits.padded_bytes(self.n, g["W"], w * size, masks),
                      f"field {node['col']!r} padded to [{self.n}, {g['W']}]")
 
     def segments(self, node: dict) -> None:

@@ -113,6 +113,11 @@ def wrapper(w, keys: dict) -> None:
             raise Bad("a DataProto wrapper's meta_info or class name is malformed")
         if w.get("td") is not None:
             td_tag(w["td"], {k: v for k, v in keys.items() if k not in names})
+        else:  # no TensorDict: every field is a non-tensor entry (else wrap would drop it)
+            left = [k for k in keys if k not in names]
+            if left:
+                raise Bad(f"the DataProto wrapper has no TensorDict and does not list field {left[0]!r} "
+                          "among its non_tensor_keys")
 
 
 def shard(doc: dict, schema: pa.Schema) -> None:

@@ -23,7 +23,7 @@ from . import dtypes as dt
 from .limits import MAX_VALUE_DEPTH
 from .spec import where
 
-__all__ = ["is_tensor", "is_tensorlike", "describe", "check_tensor", "as_cpu", "storage", "bits", "has_tensor",
+__all__ = ["is_tensor", "is_tensorlike", "describe", "check_tensor", "as_cpu", "storage", "bits", "has_tensor", "cycle_error",
            "check_str", "check_json", "dumps", "number_lists", "MAX_JSON_DEPTH"]
 
 MAX_JSON_DEPTH = MAX_VALUE_DEPTH  # format/limits.py: one set for writer and reader
@@ -108,17 +108,39 @@ def bits(x: torch.Tensor | np.ndarray) -> torch.Tensor:
     return dt.bits_view(x)
 
 
-def has_tensor(v: Any) -> bool:
+def has_tensor(v: Any, what: str = "value") -> bool:
     """Whether a tensor-like is inside ``v`` or the dicts nested in it (lists are JSON values: a
-    tensor in one is an error of ``check_json``). Iterative: values may nest deeply."""
-    stack = [v]
+    tensor in one is an error of ``check_json``). Iterative: values may nest deeply. A dict that
+    contains itself is a BatchError naming ``what`` and the keys to the cycle (``cycle_error``); a
+    dict met twice without a cycle (shared) is walked once."""
+    stack: list = [(v, False, ())]
+    open_: set[int] = set()  # ids of the dicts on the path being walked
+    done: set[int] = set()  # dicts walked whole (no tensor in them)
     while stack:
-        x = stack.pop()
+        x, leaving, at = stack.pop()
+        if leaving:
+            open_.discard(id(x))
+            done.add(id(x))
+            continue
         if is_tensorlike(x):
             return True
         if isinstance(x, Mapping):
-            stack.extend(x.values())
+            if id(x) in open_:
+                raise cycle_error(_at(what, list(at)))
+            if id(x) in done:
+                continue
+            open_.add(id(x))
+            stack.append((x, True, at))
+            stack.extend((e, False, at + (k,)) for k, e in x.items())
     return False
+
+
+def cycle_error(what: str) -> BatchError:
+    """The error of a value that contains itself (a dict or list holding a reference to itself, or to
+    a container it is inside): no walk of it would end, and no file can hold it."""
+    return BatchError(f"{what[:200]}: the value contains itself (a dict or list holding a reference to "
+                      "itself or to a container it is inside); a reference cycle cannot be stored: store a "
+                      "copy without the cycle")
 
 
 def check_str(v: str, what: str) -> None:
@@ -135,14 +157,14 @@ def check_str(v: str, what: str) -> None:
 def check_json(v: Any, what: str, _depth: int = 0) -> None:
     """Raise unless ``v`` survives a JSON round trip with identical types; ``what`` names ``v`` in
     the message (the place inside it is spelled out only for an error: this runs on every value)."""
-    _json(v, what, [], _depth)
+    _json(v, what, [], _depth, set())
 
 
 def _at(what: str, at: list) -> str:
     return what + "".join(f"[{p!r}]" if type(p) is str else f"[{p}]" for p in at)
 
 
-def _json(v: Any, what: str, at: list, depth: int) -> None:
+def _json(v: Any, what: str, at: list, depth: int, open_: set[int]) -> None:
     t = type(v)
     if v is None or t is bool or t is int or t is float:
         return
@@ -153,13 +175,26 @@ def _json(v: Any, what: str, at: list, depth: int) -> None:
     if depth >= MAX_JSON_DEPTH:
         raise BatchError(f"{_at(what, at)[:120]}...: a value nests more than {MAX_JSON_DEPTH} lists/dicts deep; "
                          "flatten it")
-    if t is list:
+    if t is list or t is dict:
+        if id(v) in open_:
+            raise cycle_error(_at(what, at))
+        open_.add(id(v))
+        _json_items(v, what, at, depth, open_)
+        open_.discard(id(v))
+        return
+    raise UnsupportedTypeError(
+        f"{_at(what, at)}: value of type {type(v).__name__} is not plain JSON; use None, bool, int, "
+        "float, str, list or dict with str keys here"
+    )
+
+
+def _json_items(v: list | dict, what: str, at: list, depth: int, open_: set[int]) -> None:
+    if type(v) is list:
         for i, x in enumerate(v):
             at.append(i)
-            _json(x, what, at, depth + 1)
+            _json(x, what, at, depth + 1, open_)
             at.pop()
-        return
-    if t is dict:
+    else:
         for k, x in v.items():
             if type(k) is not str:
                 raise UnsupportedTypeError(
@@ -168,13 +203,8 @@ def _json(v: Any, what: str, at: list, depth: int) -> None:
             if not k.isascii():
                 check_str(k, f"{_at(what, at)} key")
             at.append(k)
-            _json(x, what, at, depth + 1)
+            _json(x, what, at, depth + 1, open_)
             at.pop()
-        return
-    raise UnsupportedTypeError(
-        f"{_at(what, at)}: value of type {type(v).__name__} is not plain JSON; use None, bool, int, "
-        "float, str, list or dict with str keys here"
-    )
 
 
 def dumps(v: Any) -> str:

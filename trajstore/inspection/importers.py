@@ -265,6 +265,11 @@ def _convert(item: _Item, kind: str, trust: bool, rel: str, writers: dict[str, W
              committed: dict, dst: Path, overwrite: bool) -> tuple[str, type] | None:
     """Write one file as one step; None, or why it was skipped and the error class ``strict`` raises."""
     try:
+        paths.check_split(item.split)  # a folder named like no split (``_trajstore``...): this file only
+    except ConfigError as e:
+        return f"its folder makes the split name {item.split!r}, which cannot be used: {e}; rename the folder " \
+               "or import it on its own with --split", ConfigError
+    try:
         batch = _load(item, kind, trust)
     except (ConfigError, NeedsTrust):
         raise

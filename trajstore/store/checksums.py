@@ -14,10 +14,11 @@ from typing import Any
 import pyarrow as pa
 
 from ..errors import ChecksumError, foreign_errors
+from ..format import limits
 from . import paths
 from .files import listdir
 from .fs import is_remote
-from .regular import MAX_SUM_BYTES, fd_path, open_checked, read_small
+from .regular import CHUNK, MAX_SUM_BYTES, fd_path, open_checked, read_small, sha256_of
 
 __all__ = ["SUM_SUFFIX", "sum_path", "file_sha256", "sum_line", "read_sum", "pending_sums", "check_digest",
            "check_file", "read_verified"]
@@ -34,14 +35,14 @@ def sum_path(f: Path) -> Path:
 def file_sha256(path: Path) -> str:
     """The SHA-256 of a step file: FormatError if it is not a regular file (``store/regular.py``)."""
     if is_remote(path):
-        return hashlib.sha256(memoryview(path.read_buffer())).hexdigest()
+        return path.sha256()  # streamed: regular.CHUNK bytes in memory at a time
     return _sha256_stat(path)[0]
 
 
 def _sha256_stat(path: Path) -> tuple[str, os.stat_result]:
     fd, st = open_checked(path, "the step file")
-    with os.fdopen(fd, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest(), st
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        return sha256_of(f.read), st
 
 
 def check_file(f: Path, step: int) -> None:
@@ -139,29 +140,46 @@ def check_digest(f: Path, step: int, digest: str) -> None:
     )
 
 
-def read_verified(f: Path, step: int) -> pa.Buffer:
-    """The bytes of step file ``f`` (an Arrow buffer: decoded arrays may point into it, and it must
-    not be owned by a Python object), after checking them against the recorded checksum."""
+def read_verified(f: Path, step: int) -> Any:
+    """What pyarrow reads step file ``f`` from once its bytes are checked against the recorded checksum.
+    A local file is hashed ``regular.CHUNK`` bytes at a time (never held whole) and then read through the
+    very descriptor checked (``regular.fd_path``: the inode hashed, even if the name is replaced since);
+    an object of object storage is fetched once (a new version is a new object) and read from that
+    buffer, which must not be owned by a Python object (decoded arrays may point into it)."""
     if is_remote(f):  # one GET: the object is whole, and a new version is a new object
-        with foreign_errors(f, "reading step {}", step, then="check the object and the store"):
-            data = f.read_buffer()
+        with foreign_errors(f, "reading step {}", step, then="check the object and the store"), f.open_input() as src:
+            n = src.size()
+            if n > limits.MAX_DECODED_BYTES:  # held whole: within the one decode budget
+                raise limits.over(f, n, "the step object, held whole to check its SHA-256 (verify=True)")
+            data = src.read_buffer()
         check_digest(f, step, hashlib.sha256(memoryview(data)).hexdigest())
-        return data
+        return pa.BufferReader(data)
     for attempt in range(3):
         with foreign_errors(f, "reading step {}", step, then="check the file and the file system"):
             fd, before = open_checked(f, "the step file")  # a regular file: never a FIFO or a device
-            try:
-                with pa.OSFile(fd_path(fd, f)) as src:
-                    data = src.read_buffer()
-            finally:
-                os.close(fd)
         try:
-            check_digest(f, step, hashlib.sha256(memoryview(data)).hexdigest())
-            return data
-        except ChecksumError:
-            if attempt == 2 or _same_file(before, f):
-                raise
-            # the step was overwritten while it was read: read the new version
+            with foreign_errors(f, "reading step {}", step, then="check the file and the file system"):
+                digest = _fd_sha256(fd)
+            try:
+                check_digest(f, step, digest)
+            except ChecksumError:
+                if attempt == 2 or _same_file(before, f):
+                    raise
+                continue  # the step was overwritten while it was hashed: hash the new version
+            return pa.OSFile(fd_path(fd, f))
+        finally:
+            os.close(fd)
+    raise AssertionError("unreachable")
+
+
+def _fd_sha256(fd: int) -> str:
+    """The SHA-256 of the file open as ``fd`` from its start, ``regular.CHUNK`` bytes at a time (the
+    descriptor's offset is left as it was: ``pread``)."""
+    h, off = hashlib.sha256(), 0
+    while b := os.pread(fd, CHUNK, off):
+        h.update(b)
+        off += len(b)
+    return h.hexdigest()
 
 
 def _same_file(st: os.stat_result, f: Path) -> bool:

@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from ..errors import ConfigError
-from .regular import input_file
+from .regular import input_file, read_upto, sha256_of
 
 __all__ = ["resolve", "RemotePath", "Store", "is_remote", "source", "ENV"]
 
@@ -199,7 +199,12 @@ class RemotePath:
     def read_at_most(self, n: int) -> bytes:
         """The first ``n`` bytes of the object (all of it if smaller): one bounded GET."""
         with self.store.pa.open_input_stream(self.key) as f:
-            return f.read(n)
+            return read_upto(f.read, n)  # never one read(n): it allocates n up front
+
+    def sha256(self) -> str:
+        """The object's SHA-256, streamed (``regular.CHUNK`` bytes in memory at a time)."""
+        with self.store.pa.open_input_stream(self.key) as f:
+            return sha256_of(f.read)
 
     def read_text(self) -> str:
         return self.read_bytes().decode()

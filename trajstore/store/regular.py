@@ -20,6 +20,7 @@ it are read."""
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import stat
 from typing import Any
@@ -28,8 +29,8 @@ import pyarrow as pa
 
 from ..errors import FormatError
 
-__all__ = ["MAX_SMALL_FILE_BYTES", "MAX_SUM_BYTES", "open_checked", "input_file", "read_small", "not_regular",
-           "kind", "fd_path", "entries"]
+__all__ = ["MAX_SMALL_FILE_BYTES", "MAX_SUM_BYTES", "CHUNK", "open_checked", "input_file", "read_small", "read_upto",
+           "sha256_of", "not_regular", "kind", "fd_path", "entries"]
 
 # the most bytes read of one manifest (trajstore.json), columns.json or skip record: ample for an
 # environment fingerprint, far below what could hurt a reader
@@ -114,13 +115,37 @@ def read_small(path: Any, what: str, cap: int = MAX_SMALL_FILE_BYTES, follow: bo
             raise _too_large(path, what, cap, None)
         return data
     fd, st = open_checked(path, what, follow)
-    with os.fdopen(fd, "rb") as f:
+    with os.fdopen(fd, "rb", buffering=0) as f:
         if st.st_size > cap:
             raise _too_large(path, what, cap, st.st_size)
-        data = f.read(cap + 1)  # the file may have grown since the fstat
+        data = read_upto(f.read, cap + 1)  # the file may have grown since the fstat
     if len(data) > cap:
         raise _too_large(path, what, cap, None)
     return data
+
+
+CHUNK = 8 << 20  # what one read of a dump's file asks for at most: memory grows with what is read, never by a cap
+
+
+def read_upto(read: Any, n: int) -> bytes:
+    """At most ``n`` bytes from ``read(k)`` (a file's or stream's read), asked ``CHUNK`` at a time:
+    ``read(n)`` itself would allocate ``n`` bytes up front (a cap of 16 GiB + 1 under ``ulimit -v``)."""
+    parts, got = [], 0
+    while got < n:
+        b = read(min(CHUNK, n - got))
+        if not b:
+            break
+        parts.append(b if isinstance(b, bytes) else bytes(b))
+        got += len(parts[-1])
+    return b"".join(parts) if len(parts) != 1 else parts[0]
+
+
+def sha256_of(read: Any) -> str:
+    """The SHA-256 of everything ``read(k)`` gives, ``CHUNK`` bytes at a time (bounded memory)."""
+    h = hashlib.sha256()
+    while b := read(CHUNK):
+        h.update(b)
+    return h.hexdigest()
 
 
 def entries(folder: Any, odd: Any) -> tuple[list[str], dict[str, str]]:

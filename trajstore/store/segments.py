@@ -33,7 +33,8 @@ from ..format import limits
 from ..format.dtypes import as_value
 from . import digest, paths
 from .checksums import read_sum
-from .regular import read_small
+from .fs import is_remote
+from .regular import open_checked, read_small, read_upto, sha256_of
 from .index import DERIVED, KEY, SEGMENT_RE, VERSION, _ident, dirs, fields, sum_of
 
 rlog = logging.getLogger("trajstore.reader")
@@ -43,15 +44,34 @@ Key = str | tuple  # a field name, or a digest ``(what, (field, ...))``
 
 def _bytes(path: Path) -> pa.Buffer:
     """The whole of segment ``path`` (a regular file, at most ``MAX_DECODED_BYTES``), checked
-    against the SHA-256 in its sidecar."""
+    against the SHA-256 in its sidecar: hashed as it is read, ``regular.CHUNK`` bytes at a time,
+    before it is held (a segment whose bytes changed costs no more memory than a chunk); the bytes
+    kept are hashed again (they are those checked, even if the file changed in between)."""
     want = read_sum(sum_of(path))
     if want is None:
         raise FormatError(f"its checksum {sum_of(path).name} is missing or malformed")
-    data = read_small(path, "the index segment", limits.MAX_DECODED_BYTES, follow=False)
-    if hashlib.sha256(data).hexdigest() != want:
-        raise FormatError(f"its SHA-256 is not the one recorded in {sum_of(path).name}: its bytes changed "
-                          "since it was written")
+    what, cap = "the index segment", limits.MAX_DECODED_BYTES
+    if is_remote(path):
+        if path.sha256() != want:
+            raise _changed(path)
+        data = read_small(path, what, cap)
+    else:
+        fd, st = open_checked(path, what, follow=False)
+        with os.fdopen(fd, "rb", buffering=0) as f:
+            if st.st_size > cap:
+                raise limits.over(path, st.st_size, "the index segment")
+            if sha256_of(f.read) != want:
+                raise _changed(path)
+            f.seek(0)
+            data = read_upto(f.read, cap + 1)
+    if len(data) > cap or hashlib.sha256(data).hexdigest() != want:
+        raise _changed(path)
     return pa.py_buffer(data)
+
+
+def _changed(path: Path) -> FormatError:
+    return FormatError(f"its SHA-256 is not the one recorded in {sum_of(path).name}: its bytes changed "
+                       "since it was written")
 
 
 class _Segment:

@@ -3,16 +3,27 @@
 Routes: ``/`` (run), ``/step/{split}/{step}``, ``/traj/{split}/{step}/{index}``, ``/diff``; their data as
 JSON under ``/api/run``, ``/api/step``, ``/api/traj``, ``/api/diff``; ``/static/{name}`` serves only the
 files of this package's ``static`` folder and plotly's own bundle (``plotly/package_data/plotly.min.js``),
-never a path taken from the request. Every page is a small HTML shell (its title escaped) whose script
+never a path taken from the request. ``static/plotly_text.js``, loaded between plotly and the page
+script, hands plotly every title and trace name with ``& < >`` as entities: plotly reads tags in
+them, and a field name is dump data. Every page is a small HTML shell (its title escaped) whose script
 fetches the JSON and builds the page with ``textContent`` (dump data never reaches ``innerHTML``).
+
+Every request is answered only if its ``Host`` header names the address and port the server is bound
+to (``HostCheck``; a web page whose domain an attacker points at 127.0.0.1, DNS rebinding, cannot read
+the dump through the user's browser): a request without one gets 400, any other host 421. Bound to a
+loopback address, the loopback names (``localhost``, ``127.0.0.1``, ``[::1]``) are that address too;
+bound to every interface (``0.0.0.0``, ``::``), any IP address literal and this machine's own names
+(``socket.gethostname``, ``getfqdn``), never another DNS name.
 """
 
 from __future__ import annotations
 
 import html
+import ipaddress
 import json
 import os
 import re
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +60,8 @@ def shell(page: str, title: str, attrs: dict[str, Any] | None = None) -> str:
             f'<meta name="viewport" content="width=device-width, initial-scale=1"><link rel="icon" href="data:,">'
             f'<link rel="stylesheet" href="/static/view.css"></head>\n'
             f'<body data-page="{page}"{a}><nav><a href="/">run</a></nav><h1>{t}</h1><div id="app"></div>\n'
-            f'<script src="/static/plotly.min.js"></script><script src="/static/view.js"></script>'
-            f'<script src="/static/compare.js"></script>\n</body></html>\n')
+            f'<script src="/static/plotly.min.js"></script><script src="/static/plotly_text.js"></script>'
+            f'<script src="/static/view.js"></script><script src="/static/compare.js"></script>\n</body></html>\n')
 
 
 def _int(req: Request, name: str) -> int:
@@ -79,8 +90,60 @@ def _json(obj: Any) -> Response:
                     headers=HEADERS)
 
 
-def make_app(view: View) -> Starlette:
-    """The app serving ``view`` (a :class:`trajstore.view.pages.View`)."""
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+
+
+def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host[1:-1] if host.startswith("[") and host.endswith("]") else host)
+    except ValueError:
+        return None
+
+
+class HostCheck:
+    """ASGI middleware: requests whose ``Host`` is not the bound ``host:port`` are refused (module doc)."""
+
+    def __init__(self, app: Any, host: str, port: int):
+        self.app, self.port = app, int(port)
+        h = host.strip().lower()
+        ip = _ip(h)
+        self.any_ip = h in ("", "0.0.0.0", "::", "[::]")
+        names = {f"[{ip}]" if ip is not None and ip.version == 6 else (str(ip) if ip is not None else h)}
+        if self.any_ip or (ip is not None and ip.is_loopback) or h == "localhost":
+            names.update(LOOPBACK_NAMES)
+        if self.any_ip:
+            names.update({socket.gethostname().lower(), socket.getfqdn().lower()})
+        self.names = names
+
+    def allowed(self, value: str) -> bool:
+        """Whether ``value`` (a Host header) names the bound address and port."""
+        name, sep, port = value.strip().lower().rpartition(":")
+        if not sep or not port.isdigit() or int(port) != self.port or (name.count(":") and not name.startswith("[")):
+            return False  # the port is always sent: the server never listens on 80
+        if name in self.names:
+            return True
+        ip = _ip(name)
+        return self.any_ip and ip is not None and (ip.version == 4 or name.startswith("["))
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        hosts = [v.decode("latin-1") for k, v in scope.get("headers", ()) if k == b"host"]
+        if len(hosts) != 1:
+            why, code = "the request has no Host header (or several)", 400
+        elif not self.allowed(hosts[0]):
+            why, code = f"Host {hosts[0][:100]!r} is not the address this server is bound to", 421
+        else:
+            await self.app(scope, receive, send)
+            return
+        await Response(f"{why}; open the address `trajstore view` printed\n", code, media_type="text/plain",
+                       headers=HEADERS)(scope, receive, send)
+
+
+def make_app(view: View, host: str = "127.0.0.1", port: int = 8000) -> Any:
+    """The app serving ``view`` (a :class:`trajstore.view.pages.View`), answering only requests to
+    ``host:port`` (the address it is served at: ``HostCheck``)."""
     files = static_files()
     name = os.path.basename(str(view.path).rstrip("/")) or str(view.path)
 
@@ -144,7 +207,7 @@ def make_app(view: View) -> Starlette:
         Route("/api/traj", guarded(api_traj)), Route("/api/diff", guarded(api_diff)),
         Route("/static/{name}", static),
     ]
-    return Starlette(routes=routes)
+    return HostCheck(Starlette(routes=routes), host, port)
 
 
 def _float(req: Request, name: str) -> float:
@@ -182,4 +245,4 @@ def serve(view: View, host: str = "127.0.0.1", port: int = 8000) -> None:
     """Serve ``view`` until interrupted (uvicorn)."""
     import uvicorn
 
-    uvicorn.run(make_app(view), host=host, port=port, log_level="warning")
+    uvicorn.run(make_app(view, host, port), host=host, port=port, log_level="warning")

@@ -14,7 +14,9 @@ Definitions (also in README.md and docs/CLI.md):
   pair present (``PAIRS``), or the pair asked for.
 
 A step appended as a padded or packed dict is read column by column straight from its file(s) (only
-the columns a page needs; one row group for a trajectory); any other form (lists of trajectories,
+the columns a page needs; one row group for a trajectory), each file opened and checked as every reader
+opens it (``Reader._open``: its description against its columns, the decode budget of
+``format/limits.py`` before pyarrow decompresses a page); any other form (lists of trajectories,
 several masks, nested fields) is decoded and cut by ``format.rows`` (``tables.step_rows``). The run
 page takes a step's per-trajectory figures (``run_traj``) from the split's column index instead where
 it holds them: the Writer computes them there with the functions of ``store/digest.py`` that
@@ -124,7 +126,7 @@ def pick(toks: list[str], scal: list[str], floats: set[str], pair: tuple[str, st
 
 def fields_of(reader: Any, step: int, pair: tuple[str, str] | None = None) -> Fields:
     """The fields of ``step`` (its spec, or its decoded rows for forms read through ``rows``)."""
-    doc = reader._open(step, False, reader.files(step)[0]).doc
+    doc = reader._open(step, True, reader.files(step)[0]).doc  # checked as every reader checks a file
     if _fast(doc):
         return pick(*_spec_fields(doc["batch"]), pair)
     return pick(*_row_fields(step_rows(reader, step)), pair)
@@ -136,7 +138,7 @@ def read(reader: Any, step: int, toks: list[str], scal: list[str], row: int | No
     parts = []
     first = 0
     for f in files:
-        sf = reader._open(step, False, f)
+        sf = reader._open(step, True, f)  # the spec against its columns, the decode budget (limits.check_pages)
         if not _fast(sf.doc):
             return _from_rows(reader, step, toks, scal, row)
         keys = dict(sf.doc["batch"]["keys"])

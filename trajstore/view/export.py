@@ -49,6 +49,7 @@ def export(view: View, out: str | Path, steps: list[int] | None = None, per_step
             f'<h1>{title}</h1><div id="app"></div>\n'
             f'<script id="trajstore-data" type="application/json">{_safe_json(data)}</script>\n'
             f'<script>{_inline_js(PLOTLY_JS.read_text(encoding="utf-8"))}</script>\n'
+            f'<script>{_inline_js((STATIC / "plotly_text.js").read_text())}</script>\n'
             f'<script>{_inline_js((STATIC / "view.js").read_text())}</script>\n</body></html>\n')
     out = Path(out)
     out.write_text(page, encoding="utf-8")
