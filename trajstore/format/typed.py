@@ -131,7 +131,7 @@ def _inner(v: Any, t: type, what: str, at: list, depth: int, open_: set[int]) ->
         return True
     if class_path(t) in VALUE_CLASSES and hasattr(v, "__dataclass_fields__"):
         at.append(t.__name__)
-        _walk(_obj_fields(v), what, at, depth + 1)
+        _walk(_obj_fields(v), what, at, depth + 1, open_)
         at.pop()
         return True
     raise UnsupportedTypeError(f"{_at(what, at)}: a value of type {t.__module__}.{t.__qualname__} cannot be "
