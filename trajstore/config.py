@@ -116,7 +116,9 @@ class DumpReplayConfig:
     to ``Writer(encodings=...)``; docs/FORMAT.md 3.5.  ``balance``: at replay on several ranks, how a
     logical step is cut into the ranks' slices: ``"contiguous"`` (default: equal chunks in order, like
     verl's ``DataProto.chunk``; the dumped shards when replayed on the dump's world size) or ``"tokens"``
-    (token-balanced, equal sizes); ``Reader(rank=, world_size=, balance=)``.
+    (token-balanced, equal sizes); ``Reader(rank=, world_size=, balance=)``.  ``threads``: the thread
+    budget of the dump's Writer and the replay's Reader (``threads=``; default: this process's cores
+    shared among the ranks of this host, README "Threads").
 
     Build it from a dict (``from_dict``: YAML, Hydra, parsed arguments) or from
     ``TRAJSTORE_*`` environment variables (``from_env``: ``TRAJSTORE_DUMP=1``,
@@ -140,6 +142,7 @@ class DumpReplayConfig:
     masks: dict[str, list[str]] | None = None
     encodings: str = "portable"
     balance: str = "contiguous"
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         s = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen dataclass
@@ -160,6 +163,7 @@ class DumpReplayConfig:
         s("pin_steps", parse_steps(self.pin_steps, what="DumpReplayConfig.pin_steps") or ())
         s("max_keep", _int("max_keep", self.max_keep, 1, none_ok=True))
         s("total_steps", _int("total_steps", self.total_steps, 0, none_ok=True))
+        s("threads", _int("threads", self.threads, 1, none_ok=True))
         if self.steps is not None and self.every != 1:
             raise ConfigError(f"DumpReplayConfig: both steps={list(self.steps)} and every={self.every} are "
                               "given; give one of them")

@@ -10,10 +10,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import dtypes as dt
+from .. import _threads
 from ..errors import ConfigError, FormatError
+from . import dtypes as dt
+from . import limits
 
-__all__ = ["parquet_options", "read_sample", "ENCODINGS", "ROW_GROUPS", "ROW_GROUP_BYTES", "ZSTD_LEVEL"]
+__all__ = ["parquet_options", "read_sample", "read_columns", "PARALLEL_READ_BYTES", "ENCODINGS", "ROW_GROUPS", "ROW_GROUP_BYTES", "ZSTD_LEVEL"]
 
 ROW_GROUPS = 16  # at most this many row groups per step file: a reader decodes them on several cores
 ROW_GROUP_BYTES = 4 << 20  # ...of at least this much Arrow data each (a small step is one row group)
@@ -86,3 +88,56 @@ def read_sample(pf: pq.ParquetFile, node: dict, doc: dict, f: Path) -> Any:
                           f"{n} rows; the step is damaged")
     a = arr.chunk(0) if arr.num_chunks == 1 else arr.combine_chunks()
     return dt.as_value(a.to_numpy(zero_copy_only=False), node)
+
+
+def read_columns(pf: pq.ParquetFile, src: Any, cols: list[str] | None) -> pa.Table:
+    """Large reads of a local file decode its row groups on trajstore's thread pool, as many at once
+    as the reader's thread budget (``_row_groups``): Arrow's own pool is sized by ``OMP_NUM_THREADS``,
+    which torchrun sets to 1 (README, Threads). Large reads of a remote file go through the dataset
+    reader (``pq.read_table``), which fetches and decodes row groups in parallel on Arrow's pools.
+    Small reads (a column of per-trajectory values) read the file on the calling thread.
+    ``schema.decode`` then joins the row-group chunks of each column in parallel. ``src`` is what
+    ``pf`` reads from."""
+    md = pf.metadata
+    sch = pq.ParquetSchema(md)  # not md.schema: FileMetaData would keep it, a cycle freed only by the collector
+    leaves = [sch.column(j).path for j in range(md.num_columns)]
+    want = [j for j, p in enumerate(leaves)  # an estimate: it only picks the faster path
+            if cols is None or any(p == c or p.startswith(c + ".") for c in cols)]
+    # row-group totals, not md.row_group(i).column(j): pyarrow aborts the process (instead of
+    # raising) on some damaged column-chunk metadata when it is accessed from Python
+    size = sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups)) * len(want) // max(1, len(leaves))
+    if size > PARALLEL_READ_BYTES and isinstance(src, pa.OSFile | pa.BufferReader) and md.num_row_groups:
+        return _row_groups(pf, cols, size)
+    threads = not _threads.is_serial()
+    if size > PARALLEL_READ_BYTES:
+        # pre_buffer=False: the column chunks are read as they are decoded, not gathered first,
+        # which is faster on a step of many row groups (benchmarks/RESULTS.md)
+        return pq.read_table(src, columns=cols, use_threads=threads, pre_buffer=False,
+                             page_checksum_verification=True, **limits.THRIFT_LIMITS)
+    return pf.read(columns=cols, use_threads=threads)
+
+
+def _row_groups(pf: pq.ParquetFile, cols: list[str] | None, size: int,
+                groups: list[int] | None = None) -> pa.Table:
+    """Row groups ``groups`` (default all) of ``pf``, columns ``cols``, each read with
+    ``use_threads=False`` on trajstore's pool: one task per row group, or per part of its columns
+    when the file has fewer row groups than the budget has threads. Pages are checked (the file
+    was opened with ``page_checksum_verification``)."""
+    groups = list(range(pf.metadata.num_row_groups)) if groups is None else groups
+    names = list(pf.schema_arrow.names if cols is None else cols)
+    per = max(1, min(len(names), -(-_threads.threads() // max(1, len(groups)))))
+    parts = [names[k * len(names) // per:(k + 1) * len(names) // per] for k in range(per)]
+    got = _threads.map_parallel(lambda t: pf.read_row_group(t[0], columns=t[1], use_threads=False),
+                                [(i, p) for i in groups for p in parts if p], size)
+    if per > 1:  # each row group's column parts side by side again, in ``names`` order
+        got = [_side_by_side(got[k:k + per]) for k in range(0, len(got), per)]
+    return got[0] if len(got) == 1 else pa.concat_tables(got)
+
+
+def _side_by_side(tables: list[pa.Table]) -> pa.Table:
+    fields = [f for t in tables for f in t.schema]
+    return pa.Table.from_arrays([c for t in tables for c in t.columns],
+                                schema=pa.schema(fields, metadata=tables[0].schema.metadata))
+
+
+PARALLEL_READ_BYTES = 4 << 20
