@@ -260,8 +260,10 @@ class Reader:
                 arena: Any = None) -> Any:
         return self._finish(sf.doc, self._table(sf, step, columns, layout), sf.path, columns, layout, arena)
 
-    def _table(self, sf: _StepFile, step: int, columns: list[str] | None, layout: str | None) -> pa.Table:
-        """The columns of the opened step file that decoding ``columns`` in ``layout`` needs."""
+    def _table(self, sf: _StepFile, step: int, columns: list[str] | None, layout: str | None,
+               rows: tuple[int, int] | None = None) -> pa.Table:
+        """The columns of the opened step file that decoding ``columns`` in ``layout`` needs (``rows``:
+        of those rows only, ``(start, stop)``)."""
         doc, f = sf.doc, sf.path
         spec = doc["batch"]
         try:
@@ -285,8 +287,8 @@ class Reader:
             skip = {dict(spec["keys"])["attention_mask"]["col"], STEP_COLUMN}
             cols = [c for c in sf.pf.schema_arrow.names if c not in skip]
         with foreign_errors(f, "reading step {}", step, then="the step is damaged"):
-            table = read_columns(sf.pf, sf.src, cols)
-        if table.num_rows != doc.get("num_rows", table.num_rows):
+            table = read_columns(sf.pf, sf.src, cols, rows)
+        if rows is None and table.num_rows != doc.get("num_rows", table.num_rows):
             raise FormatError(f"{f}: holds {table.num_rows} rows, its metadata says {doc.get('num_rows')}")
         return table
 

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -90,12 +91,14 @@ def read_sample(pf: pq.ParquetFile, node: dict, doc: dict, f: Path) -> Any:
     return dt.as_value(a.to_numpy(zero_copy_only=False), node)
 
 
-def read_columns(pf: pq.ParquetFile, src: Any, cols: list[str] | None) -> pa.Table:
+def read_columns(pf: pq.ParquetFile, src: Any, cols: list[str] | None,
+                 rows: tuple[int, int] | None = None) -> pa.Table:
     """Large reads of a local file decode its row groups on trajstore's thread pool, as many at once
     as the reader's thread budget (``_row_groups``): Arrow's own pool is sized by ``OMP_NUM_THREADS``,
     which torchrun sets to 1 (README, Threads). Large reads of a remote file go through the dataset
     reader (``pq.read_table``), which fetches and decodes row groups in parallel on Arrow's pools.
     Small reads (a column of per-trajectory values) read the file on the calling thread.
+    ``rows=(start, stop)``: those rows only, from the row groups that hold them (``_row_groups``).
     ``schema.decode`` then joins the row-group chunks of each column in parallel. ``src`` is what
     ``pf`` reads from."""
     md = pf.metadata
@@ -105,7 +108,14 @@ def read_columns(pf: pq.ParquetFile, src: Any, cols: list[str] | None) -> pa.Tab
             if cols is None or any(p == c or p.startswith(c + ".") for c in cols)]
     # row-group totals, not md.row_group(i).column(j): pyarrow aborts the process (instead of
     # raising) on some damaged column-chunk metadata when it is accessed from Python
-    size = sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups)) * len(want) // max(1, len(leaves))
+    groups = list(range(md.num_row_groups))
+    if rows is not None:
+        ends = list(itertools.accumulate(md.row_group(i).num_rows for i in groups))
+        groups = [i for i in groups if ends[i] > rows[0] and ends[i] - md.row_group(i).num_rows < rows[1]]
+    size = sum(md.row_group(i).total_byte_size for i in groups) * len(want) // max(1, len(leaves))
+    if rows is not None:
+        first = ends[groups[0]] - md.row_group(groups[0]).num_rows if groups else 0
+        return _row_groups(pf, cols, size, groups).slice(rows[0] - first, rows[1] - rows[0])
     if size > PARALLEL_READ_BYTES and isinstance(src, pa.OSFile | pa.BufferReader) and md.num_row_groups:
         return _row_groups(pf, cols, size)
     threads = not _threads.is_serial()
@@ -127,6 +137,8 @@ def _row_groups(pf: pq.ParquetFile, cols: list[str] | None, size: int,
     names = list(pf.schema_arrow.names if cols is None else cols)
     per = max(1, min(len(names), -(-_threads.threads() // max(1, len(groups)))))
     parts = [names[k * len(names) // per:(k + 1) * len(names) // per] for k in range(per)]
+    if not groups:
+        return pf.schema_arrow.empty_table().select(names)
     got = _threads.map_parallel(lambda t: pf.read_row_group(t[0], columns=t[1], use_threads=False),
                                 [(i, p) for i in groups for p in parts if p], size)
     if per > 1:  # each row group's column parts side by side again, in ``names`` order
