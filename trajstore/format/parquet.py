@@ -115,9 +115,9 @@ def read_columns(pf: pq.ParquetFile, src: Any, cols: list[str] | None,
     size = sum(md.row_group(i).total_byte_size for i in groups) * len(want) // max(1, len(leaves))
     if rows is not None:
         first = ends[groups[0]] - md.row_group(groups[0]).num_rows if groups else 0
-        return _row_groups(pf, cols, size, groups).slice(rows[0] - first, rows[1] - rows[0])
+        return _row_groups(pf, src, cols, size, groups).slice(rows[0] - first, rows[1] - rows[0])
     if size > PARALLEL_READ_BYTES and isinstance(src, pa.OSFile | pa.BufferReader) and md.num_row_groups:
-        return _row_groups(pf, cols, size)
+        return _row_groups(pf, src, cols, size)
     threads = not _threads.is_serial()
     if size > PARALLEL_READ_BYTES:
         # pre_buffer=False: the column chunks are read as they are decoded, not gathered first,
@@ -127,7 +127,14 @@ def read_columns(pf: pq.ParquetFile, src: Any, cols: list[str] | None,
     return pf.read(columns=cols, use_threads=threads)
 
 
-def _row_groups(pf: pq.ParquetFile, cols: list[str] | None, size: int,
+def _reader(pf: pq.ParquetFile, src: Any) -> pq.ParquetFile:
+    """A Parquet reader of its own for one task, on ``pf``'s source and parsed footer: one reader is
+    not safe to read from on several threads at once (pyarrow crashes)."""
+    return pq.ParquetFile(src, metadata=pf.metadata, memory_map=False, page_checksum_verification=True,
+                          **limits.THRIFT_LIMITS)
+
+
+def _row_groups(pf: pq.ParquetFile, src: Any, cols: list[str] | None, size: int,
                 groups: list[int] | None = None) -> pa.Table:
     """Row groups ``groups`` (default all) of ``pf``, columns ``cols``, each read with
     ``use_threads=False`` on trajstore's pool: one task per row group, or per part of its columns
@@ -139,7 +146,7 @@ def _row_groups(pf: pq.ParquetFile, cols: list[str] | None, size: int,
     parts = [names[k * len(names) // per:(k + 1) * len(names) // per] for k in range(per)]
     if not groups:
         return pf.schema_arrow.empty_table().select(names)
-    got = _threads.map_parallel(lambda t: pf.read_row_group(t[0], columns=t[1], use_threads=False),
+    got = _threads.map_parallel(lambda t: _reader(pf, src).read_row_group(t[0], columns=t[1], use_threads=False),
                                 [(i, p) for i in groups for p in parts if p], size)
     if per > 1:  # each row group's column parts side by side again, in ``names`` order
         got = [_side_by_side(got[k:k + per]) for k in range(0, len(got), per)]
