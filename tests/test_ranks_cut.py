@@ -14,19 +14,20 @@ from hypothesis import strategies as st
 import trajstore
 from trajstore import shard_read
 from trajstore.format import parquet, shards
+from trajstore.store import stepfile
 from trajstore.testing import assert_batch_equal
 
 
 def shard_batch(rows: int, T: int, seed: int, side: str) -> dict:
-    """A rank's padded shard as RL trainers dump it: one padded width for every rank, pad 0 (every row
-    padded: a shard without padding records no pad value, and is joined by the general path)."""
+    """A rank's padded shard as RL trainers dump it: one padded width for every rank, pad 0 (or none,
+    in a shard whose rows are all full), ``logprobs * mask`` leaving both 0.0 and -0.0 on padding."""
     g = torch.Generator().manual_seed(seed)
-    lens = torch.randint(1, T, (rows,), generator=g)
+    lens = torch.randint(1, T + 1, (rows,), generator=g)
     pos = torch.arange(T)[None]
     am = pos < lens[:, None] if side == "right" else pos >= T - lens[:, None]
     return {"input_ids": torch.randint(1, 1000, (rows, T), generator=g, dtype=torch.int32) * am,
             "attention_mask": am.to(torch.int64),
-            "old_logprobs": torch.where(am, torch.randn(rows, T, generator=g), 0.0).to(torch.bfloat16),
+            "old_logprobs": torch.randn(rows, T, generator=g).to(torch.bfloat16) * am,
             "rewards": torch.randn(rows, generator=g)}
 
 
@@ -42,11 +43,12 @@ def slices(d, m: int, columns=None) -> list:
 
 
 @settings(max_examples=15, deadline=None)
-@given(sizes=st.lists(st.integers(1, 7), min_size=2, max_size=4), T=st.integers(2, 9),
+@given(sizes=st.lists(st.integers(1, 7), min_size=2, max_size=4), T=st.integers(1, 9),
        side=st.sampled_from(["right", "left"]), data=st.data())
 def test_a_cut_slice_is_the_slice_of_the_joined_step(tmp_path_factory, sizes, T, side, data):
     """Every rank's slice read from the shards it overlaps (several row groups each) equals the slice cut
-    from the join of every shard (the general path), for any M dividing B."""
+    from the join of every shard (the general path), for any M dividing B; the shards are cut whenever
+    their specs are ``uniform`` (a left-padded shard of full rows only says "right": not uniform)."""
     B, d = sum(sizes), tmp_path_factory.mktemp("cut")
     with pytest.MonkeyPatch.context() as mp:
         many_row_groups(mp)
@@ -56,7 +58,9 @@ def test_a_cut_slice_is_the_slice_of_the_joined_step(tmp_path_factory, sizes, T,
         taken = []
         mp.setattr(shard_read, "_cut", lambda *a, real=shard_read._cut: taken.append(real(*a)) or taken[-1])
         got = slices(d, m, cols)
-        assert all(t is not None for t in taken) and len(taken) == (m if m != len(sizes) else 0)
+        docs = [stepfile.open_step(f, 0).doc for f in trajstore.Reader(d).files(0)]
+        assert len(taken) == (m if m != len(sizes) else 0)
+        assert all((t is not None) == shards.uniform(docs) for t in taken)
         mp.setattr(shards, "uniform", lambda docs: False)  # the general path: every shard joined, then cut
         want = slices(d, m, cols)
     for g, w in zip(got, want):

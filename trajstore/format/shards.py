@@ -93,13 +93,14 @@ def join(parts: list[tuple[dict, pa.Table]], every: list[dict] | None = None) ->
 
 
 def uniform(docs: list[dict]) -> bool:
-    """Whether the shards' dict-batch specs differ only in their row counts and hold nothing indexed
-    by row (packed ``cu_seqlens``, segment counts, list elements): then a contiguous slice of the
-    logical step is the join of the overlapping shards' rows, and the other shards need not be read."""
+    """Whether the shards' dict-batch specs differ only in their row counts and in how each stores its
+    own rows' padding values (``pad``, ``pad_col``: per row, the same in any join), and hold nothing
+    indexed by row (packed ``cu_seqlens``, segment counts, list elements): then a contiguous slice of
+    the logical step is the join of the overlapping shards' rows, and the other shards need not be read."""
     def norm(x: Any) -> Any:
         if isinstance(x, dict):
             return {k: (v[1:] if k == "batch_size" and isinstance(v, list) else norm(v))
-                    for k, v in x.items() if k != "B"}
+                    for k, v in x.items() if k not in ("B", "pad", "pad_col")}
         return [norm(v) for v in x] if isinstance(x, list) else x
     specs = [d.get("batch") for d in docs]
     if not all(isinstance(s, dict) and s.get("t") == "batch" and s.get("form") != "packed" for s in specs):
