@@ -78,12 +78,13 @@ def test_recorder_passes_its_threads_to_the_writer_and_the_reader(tmp_path):
 @settings(max_examples=12)
 @given(budget=st.integers(1, 5), cols=st.sampled_from([None, ["input_ids"], ["rewards", "input_ids"]]))
 def test_row_groups_read_on_the_pool_are_the_file(tmp_path_factory, budget, cols):
-    """The table ``read_columns`` builds from row groups (split by columns where the budget has more
-    threads than the file row groups) is the one ``pyarrow.parquet.read_table`` reads."""
+    """The table ``read_columns`` builds from row groups (on the pool: one read per column of each
+    row group) is the one ``pyarrow.parquet.read_table`` reads."""
     d = tmp_path_factory.mktemp("rg")
     with pytest.MonkeyPatch.context() as mp:
         many_row_groups(mp)
         mp.setattr(parquet, "ROW_GROUP_BYTES", 2048)
+        mp.setattr(_threads, "PARALLEL_BYTES", 0)
         g = torch.Generator().manual_seed(budget)
         b = {"input_ids": torch.randint(0, 9, (40, 30), generator=g), "rewards": torch.rand(40, generator=g)}
         r = write(d, {0: b}, threads=budget)

@@ -20,7 +20,7 @@ from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["run_parallel", "map_parallel", "serial", "is_serial", "balance", "threads", "budget", "using",
+__all__ = ["run_parallel", "map_parallel", "parallel", "serial", "is_serial", "balance", "threads", "budget", "using",
            "cores", "local_ranks", "PARALLEL_BYTES", "PIECE_BYTES", "ENV", "MAX_DEFAULT"]
 
 ENV = "TRAJSTORE_THREADS"
@@ -131,12 +131,17 @@ def run_parallel(fn: Callable[[Any], None], items: Iterable, nbytes: int) -> Non
     map_parallel(fn, items, nbytes)
 
 
+def parallel(nbytes: int) -> bool:
+    """Whether ``nbytes`` of work of this thread goes to the pool (``map_parallel`` of several items)."""
+    return nbytes >= PARALLEL_BYTES and threads() >= 2 and not _inline()
+
+
 def map_parallel(fn: Callable[[Any], Any], items: Iterable, nbytes: int) -> list:
     """``[fn(item) for item in items]``, the calls spread on a pool of this thread's budget when
     ``nbytes`` of work is worth it; the first error is raised."""
     items = list(items)
     n = threads()
-    if nbytes < PARALLEL_BYTES or len(items) < 2 or n < 2 or _inline():
+    if len(items) < 2 or not parallel(nbytes):
         return [fn(x) for x in items]
     with _pool_lock:
         pool = _pools.get(n)

@@ -137,18 +137,18 @@ def _reader(pf: pq.ParquetFile, src: Any) -> pq.ParquetFile:
 def _row_groups(pf: pq.ParquetFile, src: Any, cols: list[str] | None, size: int,
                 groups: list[int] | None = None) -> pa.Table:
     """Row groups ``groups`` (default all) of ``pf``, columns ``cols``, each read with
-    ``use_threads=False`` on trajstore's pool: one task per row group, or per part of its columns
-    when the file has fewer row groups than the budget has threads. Pages are checked (the file
-    was opened with ``page_checksum_verification``)."""
+    ``use_threads=False``: on trajstore's pool, one task per column of each row group (the pool
+    balances the column chunks of unequal sizes as Arrow's own pool does); on the calling thread,
+    one read per row group. Pages are checked (the file was opened with ``page_checksum_verification``)."""
     groups = list(range(pf.metadata.num_row_groups)) if groups is None else groups
     names = list(pf.schema_arrow.names if cols is None else cols)
-    per = max(1, min(len(names), -(-_threads.threads() // max(1, len(groups)))))
-    parts = [names[k * len(names) // per:(k + 1) * len(names) // per] for k in range(per)]
     if not groups:
         return pf.schema_arrow.empty_table().select(names)
+    parts = [[c] for c in names] if _threads.parallel(size) and names else [names]
+    per = len(parts)
     got = _threads.map_parallel(lambda t: _reader(pf, src).read_row_group(t[0], columns=t[1], use_threads=False),
-                                [(i, p) for i in groups for p in parts if p], size)
-    if per > 1:  # each row group's column parts side by side again, in ``names`` order
+                                [(i, p) for i in groups for p in parts], size)
+    if per > 1:  # each row group's columns side by side again, in ``names`` order
         got = [_side_by_side(got[k:k + per]) for k in range(0, len(got), per)]
     return got[0] if len(got) == 1 else pa.concat_tables(got)
 
