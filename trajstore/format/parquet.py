@@ -94,9 +94,11 @@ def read_sample(pf: pq.ParquetFile, node: dict, doc: dict, f: Path) -> Any:
 def read_columns(pf: pq.ParquetFile, src: Any, cols: list[str] | None,
                  rows: tuple[int, int] | None = None) -> pa.Table:
     """Large reads of a local file decode its row groups on trajstore's thread pool, as many at once
-    as the reader's thread budget (``_row_groups``): Arrow's own pool is sized by ``OMP_NUM_THREADS``,
-    which torchrun sets to 1 (README, Threads). Large reads of a remote file go through the dataset
-    reader (``pq.read_table``), which fetches and decodes row groups in parallel on Arrow's pools.
+    as the reader's thread budget (``_row_groups``), where Arrow's own pool has fewer threads than that
+    budget: Arrow sizes it from ``OMP_NUM_THREADS``, which torchrun sets to 1 (README, Threads).
+    Otherwise, and for a remote file, they go through the dataset reader (``pq.read_table``), which
+    decodes row groups and columns in parallel on Arrow's pool (even with ``use_threads=False``),
+    faster per thread than row groups read from Python threads (benchmarks/RESULTS.md, "Thread budget").
     Small reads (a column of per-trajectory values) read the file on the calling thread.
     ``rows=(start, stop)``: those rows only, from the row groups that hold them (``_row_groups``).
     ``schema.decode`` then joins the row-group chunks of each column in parallel. ``src`` is what
@@ -116,7 +118,8 @@ def read_columns(pf: pq.ParquetFile, src: Any, cols: list[str] | None,
     if rows is not None:
         first = ends[groups[0]] - md.row_group(groups[0]).num_rows if groups else 0
         return _row_groups(pf, src, cols, size, groups).slice(rows[0] - first, rows[1] - rows[0])
-    if size > PARALLEL_READ_BYTES and isinstance(src, pa.OSFile | pa.BufferReader) and md.num_row_groups:
+    if (size > PARALLEL_READ_BYTES and isinstance(src, pa.OSFile | pa.BufferReader) and md.num_row_groups
+            and pa.cpu_count() < _threads.threads()):
         return _row_groups(pf, src, cols, size)
     threads = not _threads.is_serial()
     if size > PARALLEL_READ_BYTES:
