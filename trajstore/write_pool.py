@@ -39,7 +39,7 @@ import torch
 
 from . import _threads, schema
 from .errors import BatchError, StepExistsError, TrajstoreError, WriterError
-from .format.parquet import parquet_options
+from .format.parquet import ZSTD_LEVEL, parquet_options
 from .format.shards import RANK_COLUMN
 from .snapshot import Snapshot, with_rank
 from .store import commit, paths, remote
@@ -81,8 +81,9 @@ class Steps:
     """How one step becomes a committed file of split folder ``dir`` (the writer's settings)."""
 
     def __init__(self, dir: Any, split: str, shard: tuple[int, int] | None, masks: dict | None, encodings: str,
-                 columns: Any, index: Any):
+                 columns: Any, index: Any, compression: tuple = ("zstd", ZSTD_LEVEL)):
         self.dir, self.split, self.shard, self.masks, self.encodings = dir, split, shard, masks, encodings
+        self.compression = compression
         self.columns, self.index = columns, index
 
     def final(self, step: int) -> Path:
@@ -114,7 +115,7 @@ class Steps:
         """Stage 3: the Parquet bytes, in a temporary file (or in memory for object storage);
         returns what ``commit`` needs."""
         final = self.final(job.step)
-        opts = parquet_options(table, self.encodings)
+        opts = parquet_options(table, self.encodings, self.compression)
         with _translated(job, final):
             if is_remote(final):
                 sink = pa.BufferOutputStream()

@@ -36,7 +36,7 @@ from typing import Any
 from . import _threads, torch_bridge
 from .format import check
 from .format import containers
-from .format.parquet import check_encodings
+from .format.parquet import check_compression, check_encodings
 from .store import columns
 from .store import commit
 from .store import index
@@ -111,7 +111,8 @@ class Writer:
     ``encodings`` chooses the Parquet encodings (docs/FORMAT.md 3.5): "portable" (default), which
     every Parquet reader decodes, or "compact": BYTE_STREAM_SPLIT for tensor values, smaller
     float columns for readers that support it (pyarrow, pandas, Polars, DuckDB, DataFusion, Spark,
-    Ray Data; not fastparquet).
+    Ray Data; not fastparquet). ``compression``: "zstd" (default, level 3), "zstd:<level>" (-7 to 22)
+    or "lz4_raw": cheaper to decode, larger (docs/FORMAT.md 3.5).
     ``path`` may be a URL (``s3://bucket/run1``, ``gs://``, ``hdfs://``, any fsspec protocol; ``fs``: a
     ``pyarrow.fs.FileSystem`` or fsspec file system to use): each step is then one PUT of the whole
     object (``trajstore/store/fs.py``, docs/RELIABILITY.md "Object storage").
@@ -130,13 +131,14 @@ class Writer:
                  on_error: str = "raise", on_commit: Callable[[Committed], Any] | None = None,
                  masks: dict[str, list[str]] | None = None, encodings: str = "portable",
                  rank: int | None = None, world_size: int | None = None, fs: Any = None, copy: bool = True,
-                 threads: int | None = None):
+                 threads: int | None = None, compression: str = "zstd"):
         if on_error not in ("raise", "warn"):
             raise ConfigError(f"Writer({str(path)!r}): on_error must be 'raise' or 'warn', got {on_error!r}")
         if on_commit is not None and not callable(on_commit):
             raise ConfigError(f"Writer({str(path)!r}): on_commit must be callable, got {on_commit!r}")
         self.on_error, self.on_commit = on_error, on_commit
         self.encodings = check_encodings(encodings, f"Writer({str(path)!r})")
+        self.compression = check_compression(compression, f"Writer({str(path)!r})")
         if masks is not None and not (isinstance(masks, dict) and all(
                 type(k) is str and isinstance(v, list | tuple) and all(type(x) is str for x in v)
                 for k, v in masks.items())):
@@ -181,7 +183,8 @@ class Writer:
                        "bytes_in": 0, "bytes_written": 0}
         self._pool = torch_bridge.PinnedPool(max_cached_bytes=max_pending_bytes)  # CUDA copies: pinned
         self._staging = torch_bridge.PinnedPool(max_cached_bytes=max_pending_bytes, pin=False)  # CPU copies
-        self._steps = Steps(self.dir, self.split, self.shard, self.masks, self.encodings, self._columns, self._index)
+        self._steps = Steps(self.dir, self.split, self.shard, self.masks, self.encodings, self._columns, self._index,
+                            self.compression)
         self.workers = workers
         self._workers = Pool(workers, self._steps, self._finish, self.threads)
         with _live_lock:

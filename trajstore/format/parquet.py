@@ -16,7 +16,7 @@ from ..errors import ConfigError, FormatError
 from . import dtypes as dt
 from . import limits
 
-__all__ = ["parquet_options", "read_sample", "read_columns", "PARALLEL_READ_BYTES", "ENCODINGS", "ROW_GROUPS", "ROW_GROUP_BYTES", "ZSTD_LEVEL"]
+__all__ = ["parquet_options", "check_compression", "COMPRESSIONS", "read_sample", "read_columns", "PARALLEL_READ_BYTES", "ENCODINGS", "ROW_GROUPS", "ROW_GROUP_BYTES", "ZSTD_LEVEL"]
 
 ROW_GROUPS = 16  # at most this many row groups per step file: a reader decodes them on several cores
 ROW_GROUP_BYTES = 4 << 20  # ...of at least this much Arrow data each (a small step is one row group)
@@ -28,14 +28,35 @@ ENCODINGS = ("portable", "compact")
 _TENSOR_KINDS = (b"token", b"sample", b"cell", b"pad", b"segment")
 
 
+COMPRESSIONS = ("zstd", "zstd:<level>", "lz4_raw")
+
+
+def check_compression(compression: Any, what: str) -> tuple[str, int | None]:
+    """``(codec, level)`` of a writer's ``compression``: "zstd" (level ``ZSTD_LEVEL``, the default),
+    "zstd:<level>" (an int from -7 to 22: negative levels are faster and larger) or "lz4_raw"
+    (docs/FORMAT.md 3.5: every reader of tests/test_readers.py reads both codecs)."""
+    c = compression if isinstance(compression, str) else None
+    if c == "zstd":
+        return "zstd", ZSTD_LEVEL
+    if c == "lz4_raw":
+        return "lz4", None  # pyarrow's "lz4" is Parquet's LZ4_RAW codec
+    lvl = c.split(":", 1)[1] if c and c.startswith("zstd:") else ""
+    if lvl.lstrip("-").isdigit() and -7 <= int(lvl) <= 22:
+        return "zstd", int(lvl)
+    raise ConfigError(f"{what}: compression={compression!r}; use one of {', '.join(COMPRESSIONS)} "
+                      "(a zstd level from -7 to 22; docs/FORMAT.md 3.5)")
+
+
 def check_encodings(encodings: Any, what: str) -> str:
     if encodings not in ENCODINGS:
         raise ConfigError(f"{what}: encodings must be one of {ENCODINGS}, got {encodings!r}")
     return encodings
 
 
-def parquet_options(table: pa.Table, encodings: str = "portable") -> dict[str, Any]:
-    """The Parquet options of a step's table, zstd at ``ZSTD_LEVEL`` for every column and up to
+def parquet_options(table: pa.Table, encodings: str = "portable",
+                    compression: tuple[str, int | None] = ("zstd", ZSTD_LEVEL)) -> dict[str, Any]:
+    """The Parquet options of a step's table, zstd at ``ZSTD_LEVEL`` for every column (``compression``:
+    another codec and level, ``check_compression``) and up to
     ``ROW_GROUPS`` row groups of at least ``ROW_GROUP_BYTES``, so a reader decodes a large step on
     several cores while a small step stays one row group (a smaller footer and one page per
     column, which keeps reading one column of many steps cheap). Every page carries its CRC32,
@@ -60,8 +81,8 @@ def parquet_options(table: pa.Table, encodings: str = "portable") -> dict[str, A
         elif not (tensor and (f.metadata or {}).get(b"trajstore.dtype") in (b"float32", b"float64")):
             dic += names  # (half-precision values have at most 65536 distinct values: a small dictionary)
     return {
-        "compression": "zstd",
-        "compression_level": ZSTD_LEVEL,
+        "compression": compression[0],
+        "compression_level": compression[1],
         "use_dictionary": dic,
         "use_byte_stream_split": bss,
         "write_statistics": ["step"],
