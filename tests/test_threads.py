@@ -1,6 +1,7 @@
 """The thread budget of a Writer / Reader (README, Threads): from the cores this process may use shared
 among the ranks of this host, never from OMP_NUM_THREADS; overridable; reported; and the row groups of a
-step decoded on trajstore's pool of that many threads, not on Arrow's (sized by OMP_NUM_THREADS)."""
+step decoded on trajstore's pool of that many threads, not on Arrow's (sized by OMP_NUM_THREADS). And the
+decode-cost option of the writer, ``compression=`` (docs/FORMAT.md 3.5)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import trajstore
 from trajstore import _threads
 from trajstore.format import parquet
 from trajstore.store import stepfile
+from trajstore.testing import assert_batch_equal, padded_batches
 
 
 @pytest.fixture
@@ -154,3 +156,20 @@ def test_a_rank_under_torchrun_uses_its_budget_not_one_thread(tmp_path):
     assert got["real_writer"] == got["real_reader"] == max(1, min(_threads.MAX_DEFAULT, got["cores"] // 2))
     assert (got["writer"], got["workers"], got["reader"]) == (4, 2, 4)
     assert got["met"] and got["decode_threads"] >= 2 and got["exact"]
+
+
+@settings(max_examples=10)
+@given(b=padded_batches(), c=st.sampled_from([("zstd", "ZSTD"), ("zstd:-3", "ZSTD"), ("zstd:9", "ZSTD"),
+                                              ("lz4_raw", "LZ4")]))
+def test_compression_option(tmp_path_factory, b, c):
+    """``Writer(compression=)``: the codec of every column chunk; the step reads back exactly."""
+    r = write(tmp_path_factory.mktemp("c"), {0: b}, compression=c[0])
+    md = pq.ParquetFile(r.file(0)).metadata
+    assert {md.row_group(0).column(j).compression for j in range(md.num_columns)} == {c[1]}
+    assert_batch_equal(r[0], b)
+
+
+def test_bad_compression_names_the_choices(tmp_path):
+    for bad in ("gzip", "zstd:99", "zstd:x", None):
+        with pytest.raises(trajstore.ConfigError, match="compression=.*zstd:<level>, lz4_raw"):
+            trajstore.Writer(tmp_path / "bad", compression=bad)
