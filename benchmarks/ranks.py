@@ -14,7 +14,11 @@ one warm pass, then the timed pass, barrier to barrier; afterwards each rank che
 got against the slice of the logical batch rebuilt from the generator (the dumped shards joined in
 rank order, cut into equal contiguous chunks) and prints ``bit-exact`` or the first difference.
 Throughput is unpadded tensor bytes of all ranks together per second (GB/s), rank 0 prints one
-JSON line.
+JSON line. ``replay`` also prints the decoder's ceiling (``pq.read_table`` of every file of the steps by
+one process with all the host's cores, Arrow's pool set to them for that) and the largest share, over
+the ranks, of the Arrow bytes a whole-step read decodes that one rank decodes for its slices; both
+phases print each rank's thread budget (README, Threads). Launch with plain ``torchrun``: no thread
+variables (torchrun sets ``OMP_NUM_THREADS=1``).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import os
 import sys
 import time
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 import torch.distributed as dist
@@ -77,7 +82,8 @@ def write(a, rank: int, world: int, dev: torch.device) -> dict:
     dist.barrier()
     t = time.perf_counter() - t0
     return {"phase": "write", "ranks": world, "steps": a.steps, "GB": _all(raw) / 1e9,
-            "seconds": t, "GB/s": _all(raw) / t / 1e9}
+            "seconds": t, "GB/s": _all(raw) / t / 1e9, "threads per rank": w.stats["threads"],
+            "workers per rank": w.stats["workers"], "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}
 
 
 def replay(a, rank: int, world: int, dev: torch.device) -> dict:
@@ -93,16 +99,10 @@ def replay(a, rank: int, world: int, dev: torch.device) -> dict:
     _sync(dev)
     dist.barrier()
     t = time.perf_counter() - t0
-    # the decoder's ceiling on the same host, same run: pq.read_table alone of the files this rank
-    # decodes (its own shard when the layout is the dumped one, else every shard of the step)
-    own = world == a.dumped
-    need = [f for s in steps for f in (r.files(s)[rank:rank + 1] if own else r.files(s))]
-    dist.barrier()
-    t0 = time.perf_counter()
-    for f in need:
-        pq.read_table(f)
-    dist.barrier()
-    t_pq = time.perf_counter() - t0
+    # the decoder's ceiling on the same host, same run: pq.read_table alone of every file of the steps,
+    # by one process with all the host's cores (Arrow's pool set to them, then set back)
+    t_pq = _ceiling(r, steps, rank)
+    frac = _decoded_fraction(a, r, steps, rank)
     bad, raw = [], 0
     for s in steps:  # not timed: every slice against the logical batch rebuilt from the generator
         whole = logical(s, a.dumped, a.batch, a.max_len, a.scale)
@@ -119,7 +119,59 @@ def replay(a, rank: int, world: int, dev: torch.device) -> dict:
         print(f"rank {rank}: {bad[0]}", file=sys.stderr, flush=True)
     return {"phase": "replay", "ranks": world, "dumped_ranks": a.dumped, "steps": len(steps),
             "layout": a.layout, "GB": _all(raw) / 1e9, "seconds": t, "GB/s": _all(raw) / t / 1e9,
-            "read_table GB/s": _all(raw) / t_pq / 1e9, "bit-exact": exact}
+            "read_table GB/s (all cores, 1 process)": _all(raw) / t_pq / 1e9,
+            "decoded fraction (max over ranks)": frac, "threads per rank": r.threads,
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"), "bit-exact": exact}
+
+
+def _ceiling(r, steps: list[int], rank: int) -> float:
+    """Seconds rank 0 takes to ``pq.read_table`` every file of ``steps`` with all the cores, the others waiting."""
+    t = 0.0
+    dist.barrier()
+    if rank == 0:
+        old = pa.cpu_count()
+        pa.set_cpu_count(len(os.sched_getaffinity(0)))
+        try:
+            files = [f for s in steps for f in r.files(s)]
+            for f in files:  # warm
+                pq.read_table(f)
+            t0 = time.perf_counter()
+            for f in files:
+                pq.read_table(f)
+            t = time.perf_counter() - t0
+        finally:
+            pa.set_cpu_count(old)
+    dist.barrier()
+    return _all(t)
+
+
+def _decoded_fraction(a, r, steps: list[int], rank: int) -> float:
+    """The largest share, over the ranks, of the Arrow bytes a read of every whole step decodes that one
+    rank decodes for its slices (not timed: counted on the tables pyarrow returns)."""
+    got: list[int] = []
+    real = {n: getattr(pq.ParquetFile, n) for n in ("read_row_group", "read")}
+    real_table = pq.read_table
+
+    def count(fn):
+        return lambda *x, **k: (lambda t: (got.append(t.nbytes), t)[1])(fn(*x, **k))
+
+    for n, fn in real.items():
+        setattr(pq.ParquetFile, n, count(fn))
+    pq.read_table = count(real_table)
+    try:
+        for s in steps:
+            r.read(s)
+        mine, got[:] = sum(got), []
+        if rank == 0:
+            whole = trajstore.Reader(a.dump)
+            for s in steps:
+                whole.read(s)
+        total = _all(float(sum(got)))
+    finally:
+        for n, fn in real.items():
+            setattr(pq.ParquetFile, n, fn)
+        pq.read_table = real_table
+    return _all(mine / total if total else 0.0, dist.ReduceOp.MAX)
 
 
 def main(argv=None) -> int:

@@ -35,7 +35,7 @@ def many_row_groups(mp: Any) -> None:
     from trajstore.format import parquet
 
     mp.setattr(parquet, "ROW_GROUP_BYTES", 1)
-    mp.setattr(trajstore.reader, "PARALLEL_READ_BYTES", 0)
+    mp.setattr(parquet, "PARALLEL_READ_BYTES", 0)
 
 
 def roundtrip(batch: Any, meta: Any = None, step: int = 3) -> tuple[Any, Any]:

@@ -78,7 +78,7 @@ def test_padded_fields_are_built_from_their_unpadded_values(tmp_path, side, pads
     """Every torch per-token field of a padded batch is built, not staged padded: the staged bytes
     hold the tokens (the mask of ones: one value), not the padded width."""
     monkeypatch.setattr(parquet, "ROW_GROUP_BYTES", 256)  # several chunks per field
-    monkeypatch.setattr(trajstore.reader, "PARALLEL_READ_BYTES", 0)
+    monkeypatch.setattr(parquet, "PARALLEL_READ_BYTES", 0)
     b = padded_batch(B=40, T=50, side=side, pads=pads)
     with trajstore.Writer(tmp_path) as w:
         w.append(0, b)
@@ -260,7 +260,7 @@ def test_joined_values_are_staged_where_they_were_decoded(tmp_path, side, monkey
     the mask of ones is built from the lengths, its column not read."""
     monkeypatch.setattr(device_pad, "FLAT_BYTES", 0)  # every output one by one, as large ones are
     monkeypatch.setattr(parquet, "ROW_GROUP_BYTES", 256)  # several chunks: joined into the arena
-    monkeypatch.setattr("trajstore.reader.PARALLEL_READ_BYTES", 0)
+    monkeypatch.setattr("trajstore.format.parquet.PARALLEL_READ_BYTES", 0)
     b = padded_batch(B=40, T=50, side=side)
     m = b["attention_mask"].bool()
     b["loss_mask"] = m & (torch.arange(50) % 3 != 0)  # varied values: not staged as one value

@@ -54,6 +54,7 @@ SAME_LAYER = [
     ("trajstore.cli", "trajstore._console"),
     ("trajstore.cli", "trajstore._cli_support"),
     ("trajstore._text", "trajstore.errors"),
+    ("trajstore._threads", "trajstore.errors"),
     ("trajstore.fingerprint", "trajstore._version"),
 ]
 # the writer's side and the reader's side never meet below the recorder, not even through a third module

@@ -261,6 +261,30 @@ def test_cell_compact(compact, reader, form, path, part, expected):
     assert_column(read_column(reader, f, column), expected, f"{reader} compact {column}")
 
 
+@pytest.fixture(scope="module")
+def lz4(tmp_path_factory) -> dict[str, Path]:
+    """The padded and fp16 forms written with ``Writer(compression="lz4_raw")`` (docs/FORMAT.md 3.5)."""
+    root, files = tmp_path_factory.mktemp("lz4"), {}
+    for name in ("padded", "half"):
+        with trajstore.Writer(root / name, compression="lz4_raw") as w:
+            w.append(0, _FORMS[name][0])
+        files[name] = root / name / "train" / "step_00000000.parquet"
+    return files
+
+
+@pytest.mark.parametrize("reader, form, path, part, expected", [
+    pytest.param(r, form, path, part, expected,
+                 marks=([pytest.mark.xfail(strict=True, reason=known(r, form, label, part))]
+                        if known(r, form, label, part) else []) + ([pytest.mark.heavy_readers] if r in HEAVY else []),
+                 id=f"{r}-lz4-{cell_id(form, label, path, part)}")
+    for r in READERS for form, label, path, part, expected in CELLS if form in ("padded", "half")])
+def test_cell_lz4(lz4, reader, form, path, part, expected):
+    """The LZ4_RAW codec (``compression="lz4_raw"``): every reader reads what it reads of a zstd step."""
+    f = lz4[form]
+    column = locate(json.loads(pq.read_schema(f).metadata[b"trajstore"]), path, part)
+    assert_column(read_column(reader, f, column), expected, f"{reader} lz4 {column}")
+
+
 # ----------------------------------------------------------------------------- whole folders
 
 

@@ -186,7 +186,7 @@ def test_decode_into_arena_equals_plain_read_and_stages_in_place(batch, layout, 
 
 def test_big_packed_step_is_joined_into_the_arena(tmp_path, monkeypatch):
     monkeypatch.setattr(parquet, "ROW_GROUP_BYTES", 1 << 10)
-    monkeypatch.setattr(trajstore.reader, "PARALLEL_READ_BYTES", 0)
+    monkeypatch.setattr(parquet, "PARALLEL_READ_BYTES", 0)
     write_steps(tmp_path, n=1)
     g = torch.Generator().manual_seed(0)
     b = {"input_ids": torch.randint(0, 9, (64, 500), generator=g), "attention_mask": torch.ones(64, 500, dtype=torch.bool),

@@ -139,7 +139,8 @@ def test_killed_mid_run_leaves_a_prefix_of_whole_steps(tmp_path):
 
 def test_default_workers_and_bad_values(tmp_path):
     w = trajstore.Writer(tmp_path)
-    assert w.workers == len(w._workers) == max(min(2, os.cpu_count() or 1), min(8, (os.cpu_count() or 1) // 2))
+    b = trajstore._threads.budget()
+    assert w.workers == len(w._workers) == max(min(2, b), min(8, b // 2)) and w.stats["workers"] == w.workers
     w.close()
     with pytest.raises(trajstore.ConfigError, match="workers must be an int >= 1"):
         trajstore.Writer(tmp_path, workers=0)
@@ -163,15 +164,15 @@ def test_turns_let_only_the_next_number_through():
 
 
 def test_workers_share_torchs_threads_and_leave_the_callers_alone(tmp_path, monkeypatch):
-    """Each of N workers encodes with 1/N of torch's threads (OpenMP: a per-thread setting); the
-    appending thread keeps its own."""
+    """Each of N workers encodes with 1/N of the writer's thread budget as torch's threads (OpenMP: a
+    per-thread setting), not of torch's own count; the appending thread keeps its own."""
     seen = []
     real = pool_mod.Steps.encode
     monkeypatch.setattr(pool_mod.Steps, "encode", lambda self, job: (seen.append(torch.get_num_threads()),
                                                                       real(self, job))[1])
     n = torch.get_num_threads()
     later = []
-    with trajstore.Writer(tmp_path, workers=2) as w:
+    with trajstore.Writer(tmp_path, workers=2, threads=6) as w:
         w.append(0, small_batch())
         t = threading.Thread(target=lambda: later.append(torch.get_num_threads()))  # a thread the caller starts
         t.start()
@@ -180,4 +181,4 @@ def test_workers_share_torchs_threads_and_leave_the_callers_alone(tmp_path, monk
         w.append(0, small_batch())
     assert torch.get_num_threads() == n and later == [n]
     if "parallel backend: OpenMP" in torch.__config__.parallel_info():
-        assert seen == [max(1, n // 2)] * 2
+        assert seen == [3, max(1, trajstore._threads.budget() // 2)]

@@ -119,6 +119,8 @@ class DumpReplayConfig:
     (token-balanced, equal sizes); ``Reader(rank=, world_size=, balance=)``.  ``outputs``: at replay, the
     dump ``Recorder.record(step, outputs, split="outputs")`` writes the replaying run's outputs to (the
     replayed dump is only read; when dumping they go next to the inputs); docs/PRECISION.md.
+    ``threads``: the thread budget of the dump's Writer and the replay's Reader (``threads=``; default:
+    this process's cores shared among the ranks of this host, README "Threads").
 
     Build it from a dict (``from_dict``: YAML, Hydra, parsed arguments) or from
     ``TRAJSTORE_*`` environment variables (``from_env``: ``TRAJSTORE_DUMP=1``,
@@ -143,6 +145,7 @@ class DumpReplayConfig:
     encodings: str = "portable"
     balance: str = "contiguous"
     outputs: str | None = None
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         s = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen dataclass
@@ -163,6 +166,7 @@ class DumpReplayConfig:
         s("pin_steps", parse_steps(self.pin_steps, what="DumpReplayConfig.pin_steps") or ())
         s("max_keep", _int("max_keep", self.max_keep, 1, none_ok=True))
         s("total_steps", _int("total_steps", self.total_steps, 0, none_ok=True))
+        s("threads", _int("threads", self.threads, 1, none_ok=True))
         if self.steps is not None and self.every != 1:
             raise ConfigError(f"DumpReplayConfig: both steps={list(self.steps)} and every={self.every} are "
                               "given; give one of them")

@@ -17,7 +17,7 @@ from .format import containers
 from .format import typed
 from .format import limits, validate
 from .format.arrow import flat_nbytes
-from .format.parquet import read_sample
+from .format.parquet import read_columns, read_sample
 from .format.spec import STEP_COLUMN, is_dict_batch, is_plain_sample, is_token
 from .format.tensors import ones_source
 from .prefetch import iterate
@@ -60,13 +60,19 @@ class Reader:
 
     A step of N ranks is their shards joined; ``rank``/``world_size``/``balance``: a replaying rank's slice
     of each step; ``shard(s, k)``: rank k's shard as dumped (``trajstore/shard_read.py``).
+
+    ``threads``: the threads a read uses (Arrow decoding of a step's row groups, the joins and copies
+    after it); default ``$TRAJSTORE_THREADS``, else this process's cores shared among the ranks of this
+    host (``$LOCAL_WORLD_SIZE``), never ``OMP_NUM_THREADS`` (README, Threads). The budget used is the
+    attribute ``threads``.
     """
 
     def __init__(self, path: str | Path, split: str | None = None, *, verify: bool = False,
                  rank: int | None = None, world_size: int | None = None, balance: str = "contiguous",
-                 fs: Any = None):
+                 fs: Any = None, threads: int | None = None):
         self._slice = shard_read.check_slice(rank, world_size, balance, f"Reader({str(path)!r})")
         self._by_id = False  # rows of each step sorted by trajectory id (what an aligned diff compares)
+        self.threads = _threads.budget(threads, f"Reader({str(path)!r})")  # the thread budget of a read
         self.path = resolve(path, f"Reader({str(path)!r})", fs)  # a Path, or a RemotePath (store/fs.py)
         self.verify = verify  # check each step file against its recorded SHA-256 before decoding
         self._lone: int | None = None  # the step of a step file opened on its own
@@ -229,6 +235,10 @@ class Reader:
         moves its torch tensors there through pinned staging memory (trajstore/torch_bridge.py),
         ordered on the caller's current stream. On the CPU, tensors are views of Arrow memory
         where the layout allows."""
+        with _threads.using(self.threads):
+            return self._read_to(step, columns, layout, device)
+
+    def _read_to(self, step: int, columns: list[str] | None, layout: str | None, device: Any) -> Any:
         if device is not None:
             arena = torch_bridge.host_arena(device)
             try:
@@ -241,6 +251,10 @@ class Reader:
         return self._read(step, columns, layout)
 
     def _read(self, step: int, columns: list[str] | None, layout: str | None, arena: Any = None) -> Any:
+        with _threads.using(self.threads):
+            return self._read_step(step, columns, layout, arena)
+
+    def _read_step(self, step: int, columns: list[str] | None, layout: str | None, arena: Any = None) -> Any:
         if not self._sharded(step):
             try:
                 return self._decode(self._open(step), step, columns, layout, arena)
@@ -254,8 +268,10 @@ class Reader:
                 arena: Any = None) -> Any:
         return self._finish(sf.doc, self._table(sf, step, columns, layout), sf.path, columns, layout, arena)
 
-    def _table(self, sf: _StepFile, step: int, columns: list[str] | None, layout: str | None) -> pa.Table:
-        """The columns of the opened step file that decoding ``columns`` in ``layout`` needs."""
+    def _table(self, sf: _StepFile, step: int, columns: list[str] | None, layout: str | None,
+               rows: tuple[int, int] | None = None) -> pa.Table:
+        """The columns of the opened step file that decoding ``columns`` in ``layout`` needs (``rows``:
+        of those rows only, ``(start, stop)``)."""
         doc, f = sf.doc, sf.path
         spec = doc["batch"]
         try:
@@ -279,8 +295,8 @@ class Reader:
             skip = {dict(spec["keys"])["attention_mask"]["col"], STEP_COLUMN}
             cols = [c for c in sf.pf.schema_arrow.names if c not in skip]
         with foreign_errors(f, "reading step {}", step, then="the step is damaged"):
-            table = _read_columns(sf.pf, sf.src, cols)
-        if table.num_rows != doc.get("num_rows", table.num_rows):
+            table = read_columns(sf.pf, sf.src, cols, rows)
+        if rows is None and table.num_rows != doc.get("num_rows", table.num_rows):
             raise FormatError(f"{f}: holds {table.num_rows} rows, its metadata says {doc.get('num_rows')}")
         return table
 
@@ -324,6 +340,10 @@ class Reader:
         return {s: got[s] if s in got else files[s] for s in steps} if got else files
 
     def _column(self, step: int, name: str) -> Any:
+        with _threads.using(self.threads):
+            return self._column_of(step, name)
+
+    def _column_of(self, step: int, name: str) -> Any:
         if self._sharded(step):
             return shard_read.column(self, step, name)
         sf = self._open(step, check=False)
@@ -376,29 +396,6 @@ class Reader:
         return tables.duckdb_connect(self)
 
 
-def _read_columns(pf: pq.ParquetFile, src: Any, cols: list[str] | None) -> pa.Table:
-    """Large reads go through the dataset reader (``pq.read_table``), which decodes row groups and
-    columns in parallel on Arrow's thread pool (even with ``use_threads=False``); ``schema.decode``
-    joins the row-group chunks of each column in parallel. Small reads (a column of
-    per-trajectory values) skip its second footer parse. ``src`` is what ``pf`` reads from."""
-    md = pf.metadata
-    sch = pq.ParquetSchema(md)  # not md.schema: FileMetaData would keep it, a cycle freed only by the collector
-    leaves = [sch.column(j).path for j in range(md.num_columns)]
-    want = [j for j, p in enumerate(leaves)  # an estimate: it only picks the faster path
-            if cols is None or any(p == c or p.startswith(c + ".") for c in cols)]
-    # row-group totals, not md.row_group(i).column(j): pyarrow aborts the process (instead of
-    # raising) on some damaged column-chunk metadata when it is accessed from Python
-    size = sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups)) * len(want) // max(1, len(leaves))
-    threads = not _threads.is_serial()
-    if size > PARALLEL_READ_BYTES:
-        # pre_buffer=False: the column chunks are read as they are decoded, not gathered first,
-        # which is faster on a step of many row groups (benchmarks/RESULTS.md)
-        return pq.read_table(src, columns=cols, use_threads=threads, pre_buffer=False,
-                             page_checksum_verification=True, **limits.THRIFT_LIMITS)
-    return pf.read(columns=cols, use_threads=threads)
-
-
-PARALLEL_READ_BYTES = 4 << 20
 
 
 def _token_cols(spec: dict) -> list[str]:

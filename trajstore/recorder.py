@@ -317,7 +317,7 @@ class Recorder:
                                   "choose another path or split")
             self._writer = Writer(self.path, split=self.split, overwrite=True, on_commit=self._dumped.committed,
                                   on_error="raise" if self.cfg.strict else "warn", masks=self.cfg.masks,
-                                  encodings=self.cfg.encodings, **self._shard())  # dumping never stops training
+                                  encodings=self.cfg.encodings, threads=self.cfg.threads, **self._shard())  # dumping never stops training
         except BaseException:
             with _active_lock:
                 _active.discard(key)
@@ -364,7 +364,7 @@ class Recorder:
 
     def _open_replay(self) -> None:
         sh = self._shard()
-        self._reader = Reader(self.path, split=self.split, **sh, **({"balance": self.cfg.balance} if sh else {}))
+        self._reader = Reader(self.path, split=self.split, threads=self.cfg.threads, **sh, **({"balance": self.cfg.balance} if sh else {}))
         recorded = self._reader.manifest.get("environment", {})
         self.differences = fingerprint.compare(recorded)
         if self.differences:

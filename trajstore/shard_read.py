@@ -78,11 +78,39 @@ def files(r: Any, step: int) -> list[Path]:
     return [r.file(step)]
 
 
+def _opened(r: Any, step: int, fs: list[Path], k: int) -> Any:
+    """Shard ``k`` of ``fs`` (or the one step file) opened, its description checked (its footer's shard is
+    the one its name says: store/stepfile.py)."""
+    return r._open(step, f=fs[k])
+
+
 def _part(r: Any, step: int, fs: list[Path], k: int, columns: list[str] | None,
           layout: str | None) -> tuple[dict, pa.Table, Path]:
     """Shard ``k`` of ``fs`` (or the one step file): its checked description and the table to decode."""
-    sf = r._open(step, f=fs[k])  # its footer's shard is the one its name says (store/stepfile.py)
+    sf = _opened(r, step, fs, k)
     return sf.doc, r._table(sf, step, columns, layout), sf.path
+
+
+def _cut(r: Any, step: int, fs: list[Path], columns: list[str] | None, layout: str | None) -> tuple | None:
+    """A contiguous slice of a step of N shards replayed on M != N ranks, read from the shards it overlaps
+    and, in a shard it cuts, from the row groups holding its rows (the footers of all shards are read):
+    for ``uniform`` shards, else None (the slice is then cut from the join of every shard)."""
+    opened = [_opened(r, step, fs, k) for k in range(len(fs))]
+    docs = [sf.doc for sf in opened]
+    n = [sf.pf.metadata.num_rows for sf in opened]
+    rank, m, _ = r._slice
+    if not sum(n) or sum(n) % m or not shards.uniform(docs):
+        return None
+    lo, hi = rank * sum(n) // m, (rank + 1) * sum(n) // m
+    parts, off = [], 0
+    for sf, rows in zip(opened, n):
+        a, b = max(lo, off), min(hi, off + rows)
+        if a < b:
+            parts.append((sf.doc, r._table(sf, step, columns, layout, (a - off, b - off))))
+        off += rows
+    doc, table = shards.join(parts, every=docs)
+    doc, table = shards.take(doc, table, list(range(table.num_rows)))
+    return doc, table, f"{r.dir}/step_{step:08d}.rank*-of-{len(fs):05d}.parquet"
 
 
 def logical(r: Any, step: int, columns: list[str] | None, layout: str | None) -> tuple[dict, pa.Table, Any]:
@@ -101,6 +129,10 @@ def _logical(r: Any, step: int, columns: list[str] | None, layout: str | None) -
     sl = r._slice
     if sl is not None and sl[2] == "contiguous" and len(fs) == sl[1] > 1:
         return _part(r, step, fs, sl[0], columns, layout)  # M == N: exactly the shard rank r dumped
+    if sl is not None and sl[2] == "contiguous" and len(fs) > 1:
+        cut = _cut(r, step, fs, columns, layout)  # only the shards and row groups of the slice
+        if cut is not None:
+            return cut
     doc, table, where = _joined(r, step, fs, columns, layout)
     if sl is None:
         return doc, table, where

@@ -37,9 +37,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from . import schema
+from . import _threads, schema
 from .errors import BatchError, StepExistsError, TrajstoreError, WriterError
-from .format.parquet import parquet_options
+from .format.parquet import ZSTD_LEVEL, parquet_options
 from .format.shards import RANK_COLUMN
 from .format import ids as idcol
 from .snapshot import Snapshot, with_rank
@@ -83,8 +83,9 @@ class Steps:
     """How one step becomes a committed file of split folder ``dir`` (the writer's settings)."""
 
     def __init__(self, dir: Any, split: str, shard: tuple[int, int] | None, masks: dict | None, encodings: str,
-                 columns: Any, index: Any):
+                 columns: Any, index: Any, compression: tuple = ("zstd", ZSTD_LEVEL)):
         self.dir, self.split, self.shard, self.masks, self.encodings = dir, split, shard, masks, encodings
+        self.compression = compression
         self.columns, self.index = columns, index
 
     def final(self, step: int) -> Path:
@@ -120,7 +121,7 @@ class Steps:
         """Stage 3: the Parquet bytes, in a temporary file (or in memory for object storage);
         returns what ``commit`` needs."""
         final = self.final(job.step)
-        opts = parquet_options(table, self.encodings)
+        opts = parquet_options(table, self.encodings, self.compression)
         with _translated(job, final):
             if is_remote(final):
                 sink = pa.BufferOutputStream()
@@ -210,16 +211,18 @@ class Pool:
     """``n`` background threads running the four stages of each submitted job (module doc), then
     ``finish(job, file bytes, rows, error or None, seconds)`` in append order. ``finish`` must not raise."""
 
-    def __init__(self, n: int, steps: Steps, finish: Callable[[Job, int, int, BaseException | None, float], None]):
-        self.steps, self.finish = steps, finish
+    def __init__(self, n: int, steps: Steps, finish: Callable[[Job, int, int, BaseException | None, float], None],
+                 threads: int = 1):
+        self.steps, self.finish, self.threads = steps, finish, threads
         self._queue: queue.Queue = queue.Queue()
         self._seq = 0
         self._fits, self._commits = Turns(), Turns()
-        # each worker's share of the caller's torch threads; torch also keeps the last count set as the
-        # one new threads start with, so the caller's count is set again once every worker took its share
+        # each worker's share of the writer's thread budget for its torch kernels (not of torch's own
+        # count: torchrun sets OMP_NUM_THREADS=1); torch also keeps the last count set as the one new
+        # threads start with, so the caller's count is set again once every worker took its share
         # (else the caller's later threads, and the next Writer's workers, would start with the share)
         base = torch.get_num_threads()
-        self._share = max(1, base // n) if n > 1 and _openmp() else None
+        self._share = max(1, threads // n) if _openmp() else None
         self._ready = threading.Barrier(n + 1) if self._share is not None else None
         self._threads = [threading.Thread(target=self._run, name=f"trajstore-writer-{i}", daemon=True)
                          for i in range(n)]
@@ -257,11 +260,12 @@ class Pool:
                 self._ready.wait(timeout=60)
             except threading.BrokenBarrierError:
                 pass
-        while True:
-            job = self._queue.get()
-            if job is None:
-                return
-            self._one(job)
+        with _threads.using(self.threads):  # the copies and joins of an encode: the writer's budget
+            while True:
+                job = self._queue.get()
+                if job is None:
+                    return
+                self._one(job)
 
     def _one(self, job: Job) -> None:
         t0 = time.perf_counter()

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -34,10 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import torch_bridge
+from . import _threads, torch_bridge
 from .format import check
 from .format import containers
-from .format.parquet import check_encodings
+from .format.parquet import check_compression, check_encodings
 from .store import columns
 from .store import commit
 from .store import index
@@ -84,11 +83,10 @@ def _flush_at_exit() -> None:
 
 
 # ----------------------------------------------------------------------------- writer
-def default_workers() -> int:
-    """Background workers when ``Writer(workers=None)``: half the cores, at most 8 (a training process
-    keeps the other half), and at least two where there are two cores."""
-    cores = os.cpu_count() or 1
-    return max(min(2, cores), min(8, cores // 2))
+def default_workers(threads: int) -> int:
+    """Background workers when ``Writer(workers=None)``: half the writer's thread budget, at most 8 (a
+    training process keeps the other half), and at least two where the budget is two threads."""
+    return max(min(2, threads), min(8, threads // 2))
 
 
 class Writer:
@@ -101,7 +99,7 @@ class Writer:
     ``append``/``flush``/``close``; ``on_error="warn"`` logs it (at ERROR) and goes on. Either way the
     failed step is recorded as ``_trajstore/<split>/step_N.skipped.json`` (``Reader.skipped``).
     ``max_pending_steps`` / ``max_pending_bytes`` bound the steps not yet on disk (``append``
-    waits at the limit; see ``stats``); ``workers`` background threads (default ``min(8, cores // 2)``, at least ``min(2, cores)``) encode
+    waits at the limit; see ``stats``); ``workers`` background threads (default ``min(8, threads // 2)``, at least ``min(2, threads)``) encode
     and write that many steps at once, each committed in append order (``trajstore/write_pool.py``).
     ``copy`` is ``append``'s default for ``copy`` (below). ``close()`` (or the ``with`` block)
     flushes and ends the threads; a writer never closed is flushed and closed at interpreter exit.
@@ -114,7 +112,8 @@ class Writer:
     ``encodings`` chooses the Parquet encodings (docs/FORMAT.md 3.5): "portable" (default), which
     every Parquet reader decodes, or "compact": BYTE_STREAM_SPLIT for tensor values, smaller
     float columns for readers that support it (pyarrow, pandas, Polars, DuckDB, DataFusion, Spark,
-    Ray Data; not fastparquet).
+    Ray Data; not fastparquet). ``compression``: "zstd" (default, level 3), "zstd:<level>" (-7 to 22)
+    or "lz4_raw": cheaper to decode, larger (docs/FORMAT.md 3.5).
     ``path`` may be a URL (``s3://bucket/run1``, ``gs://``, ``hdfs://``, any fsspec protocol; ``fs``: a
     ``pyarrow.fs.FileSystem`` or fsspec file system to use): each step is then one PUT of the whole
     object (``trajstore/store/fs.py``, docs/RELIABILITY.md "Object storage").
@@ -123,19 +122,24 @@ class Writer:
     ``rank``/``world_size`` (SPMD): this process appends rank ``rank``'s shard of each step, one file
     ``step_<n>.rank<r>-of-<N>.parquet`` with an int32 ``rank`` column (a field named ``rank`` is refused);
     readers see a step once all N shards are committed (docs/FORMAT.md section 1).
+    ``threads``: the writer's thread budget (``append``'s copies, the workers and their torch
+    threads); default ``$TRAJSTORE_THREADS``, else this process's cores shared among the ranks of this
+    host (``$LOCAL_WORLD_SIZE``), never ``OMP_NUM_THREADS`` (README, Threads); ``stats["threads"]``.
     """
 
     def __init__(self, path: str | Path, split: str = "train", *, overwrite: bool = False,
                  max_pending_steps: int = 8, max_pending_bytes: int = 4 << 30, workers: int | None = None,
                  on_error: str = "raise", on_commit: Callable[[Committed], Any] | None = None,
                  masks: dict[str, list[str]] | None = None, encodings: str = "portable",
-                 rank: int | None = None, world_size: int | None = None, fs: Any = None, copy: bool = True):
+                 rank: int | None = None, world_size: int | None = None, fs: Any = None, copy: bool = True,
+                 threads: int | None = None, compression: str = "zstd"):
         if on_error not in ("raise", "warn"):
             raise ConfigError(f"Writer({str(path)!r}): on_error must be 'raise' or 'warn', got {on_error!r}")
         if on_commit is not None and not callable(on_commit):
             raise ConfigError(f"Writer({str(path)!r}): on_commit must be callable, got {on_commit!r}")
         self.on_error, self.on_commit = on_error, on_commit
         self.encodings = check_encodings(encodings, f"Writer({str(path)!r})")
+        self.compression = check_compression(compression, f"Writer({str(path)!r})")
         if masks is not None and not (isinstance(masks, dict) and all(
                 type(k) is str and isinstance(v, list | tuple) and all(type(x) is str for x in v)
                 for k, v in masks.items())):
@@ -145,7 +149,8 @@ class Writer:
         if type(copy) is not bool:
             raise ConfigError(f"Writer({str(path)!r}): copy must be True or False, got {copy!r}")
         self.copy = copy
-        workers = default_workers() if workers is None else workers
+        self.threads = _threads.budget(threads, f"Writer({str(path)!r})")
+        workers = default_workers(self.threads) if workers is None else workers
         for name, v in (("max_pending_steps", max_pending_steps), ("max_pending_bytes", max_pending_bytes),
                         ("workers", workers)):
             if type(v) is not int or v < 1:
@@ -179,9 +184,10 @@ class Writer:
                        "bytes_in": 0, "bytes_written": 0}
         self._pool = torch_bridge.PinnedPool(max_cached_bytes=max_pending_bytes)  # CUDA copies: pinned
         self._staging = torch_bridge.PinnedPool(max_cached_bytes=max_pending_bytes, pin=False)  # CPU copies
-        self._steps = Steps(self.dir, self.split, self.shard, self.masks, self.encodings, self._columns, self._index)
+        self._steps = Steps(self.dir, self.split, self.shard, self.masks, self.encodings, self._columns, self._index,
+                            self.compression)
         self.workers = workers
-        self._workers = Pool(workers, self._steps, self._finish)
+        self._workers = Pool(workers, self._steps, self._finish, self.threads)
         with _live_lock:
             _live.add(self)
 
@@ -236,7 +242,8 @@ class Writer:
             nbytes = nbytes_of(plain)
             self._admit(step, nbytes)  # before the copy: the buffers of steps written meanwhile are reused
             try:
-                snap = Snapshot(plain, self.copy if copy is None else bool(copy), self._pool, self._staging)
+                with _threads.using(self.threads):
+                    snap = Snapshot(plain, self.copy if copy is None else bool(copy), self._pool, self._staging)
             except BaseException:
                 self._done(step, nbytes)
                 raise
@@ -294,10 +301,10 @@ class Writer:
         ``max_append_s``), seconds ``append`` waited at the pending limit (``wait_s``, ``waits``,
         ``max_wait_s``), background seconds summed over steps (``write_s``; a step's wait for its commit
         turn included), tensor bytes in, file bytes written,
-        and what is pending now."""
+        what is pending now, and the thread budget (``threads``) and background ``workers``."""
         with self._cond:
             return {**self._stats, "pending_steps": sum(self._pending.values()),
-                    "pending_bytes": self._pending_bytes}
+                    "pending_bytes": self._pending_bytes, "threads": self.threads, "workers": self.workers}
 
     def flush(self) -> None:
         """Wait until every appended step is on disk (or failed); raise the first failure."""

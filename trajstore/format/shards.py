@@ -33,16 +33,18 @@ from .shard_join import Joiner, merge_meta
 from .spec import FORMAT_VERSION, RUNS_PREFIX, STEP_COLUMN, counted_masks, is_token, node_columns
 from .values import dumps
 
-__all__ = ["RANK_COLUMN", "join", "take", "token_counts", "partition", "HOW"]
+__all__ = ["RANK_COLUMN", "join", "uniform", "take", "token_counts", "partition", "HOW"]
 
 RANK_COLUMN = "rank"  # the int32 column of a shard file naming its rank (docs/FORMAT.md 1)
 HOW = ("contiguous", "tokens")
 
 
 # ----------------------------------------------------------------------------- join
-def join(parts: list[tuple[dict, pa.Table]]) -> tuple[dict, pa.Table]:
+def join(parts: list[tuple[dict, pa.Table]], every: list[dict] | None = None) -> tuple[dict, pa.Table]:
     """The logical step of its shards ``parts`` (``(envelope, table)`` each, in rank order); a
     shard's ``rank`` column is dropped. FormatError when the shards cannot be one batch.
+    ``every``: the envelopes of all the step's shards, where ``parts`` are some of them (``uniform``
+    shards cut to a rank's slice): the step metadata is then merged from all of them.
 
     A table may hold only the columns of some fields (each shard read with ``columns_for`` of its
     own spec for those fields): the other fields' nodes are then the first shard's, not to be
@@ -54,10 +56,12 @@ def join(parts: list[tuple[dict, pa.Table]]) -> tuple[dict, pa.Table]:
     docs = [d for d, _ in parts]
     tables = [t.drop_columns([RANK_COLUMN]) if RANK_COLUMN in t.column_names else t for _, t in parts]
     ranks = [(d.get("shard") or {}).get("rank", k) for k, d in enumerate(docs)]
-    every = Joiner(docs, tables, ranks, docs[0].get("step"))
+    all_docs = docs if every is None else every
+    every_j = Joiner(docs, tables, ranks, docs[0].get("step")) if every is None else \
+        Joiner(every, [pa.table({})] * len(every), list(range(len(every))), docs[0].get("step"))
     for k, d in enumerate(docs):
         if d.get("step") != docs[0].get("step") or d.get("split") != docs[0].get("split"):
-            raise every.fail(f"rank {ranks[k]}'s shard holds step {d.get('step')!r} of split {d.get('split')!r}",
+            raise every_j.fail(f"rank {ranks[k]}'s shard holds step {d.get('step')!r} of split {d.get('split')!r}",
                              [0, k])
     # a shard of no rows adds none: its spec (whose shapes said little) is left out, its metadata not
     keep = [k for k, t in enumerate(tables) if t.num_rows] or [0]
@@ -76,9 +80,9 @@ def join(parts: list[tuple[dict, pa.Table]]) -> tuple[dict, pa.Table]:
         if w is not None:
             spec["wrapper"] = w
     doc = {k: v for k, v in docs[0].items() if k not in ("shard", "meta", "meta_t", "batch")}
-    metas = [typed.step_meta(d, f"rank {ranks[k]}") for k, d in enumerate(docs)]
-    meta = merge_meta(metas, every, "step meta", strict=False)
-    version = max([j.version] + [d.get("format_version", 1) for d in docs])
+    metas = [typed.step_meta(d, f"rank {every_j.ranks[k]}") for k, d in enumerate(all_docs)]
+    meta = merge_meta(metas, every_j, "step meta", strict=False)
+    version = max([j.version] + [d.get("format_version", 1) for d in all_docs])
     if typed.needs_typed(meta, "meta"):
         doc["meta_t"] = typed.encode(meta)
         version = max(version, 3)
@@ -86,6 +90,23 @@ def join(parts: list[tuple[dict, pa.Table]]) -> tuple[dict, pa.Table]:
         doc["meta"] = meta
     doc.update(format_version=min(version, FORMAT_VERSION), num_rows=j.B, batch=spec)
     return doc, _assemble(j, spec, doc)
+
+
+def uniform(docs: list[dict]) -> bool:
+    """Whether the shards' dict-batch specs differ only in their row counts and in how each stores its
+    own rows' padding values (``pad``, ``pad_col``: per row, the same in any join), and hold nothing
+    indexed by row (packed ``cu_seqlens``, segment counts, list elements): then a contiguous slice of
+    the logical step is the join of the overlapping shards' rows, and the other shards need not be read."""
+    def norm(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: (v[1:] if k == "batch_size" and isinstance(v, list) else norm(v))
+                    for k, v in x.items() if k not in ("B", "pad", "pad_col")}
+        return [norm(v) for v in x] if isinstance(x, list) else x
+    specs = [d.get("batch") for d in docs]
+    if not all(isinstance(s, dict) and s.get("t") == "batch" and s.get("form") != "packed" for s in specs):
+        return False
+    text = [dumps(norm(s)) for s in specs]
+    return all(t == text[0] for t in text) and '"segtensor"' not in text[0] and '"seq"' not in text[0]
 
 
 def _referenced(spec: dict) -> list[str]:

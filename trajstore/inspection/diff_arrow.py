@@ -27,7 +27,8 @@ import pyarrow.compute as pc
 
 from ..format.spec import is_dict_batch
 from .. import shard_read
-from ..reader import Reader, _read_columns
+from ..format.parquet import read_columns as read_file_columns
+from ..reader import Reader
 from ..store import checksums
 
 __all__ = ["field_names", "fast_step", "plan", "read_columns", "same_file", "strings", "values"]
@@ -101,7 +102,7 @@ def read_columns(r: Reader, step: int, cols: list[str], tops: list[str]) -> pa.T
         _, table, _ = shard_read.logical(r, step, sorted(set(tops)), None)
         return table
     sf = r._open(step)
-    table = _read_columns(sf.pf, sf.src, sorted(set(cols)))
+    table = read_file_columns(sf.pf, sf.src, sorted(set(cols)))
     if table.num_rows != sf.doc.get("num_rows", table.num_rows):
         return None  # the decode path reports it
     return table

@@ -1,0 +1,99 @@
+"""A rank replaying a contiguous slice of a step dumped by another number of ranks reads only the shards
+its slice overlaps, and in a shard it cuts only the row groups holding its rows (``shard_read._cut``),
+and gets exactly the slice of the logical batch that joining every shard gives."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+from _dumps import many_row_groups
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import trajstore
+from trajstore import shard_read
+from trajstore.format import parquet, shards
+from trajstore.store import stepfile
+from trajstore.testing import assert_batch_equal
+
+
+def shard_batch(rows: int, T: int, seed: int, side: str) -> dict:
+    """A rank's padded shard as RL trainers dump it: one padded width for every rank, pad 0 (or none,
+    in a shard whose rows are all full), ``logprobs * mask`` leaving both 0.0 and -0.0 on padding."""
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(1, T + 1, (rows,), generator=g)
+    pos = torch.arange(T)[None]
+    am = pos < lens[:, None] if side == "right" else pos >= T - lens[:, None]
+    return {"input_ids": torch.randint(1, 1000, (rows, T), generator=g, dtype=torch.int32) * am,
+            "attention_mask": am.to(torch.int64),
+            "old_logprobs": torch.randn(rows, T, generator=g).to(torch.bfloat16) * am,
+            "rewards": torch.randn(rows, generator=g)}
+
+
+def dump(d, sizes: list[int], T: int, side: str = "right") -> None:
+    n = len(sizes)
+    for r, rows in enumerate(sizes):
+        with trajstore.Writer(d, rank=r, world_size=n) as w:
+            w.append(0, shard_batch(rows, T, r, side), meta={"lr": 1e-6, "rank": r})
+
+
+def slices(d, m: int, columns=None) -> list:
+    return [trajstore.Reader(d, rank=k, world_size=m).read(0, columns=columns) for k in range(m)]
+
+
+@settings(max_examples=15, deadline=None)
+@given(sizes=st.lists(st.integers(1, 7), min_size=2, max_size=4), T=st.integers(1, 9),
+       side=st.sampled_from(["right", "left"]), data=st.data())
+def test_a_cut_slice_is_the_slice_of_the_joined_step(tmp_path_factory, sizes, T, side, data):
+    """Every rank's slice read from the shards it overlaps (several row groups each) equals the slice cut
+    from the join of every shard (the general path), for any M dividing B; the shards are cut whenever
+    their specs are ``uniform`` (a left-padded shard of full rows only says "right": not uniform)."""
+    B, d = sum(sizes), tmp_path_factory.mktemp("cut")
+    with pytest.MonkeyPatch.context() as mp:
+        many_row_groups(mp)
+        dump(d, sizes, T, side)
+        m = data.draw(st.sampled_from([k for k in range(2, B + 1) if B % k == 0 and k != len(sizes)] or [B]))
+        cols = data.draw(st.sampled_from([None, ["input_ids"], ["rewards", "old_logprobs"]]))
+        taken = []
+        mp.setattr(shard_read, "_cut", lambda *a, real=shard_read._cut: taken.append(real(*a)) or taken[-1])
+        got = slices(d, m, cols)
+        docs = [stepfile.open_step(f, 0).doc for f in trajstore.Reader(d).files(0)]
+        assert len(taken) == (m if m != len(sizes) else 0)
+        assert all((t is not None) == shards.uniform(docs) for t in taken)
+        mp.setattr(shards, "uniform", lambda docs: False)  # the general path: every shard joined, then cut
+        want = slices(d, m, cols)
+    for g, w in zip(got, want):
+        assert_batch_equal(g, w)
+    whole = trajstore.Reader(d)[0]
+    for k, g in enumerate(got):
+        for name, v in g.items():
+            assert torch.equal(v, whole[name][k * B // m:(k + 1) * B // m])
+
+
+def test_two_ranks_of_a_four_rank_dump_each_decode_half(tmp_path, monkeypatch):
+    """Two ranks replaying a four-rank dump each decode at most 0.6 of the bytes a read of the whole step
+    decodes (the Arrow tables read from its files), and a rank whose slice cuts shards reads only the row
+    groups it needs."""
+    monkeypatch.setattr(parquet, "ROW_GROUP_BYTES", 1024)  # shards of several row groups
+    dump(tmp_path, [24] * 4, 64)
+    decoded = []
+    for name in ("read_row_group", "read"):
+        real = getattr(pq.ParquetFile, name)
+        monkeypatch.setattr(pq.ParquetFile, name, lambda self, *a, real=real, **k: _count(decoded, real(self, *a, **k)))
+    real_table = pq.read_table
+    monkeypatch.setattr(pq, "read_table", lambda *a, **k: _count(decoded, real_table(*a, **k)))
+    trajstore.Reader(tmp_path)[0]
+    total = sum(decoded)
+    assert total > 0
+    for m in (2, 3):
+        for k in range(m):
+            decoded.clear()
+            part = trajstore.Reader(tmp_path, rank=k, world_size=m)[0]
+            assert part["input_ids"].shape[0] == 96 // m
+            assert sum(decoded) <= (0.6 if m == 2 else 0.5) * total, (m, k, sum(decoded) / total)
+
+
+def _count(out: list, table):
+    out.append(table.nbytes)
+    return table
