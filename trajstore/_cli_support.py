@@ -70,11 +70,25 @@ def _parts(path: str) -> tuple[str, str | None, int | None]:
     if _is_dump(p):
         return path, None, None
     m = _STEP_FILE.match(p.name)
-    if m and p.is_file() and _is_dump(p.parent.parent):
+    if m and _is_dump(p.parent.parent):
+        if not p.is_file() and not os.path.lexists(p):
+            _no_step_file(p, int(m.group(1)))
         return str(p.parent.parent), p.parent.name, int(m.group(1))
     if p.is_dir() and p.parent != p and _is_dump(p.parent):
         return str(p.parent), p.name, None
     return path, None, None
+
+
+def _no_step_file(p: Path, step: int) -> None:
+    """StepNotFoundError for a step file of a dump's split that is not there, naming the split's steps."""
+    from ._text import format_ranges, runs
+    from .errors import StepNotFoundError
+    from .store import paths
+
+    have = paths.list_steps(p.parent) if p.parent.is_dir() else []
+    raise StepNotFoundError(f"{p}: step {step} is not in split {p.parent.name!r} of dump {p.parent.parent} "
+                            f"(its steps: {format_ranges(runs(have)) if have else 'none'}); "
+                            f"trajstore info {p.parent.parent} lists them", step=step)
 
 
 def locate(args: argparse.Namespace) -> None:

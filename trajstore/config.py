@@ -252,6 +252,9 @@ def location(cfg: DumpReplayConfig, world_size: int, rank: int) -> tuple[Path, s
     split = paths.check_split(cfg.split)
     if cfg.path is not None:
         root = resolve(cfg.path, "the dump path (DumpReplayConfig.path / TRAJSTORE_PATH)")
+        bad = paths.not_a_folder(root)
+        if bad:  # found before training starts, not at the first dumped step
+            raise ConfigError(f"DumpReplayConfig.path (TRAJSTORE_PATH): {bad}")
         old = f"{split}-rank{rank}"
         if cfg.replay and world_size > 1 and not (root / split).is_dir() and (root / old).is_dir():
             split = paths.check_split(old)

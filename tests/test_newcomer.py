@@ -1,0 +1,75 @@
+"""A newcomer's first hour (issue 26): the demo's options, a file given as a dump, the read-only SQL,
+an import that stops half way, `diff` of a damaged copy, `view`'s port and second dump, and the CLI's
+messages (where a path is a file or a folder of dumps, "did you mean", the subcommand's usage)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _dumps import run, small_batch, write
+
+import trajstore
+from trajstore import cli
+from trajstore.errors import ConfigError, WriterError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def py(*args, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, env=env, timeout=300,
+                          **kw)
+
+
+@pytest.fixture(scope="module")
+def dump(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("newcomer") / "run"
+    write(d, {s: small_batch(seed=s) for s in range(3)})
+    return d
+
+
+def cli_run(capsys, *argv) -> tuple[int, str, str]:
+    rc = cli.run([str(a) for a in argv])
+    o = capsys.readouterr()
+    return rc, o.out, o.err
+
+
+# ----------------------------------------------------------------------------- defect 1: demo --help
+def test_demo_help_and_bad_options_leave_the_dump_and_claim_nothing(dump, tmp_path):
+    """`demo.py --help` (or a mistyped option, or --steps 0) ends before the dump is removed, and never
+    prints a success line."""
+    out = tmp_path / "demo"
+    write(out, {0: small_batch()})
+    for args, rc in ((["--help"], 0), (["--stepz", "2"], 2), (["--steps", "0"], 2)):
+        p = py(ROOT / "examples" / "demo.py", *args, "--out", out)
+        assert p.returncode == rc, p.stderr
+        assert "bit-identical" not in p.stdout and trajstore.Reader(out).steps == [0], (args, p.stdout)
+        if args == ["--help"]:
+            assert "--out DIR" in p.stdout and "--steps" in p.stdout and "rl_loop.py" in p.stdout
+
+
+# ----------------------------------------------------------------------------- defect 4: a file as a dump
+def test_a_file_given_as_the_dump_is_named_as_a_file(tmp_path, capsys):
+    f = tmp_path / "README.md"
+    f.write_text("# notes\n")
+    with pytest.raises(WriterError, match="is a file, not a dump") as e:
+        trajstore.Writer(f)
+    assert "permission" not in str(e.value) and "read-only" not in str(e.value)
+    with pytest.raises(ConfigError, match="README.md is a file, not a dump"):
+        trajstore.Recorder(trajstore.DumpReplayConfig(dump=True, path=str(f)))
+    p = py(ROOT / "examples" / "rl_loop.py", "--dump", f, "--steps", "1")
+    assert p.returncode == 1 and "Traceback" not in p.stderr and "is a file, not a dump" in p.stderr, p.stderr
+    assert f.read_text() == "# notes\n"
+    rc, _, err = cli_run(capsys, "info", f)
+    assert rc == 2 and "is a file, not a dump" in err and "Errno" not in err, err
+
+
+def test_info_of_a_folder_of_dumps_and_of_a_missing_step_file(dump, capsys):
+    rc, _, err = cli_run(capsys, "info", dump.parent)
+    assert rc == 2 and f"it is a folder of dumps: {dump}" in err, err
+    rc, _, err = cli_run(capsys, "info", dump / "train" / "step_00000099.parquet")
+    assert rc == 2 and "step 99" in err and "no trajstore dump" not in err and "0-2" in err, err
