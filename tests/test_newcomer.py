@@ -73,3 +73,22 @@ def test_info_of_a_folder_of_dumps_and_of_a_missing_step_file(dump, capsys):
     assert rc == 2 and f"it is a folder of dumps: {dump}" in err, err
     rc, _, err = cli_run(capsys, "info", dump / "train" / "step_00000099.parquet")
     assert rc == 2 and "step 99" in err and "no trajstore dump" not in err and "0-2" in err, err
+
+
+# ----------------------------------------------------------------------------- defect 5: sql reads only
+def test_sql_neither_writes_nor_reads_outside_the_dump(dump, tmp_path, capsys):
+    for q in (f"COPY (SELECT 1) TO '{tmp_path / 'x.csv'}'", f"COPY (SELECT 1) TO '{dump / 'x.csv'}'",
+              "DROP VIEW train", "CREATE TABLE t AS SELECT 1", "SET enable_external_access = true",
+              f"ATTACH '{tmp_path / 'x.db'}'", "SELECT 1; DROP VIEW train"):
+        rc, out, err = cli_run(capsys, "sql", dump, q)
+        assert rc == 2 and "queries only" in err and not out, (q, err)
+    assert not (tmp_path / "x.csv").exists() and not (dump / "x.csv").exists() and not (tmp_path / "x.db").exists()
+    outside = tmp_path / "outside.csv"
+    outside.write_text("a\n1\n")
+    rc, out, err = cli_run(capsys, "sql", dump, f"SELECT * FROM read_csv('{outside}')")
+    assert rc == 2 and "Permission" in err and not out, err
+    rc, out, _ = cli_run(capsys, "sql", dump, "SELECT count(*) AS n FROM train", "--format", "csv")
+    assert rc == 0 and out.split() == ["n", "9"]
+    rc, out, _ = cli_run(capsys, "sql", dump, f"SELECT count(*) AS n FROM read_parquet('{dump}/train/*.parquet')",
+                         "--format", "csv")
+    assert rc == 0 and out.split() == ["n", "9"]

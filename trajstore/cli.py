@@ -258,12 +258,13 @@ def cmd_diff(args: argparse.Namespace) -> int:
          arg("--format", choices=("table", "json", "csv"), default="table", dest="fmt",
              help="output format (default table; plain columns when piped)"))
 def cmd_sql(args: argparse.Namespace) -> int:
-    from .tables import duckdb_connect, explain_sql_error
+    from .tables import check_query, duckdb_connect, explain_sql_error, read_only
 
     if not args.query.strip():
         raise ConfigError(f"the query is empty; give a statement such as \"SELECT count(*) FROM train\" "
                           f"(the views of a dump are its splits: trajstore info {args.path})")
-    con = duckdb_connect(args.path)
+    con = read_only(duckdb_connect(args.path), args.path)
+    check_query(con, args.query, args.path)  # a query that writes is refused before anything runs
     import duckdb
 
     try:
