@@ -92,3 +92,29 @@ def test_sql_neither_writes_nor_reads_outside_the_dump(dump, tmp_path, capsys):
     rc, out, _ = cli_run(capsys, "sql", dump, f"SELECT count(*) AS n FROM read_parquet('{dump}/train/*.parquet')",
                          "--format", "csv")
     assert rc == 0 and out.split() == ["n", "9"]
+
+
+# ----------------------------------------------------------------------------- defect 6: diff of a damaged copy
+def test_diff_says_how_each_step_was_compared_and_a_damaged_copy_is_never_identical(dump, tmp_path, capsys):
+    import json
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(dump, copy)
+    rc, out, _ = cli_run(capsys, "diff", dump, copy)
+    assert rc == 0 and "steps 0-2: the same bytes" in out and out.strip().endswith("identical"), out
+    rc, out, _ = cli_run(capsys, "diff", dump, copy, "--deep")
+    assert rc == 0 and "steps 0-2: compared value by value" in out, out
+    f = copy / "train" / "step_00000001.parquet"
+    b = bytearray(f.read_bytes())
+    b[len(b) // 2] ^= 1  # one bit, the recorded checksum copied along unchanged
+    f.write_bytes(bytes(b))
+    for deep in ([], ["--deep"]):
+        rc, out, _ = cli_run(capsys, "diff", dump, copy, *deep)
+        assert rc == 1 and "step 1: a step file does not match its recorded SHA-256" in out, out
+        assert "identical\n" not in out.splitlines()[-1] and "step 1" in out.splitlines()[-1], out
+    rc, out, _ = cli_run(capsys, "diff", dump, copy, "--json")
+    rep = json.loads(out)
+    assert rc == 1 and not rep["identical"] and rep["compared"] == {"bytes": [0, 2], "damaged": [1]}
+    rep = trajstore.diff(dump, copy)
+    assert not rep.ok and rep.compared == {0: "bytes", 1: "damaged", 2: "bytes"}

@@ -34,7 +34,7 @@ from . import _cli_support as support
 
 try:  # a CTRL-C while the command starts up: one line and exit 130, never a traceback (docs/CLI.md)
     from . import _console as out
-    from ._text import format_ranges, human_bytes, parse_steps
+    from ._text import format_ranges, human_bytes, parse_steps, runs
     from .errors import ConfigError, MissingDependencyError
 except KeyboardInterrupt:
     raise SystemExit(support.interrupted(None)) from None
@@ -193,12 +193,19 @@ def _where(fd: dict | None) -> str:
     if not fd:
         return "-"
     short = {"step": "step", "field": "field", "trajectory": "traj", "token": "tok", "element": "elem"}
-    s = " ".join(f"{short[k]} {fd[k]}" for k in short if k in fd)
+    s = " ".join(f"{short[k]} {fd[k]}" for k in short if k in fd and fd[k] != "*")  # "*": the whole step
     if "a" in fd:
         s += f": {out.fmt(fd['a'])} vs {out.fmt(fd['b'])}"
     if fd.get("note"):
         s += f" ({fd['note']})"
     return s
+
+
+_HOW = {"bytes": "the same bytes (equal recorded SHA-256, both files hashed and checked against it; --deep "
+                 "reads both)",
+        "values": "compared value by value (read from both dumps)",
+        "damaged": "a step file does not match its recorded SHA-256: damaged, not compared (trajstore verify)",
+        "one side": "in one dump only", "one dump": "two fields of one dump, value by value"}
 
 
 @command("diff", "compare two dumps (or two fields of one) step by step, field by field",
@@ -211,6 +218,8 @@ def _where(fd: dict | None) -> str:
              help="compare FIELD_A of A with FIELD_B of B (or of A), with summary statistics"),
          arg("--mask", help="only compare tokens where this per-token field is non-zero"),
          arg("--first", action="store_true", help="stop at the first divergence (the report ends there)"),
+         arg("--deep", action="store_true", help="check every step file against its recorded SHA-256 and read both "
+                                                 "sides' values, also where the two files' checksums are equal"),
          SPLIT, JSON)
 def cmd_diff(args: argparse.Namespace) -> int:
     from .inspection.diff import diff
@@ -222,7 +231,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     split = args.split if args.split is not None else default_split(resolve(args.a, "diff"))  # B: the split of A's name
     rep = diff(args.a, args.b, steps=parse_steps(args.steps, "--steps"), fields=fields, atol=args.atol,
                rtol=args.rtol, split=split, pair=tuple(args.pair) if args.pair else None, mask=args.mask,
-               first=args.first, progress=lambda s: out.progress(s, "comparing"))
+               first=args.first, deep=args.deep, progress=lambda s: out.progress(s, "comparing"))
     # an unknown field or step raises (a TrajstoreError: exit 2), never a "missing" difference (exit 1)
     if args.json:
         print(json.dumps(rep.to_dict(), indent=2, default=str))
@@ -240,8 +249,10 @@ def cmd_diff(args: argparse.Namespace) -> int:
         lines.append(line)
     out.table(headers, lines, title=f"{rep.a} vs {rep.b}  (atol {rep.atol}, rtol {rep.rtol})")
     for name, f in summ.items():
-        if f["first"]:
+        if f["first"] and name != "*":
             print(f"{name}: first beyond tolerance at {_where(f['first'])}")
+    for how, steps in rep.how().items():
+        print(f"{'step' if len(steps) == 1 else 'steps'} {format_ranges(runs(steps))}: {_HOW[how]}")
     first = rep.first_divergence
     if rep.identical:
         print("identical")
