@@ -19,10 +19,10 @@ from trajstore.errors import ConfigError, WriterError
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def py(*args, **kw) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, env=env, timeout=300,
-                          **kw)
+def py(*args, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "NO_COLOR": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, env=env,
+                          timeout=timeout, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,10 @@ def dump(tmp_path_factory) -> Path:
 
 
 def cli_run(capsys, *argv) -> tuple[int, str, str]:
-    rc = cli.run([str(a) for a in argv])
+    try:
+        rc = cli.run([str(a) for a in argv])
+    except SystemExit as e:  # argparse's usage errors
+        rc = e.code
     o = capsys.readouterr()
     return rc, o.out, o.err
 
@@ -118,3 +121,25 @@ def test_diff_says_how_each_step_was_compared_and_a_damaged_copy_is_never_identi
     assert rc == 1 and not rep["identical"] and rep["compared"] == {"bytes": [0, 2], "damaged": [1]}
     rep = trajstore.diff(dump, copy)
     assert not rep.ok and rep.compared == {0: "bytes", 1: "damaged", 2: "bytes"}
+
+
+# ----------------------------------------------------------------------------- defect 2: view's port and second dump
+def test_view_refuses_a_bad_port_a_busy_port_and_a_missing_second_dump_before_it_says_it_serves(dump):
+    import socket
+
+    pytest.importorskip("uvicorn")
+    p = py("-m", "trajstore.cli", "view", dump, "--port", "99999", timeout=60)
+    assert p.returncode == 2 and not p.stdout, p.stdout
+    assert "99999" in p.stderr and "1-65535" in p.stderr and "trajstore view --help" in p.stderr, p.stderr
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        p = py("-m", "trajstore.cli", "view", dump, "--port", port, timeout=60)  # it never serves: it ends
+    assert p.returncode == 2 and not p.stdout, p.stdout
+    assert p.stderr.startswith(f"trajstore view: error: cannot listen on 127.0.0.1:{port}") and "--port" in p.stderr
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    p = py("-m", "trajstore.cli", "view", dump, dump.parent / "nosuch", "--port", port, timeout=60)
+    assert p.returncode == 2 and not p.stdout and "nosuch" in p.stderr, p.stderr

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import IO, Iterator
 from contextlib import contextmanager
 
-__all__ = ["locate", "one_line", "report_error", "interrupted", "output_file", "INTERRUPTED"]
+__all__ = ["port", "locate", "one_line", "report_error", "interrupted", "output_file", "INTERRUPTED"]
 
 INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by CTRL-C
 
@@ -30,6 +30,17 @@ _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 def one_line(text: str) -> str:
     """``text`` on one line: its lines joined with ``"; "``, blank ones dropped."""
     return "; ".join(s.strip() for s in str(text).splitlines() if s.strip()) or "(no message)"
+
+
+def port(text: str) -> int:
+    """A TCP port as ``--port`` takes it: 1-65535 (argparse's usage error otherwise)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if not 1 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port: give a number of 1-65535")
+    return n
 
 
 def report_error(command: str | None, e: BaseException, debug: bool) -> int:

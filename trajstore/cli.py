@@ -350,7 +350,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 @command("view", "look at a run in the browser: curves, step tables, coloured tokens, a diff of two dumps",
          PATH, arg("path2", nargs="?", metavar="PATH2", help="a second dump: the diff page compares the two"),
          SPLIT, TOKENIZER, arg("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)"),
-         arg("--port", type=int, default=8000, help="port (default: 8000)"),
+         arg("--port", type=support.port, default=8000, help="port, 1-65535 (default: 8000)"),
          arg("--export", metavar="FILE.html", help="write one self-contained HTML file instead of serving"),
          arg("--steps", help="--export: the steps whose trajectories go in the file, e.g. 0-9,12 (default: the last)"),
          arg("--max-per-step", type=int, default=4, metavar="K", help="--export: trajectories per step (default: 4)"))
@@ -363,6 +363,10 @@ def cmd_view(args: argparse.Namespace) -> int:
         raise MissingDependencyError(f"trajstore view needs the 'view' extra ({e.name}): "
                                      "pip install 'trajstore[view]'") from None
     v = View(args.path, args.split, args.tokenizer, other=args.path2)
+    if args.path2 is not None:  # a second dump that does not open is an error now, not on the diff page
+        from .reader import Reader
+
+        Reader(args.path2, v.split)
     if args.export:
         want = parse_steps(args.steps, "--steps")
         steps = None if want is None else [s for s in want if s in v.reader(None).steps]
@@ -371,8 +375,10 @@ def cmd_view(args: argparse.Namespace) -> int:
         f = export.export(v, args.export, steps, args.max_per_step)
         print(f"wrote {f} (opens with no network)")
         return 0
-    print(f"trajstore view: http://{args.host}:{args.port}/  (split {v.split}; Ctrl-C stops)", flush=True)
-    app.serve(v, args.host, args.port)
+    sock = app.listen(args.host, args.port)  # bound (or a one-line error) before the line saying it serves
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    print(f"trajstore view: http://{host}:{sock.getsockname()[1]}/  (split {v.split}; Ctrl-C stops)", flush=True)
+    app.serve(v, args.host, args.port, sock)
     return 0
 
 

@@ -9,10 +9,12 @@ fetches the JSON and builds the page with ``textContent`` (dump data never reach
 
 from __future__ import annotations
 
+import errno
 import html
 import json
 import os
 import re
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from ..errors import TrajstoreError
+from ..errors import ConfigError, TrajstoreError
 from .pages import View
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -144,8 +146,32 @@ def make_app(view: View) -> Starlette:
     return Starlette(routes=routes)
 
 
-def serve(view: View, host: str = "127.0.0.1", port: int = 8000) -> None:
-    """Serve ``view`` until interrupted (uvicorn)."""
+def listen(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host``:``port`` (0: a free port), bound before anything says it serves:
+    ConfigError naming the address when it cannot be (in use, not this machine's, no permission)."""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+    except (OSError, OverflowError) as e:
+        raise ConfigError(f"--host {host} --port {port}: not an address to listen on ({e}); give an address "
+                          "of this machine (127.0.0.1, the default) and a port of 1-65535") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: no wait after a restart
+        sock.bind(addr)
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        why = "another program listens there" if e.errno == errno.EADDRINUSE else e.strerror or str(e)
+        raise ConfigError(f"cannot listen on {host}:{port}: {why} ({type(e).__name__}); pass another --port "
+                          "(or stop the program that uses it)") from None
+    return sock
+
+
+def serve(view: View, host: str = "127.0.0.1", port: int = 8000, sock: socket.socket | None = None) -> None:
+    """Serve ``view`` until interrupted (uvicorn), on ``sock`` (of ``listen``) or a new socket."""
     import uvicorn
 
-    uvicorn.run(make_app(view), host=host, port=port, log_level="warning")
+    sock = sock or listen(host, port)
+    server = uvicorn.Server(uvicorn.Config(make_app(view), host=host, port=sock.getsockname()[1],
+                                           log_level="warning"))
+    server.run(sockets=[sock])
