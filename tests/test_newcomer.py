@@ -143,3 +143,32 @@ def test_view_refuses_a_bad_port_a_busy_port_and_a_missing_second_dump_before_it
         port = free.getsockname()[1]
     p = py("-m", "trajstore.cli", "view", dump, dump.parent / "nosuch", "--port", port, timeout=60)
     assert p.returncode == 2 and not p.stdout and "nosuch" in p.stderr, p.stderr
+
+
+# ----------------------------------------------------------------------------- defect 3: an import that stops
+def test_an_import_that_stops_says_what_it_wrote_and_the_same_command_goes_on(tmp_path, capsys):
+    import datetime
+
+    import torch
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    src.mkdir()
+    for i in range(5):
+        torch.save({"input_ids": torch.arange(6).reshape(2, 3) + i, "rewards": torch.ones(2) * i}, src / f"step_{i}.pt")
+    torch.save({"input_ids": torch.zeros(2, 3), "when": datetime.date(2020, 1, 1)}, src / "step_3.pt")  # needs trust
+    rc, out, err = cli_run(capsys, "import", src, dst)
+    assert rc == 2 and "--trust-pickle" in err and "split train: steps 0-2" in err, err
+    assert "run the same command again" in err and trajstore.Reader(dst).steps == [0, 1, 2]
+    before = {p.name: p.stat().st_mtime_ns for p in (dst / "train").iterdir()}
+    torch.save({"input_ids": torch.arange(6).reshape(2, 3) + 3, "rewards": torch.ones(2) * 3}, src / "step_3.pt")
+    rc, out, err = cli_run(capsys, "import", src, dst)
+    assert rc == 0 and "imported 5 step(s)" in out and "3 of them by an earlier run" in out, out + err
+    r = trajstore.Reader(dst)
+    assert r.steps == [0, 1, 2, 3, 4] and [float(r[s]["rewards"][0]) for s in r.steps] == [0, 1, 2, 3, 4]
+    assert all((dst / "train" / n).stat().st_mtime_ns == t for n, t in before.items())  # kept, not rewritten
+    other = tmp_path / "other"
+    other.mkdir()
+    torch.save({"input_ids": torch.ones(2, 3)}, other / "rollout_data_1.pt")
+    rc, out, err = cli_run(capsys, "import", other, dst)
+    assert rc == 2 and "already in" in out and "--overwrite" in out and "overwrite=True to" not in err, out + err
+    assert float(trajstore.Reader(dst)[1]["rewards"][0]) == 1
