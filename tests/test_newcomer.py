@@ -172,3 +172,36 @@ def test_an_import_that_stops_says_what_it_wrote_and_the_same_command_goes_on(tm
     rc, out, err = cli_run(capsys, "import", other, dst)
     assert rc == 2 and "already in" in out and "--overwrite" in out and "overwrite=True to" not in err, out + err
     assert float(trajstore.Reader(dst)[1]["rewards"][0]) == 1
+
+
+# ----------------------------------------------------------------------------- messages
+def test_messages_a_newcomer_meets(dump, tmp_path, capsys):
+    rc, _, err = cli_run(capsys, "inof", dump)
+    assert rc == 2 and "did you mean info" in err, err
+    rc, _, err = cli_run(capsys, "info", dump, "--bogus")
+    assert rc == 2 and err.startswith("trajstore info: error: unrecognized arguments: --bogus") and \
+        "see trajstore info --help" in err, err
+    rc, _, err = cli_run(capsys, "diff", dump)
+    assert rc == 2 and "--pair FIELD_A FIELD_B" in err and "pair=(" not in err, err
+    rc, _, err = cli_run(capsys, "diff", dump, "--pair", "logprobs", "logprobs", "--mask", "atention_mask")
+    assert rc == 2 and "did you mean attention_mask?" in err and "input_ids" in err, err
+    pytest.importorskip("starlette")
+    rc, _, err = cli_run(capsys, "view", dump, "--export", tmp_path / "nosuch" / "x.html")
+    assert rc == 2 and "--export" in err and "FileNotFoundError" not in err, err
+
+
+def test_float32_values_print_at_float32_precision(tmp_path, capsys):
+    import json
+
+    import torch
+
+    b = {"input_ids": torch.tensor([[5, 6]]), "rewards": torch.tensor([0.2], dtype=torch.float32),
+         "score": torch.tensor([0.1], dtype=torch.float64)}
+    write(tmp_path / "d", {0: b}, meta={"lr": __import__("numpy").float32(0.3)})
+    rc, out, _ = cli_run(capsys, "show", tmp_path / "d", "--step", "0")
+    assert rc == 0 and "reward 0.2 " in out and "0.2000000" not in out and '"lr":0.3' in out, out
+    rc, out, _ = cli_run(capsys, "show", tmp_path / "d", "--step", "0", "--json")
+    t = json.loads(out)
+    assert t["reward"] == 0.2 and t["fields"]["score"] == 0.1 and t["meta"] == {"lr": 0.3}, t
+    rc, out, _ = cli_run(capsys, "sql", tmp_path / "d", "SELECT rewards, score FROM train", "--format", "json")
+    assert json.loads(out) == {"rewards": 0.2, "score": 0.1}, out

@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import argparse
 import csv
+import difflib
 import json
 import os
+import re
 import sys
 from typing import Any, Callable
 
@@ -286,6 +288,15 @@ def cmd_sql(args: argparse.Namespace) -> int:
         return 0
     cols = [d[0] for d in cur.description]
     data = cur.fetchall()
+    narrow = [i for i, d in enumerate(cur.description) if str(d[1]).startswith(("FLOAT", "HALF"))]
+    if narrow:  # DuckDB gives FLOAT (float32) values as float64: print them at their own precision
+        from .inspection.describe import plain
+        import numpy as np
+
+        def f32(v: Any) -> Any:
+            return [f32(x) for x in v] if isinstance(v, list) else v if v is None else plain(np.float32(v))
+
+        data = [tuple(f32(v) if i in narrow else v for i, v in enumerate(r)) for r in data]
     if args.fmt == "json":
         for r in data:
             print(json.dumps(dict(zip(cols, r)), default=str))
@@ -372,7 +383,11 @@ def cmd_view(args: argparse.Namespace) -> int:
         steps = None if want is None else [s for s in want if s in v.reader(None).steps]
         if want is not None and not steps:
             raise ConfigError(f"--steps {args.steps}: none of these steps is in {args.path} split {v.split!r}")
-        f = export.export(v, args.export, steps, args.max_per_step)
+        try:
+            f = export.export(v, args.export, steps, args.max_per_step)
+        except OSError as e:
+            raise ConfigError(f"--export {args.export}: cannot be written ({e.strerror or e}); check that its "
+                              "folder exists and is writable") from None
         print(f"wrote {f} (opens with no network)")
         return 0
     sock = app.listen(args.host, args.port)  # bound (or a one-line error) before the line saying it serves
@@ -447,6 +462,11 @@ class _Parser(argparse.ArgumentParser):
     """argparse, its usage errors on one line (``trajstore info: error: ...; see trajstore info --help``)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        m = re.search(r"invalid choice: '([^']*)'", message)
+        if m and self.prog == "trajstore":  # a mistyped command: the closest ones
+            close = difflib.get_close_matches(m.group(1), [c[0] for c in _COMMANDS], n=2, cutoff=0.5)
+            message = f"{m.group(1)!r} is not a command" + (f"; did you mean {' or '.join(close)}?" if close else
+                                                            f" (commands: {', '.join(c[0] for c in _COMMANDS)})")
         print(f"{self.prog}: error: {support.one_line(message)}; see {self.prog} --help", file=sys.stderr)
         raise SystemExit(2)
 
@@ -464,8 +484,16 @@ def parser() -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=help, description=help, parents=[debug])
         for names, kw in arguments:
             sp.add_argument(*names, **kw)
-        sp.set_defaults(_fn=fn)
+        sp.set_defaults(_fn=fn, _parser=sp)
     return p
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    """The arguments; an unknown one is the subcommand's usage error (``see trajstore show --help``)."""
+    args, extra = parser().parse_known_args(argv)
+    if extra:
+        args._parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -474,7 +502,7 @@ def run(argv: list[str] | None = None) -> int:
     command = None
     debug = "--debug" in (sys.argv[1:] if argv is None else argv)
     try:
-        args = parser().parse_args(argv)
+        args = _parse(argv)
         command, debug = args.command, getattr(args, "debug", False)
         support.locate(args)
         return args._fn(args)

@@ -28,6 +28,7 @@ say. A step in one dump only is ``one side``; two fields of one dump (``pair`` w
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable
@@ -172,7 +173,8 @@ def diff(a: Any, b: Any = None, *, steps: Iterable[int] | str | None = None,
     if atol < 0 or rtol < 0 or math.isnan(atol) or math.isnan(rtol):
         raise ConfigError(f"atol={atol}, rtol={rtol}: tolerances must be >= 0")
     if b is None and pair is None:
-        raise ConfigError("diff needs two dumps, or one dump and pair=(field_a, field_b)")
+        raise ConfigError("diff needs two dumps (A B), or one dump and two of its fields to compare "
+                          "(--pair FIELD_A FIELD_B; pair= in Python)")
     ra = _reader(a, split)
     rb = ra if b is None else _reader(b, split)
     want = parse_steps(steps, "steps")
@@ -183,7 +185,7 @@ def diff(a: Any, b: Any = None, *, steps: Iterable[int] | str | None = None,
             + ("" if rb is ra else f" or {rb.path} (steps {format_ranges(runs(rb.steps))})"), step=want[0])
     all_steps = sorted(both) if want is None else [s for s in want if s in both]  # in neither: no difference
     fields = None if fields is None else list(fields)
-    _check_fields(ra, rb, all_steps, fields, pair)
+    _check_fields(ra, rb, all_steps, fields, pair, mask)
     entries: list[FieldDiff] = []
     absd: dict[str, list] = {}
     how: dict[int, str] = {}
@@ -230,13 +232,14 @@ def _names_of(r: Reader, s: int, spec: dict) -> dict:
 
 
 def _check_fields(ra: Reader, rb: Reader, steps: list[int], fields: list[str] | None,
-                  pair: tuple[str, str] | None) -> None:
-    """A field asked for that no compared step of either dump holds is a mistake, not a difference."""
+                  pair: tuple[str, str] | None, mask: str | None = None) -> None:
+    """A field asked for (or the mask, of A) that no compared step holds is a mistake, not a difference."""
     if pair:
         ask = [(pair[0], (ra,)), (pair[1], (rb,))]
-    elif fields is not None:
-        ask = [(f, (ra, rb)) for f in fields]
     else:
+        ask = [(f, (ra, rb)) for f in fields or ()]
+    ask += [(mask, (ra,))] if mask else []
+    if not ask:
         return
     seen: dict[str, None] = {}
     todo = dict(ask)
@@ -254,7 +257,9 @@ def _check_fields(ra: Reader, rb: Reader, steps: list[int], fields: list[str] | 
     f, where = next(iter(todo.items()))
     dumps = " or ".join(str(r.path) for r in dict.fromkeys(where))
     have = ", ".join(list(seen)[:30]) + (", ..." if len(seen) > 30 else "")
-    raise ConfigError(f"field {f!r} is in no compared step of {dumps}; fields: {have or 'none'}")
+    close = difflib.get_close_matches(f, list(seen), n=1)
+    raise ConfigError(f"{'mask ' if f == mask and not (pair and f in pair) else ''}field {f!r} is in no compared "
+                      f"step of {dumps}{f'; did you mean {close[0]}?' if close else ''}; fields: {have or 'none'}")
 
 
 def _rows(r: Reader, s: int, spec: dict, want: set[str] | None) -> list[dict | None]:
