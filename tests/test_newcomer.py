@@ -205,3 +205,13 @@ def test_float32_values_print_at_float32_precision(tmp_path, capsys):
     assert t["reward"] == 0.2 and t["fields"]["score"] == 0.1 and t["meta"] == {"lr": 0.3}, t
     rc, out, _ = cli_run(capsys, "sql", tmp_path / "d", "SELECT rewards, score FROM train", "--format", "json")
     assert json.loads(out) == {"rewards": 0.2, "score": 0.1}, out
+
+
+def test_config_warning_lists_only_the_variables_a_user_sets():
+    from trajstore.config import TEST_VARIABLES
+    from trajstore.errors import ConfigWarning
+
+    with pytest.warns(ConfigWarning) as rec:
+        trajstore.DumpReplayConfig.from_env(environ={"TRAJSTORE_DUMPP": "1", "TRAJSTORE_EXAMPLES": "5"})
+    assert len(rec) == 1 and "did you mean TRAJSTORE_DUMP?" in str(rec[0].message)
+    assert "TRAJSTORE_PATH" in str(rec[0].message) and not any(v in str(rec[0].message) for v in TEST_VARIABLES)
