@@ -215,3 +215,16 @@ def test_config_warning_lists_only_the_variables_a_user_sets():
         trajstore.DumpReplayConfig.from_env(environ={"TRAJSTORE_DUMPP": "1", "TRAJSTORE_EXAMPLES": "5"})
     assert len(rec) == 1 and "did you mean TRAJSTORE_DUMP?" in str(rec[0].message)
     assert "TRAJSTORE_PATH" in str(rec[0].message) and not any(v in str(rec[0].message) for v in TEST_VARIABLES)
+
+
+def test_ray_stats_takes_the_response_mask_by_default(dump, tmp_path):
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("ray_stats_example", ROOT / "examples" / "ray_stats.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    b = small_batch()
+    write(tmp_path / "r", {0: {**b, "response_mask": b["attention_mask"] & (torch.arange(5) >= 2)}})
+    assert mod.default_mask(str(tmp_path / "r")) == "response_mask" and mod.default_mask(str(dump)) is None
