@@ -228,3 +228,24 @@ def test_ray_stats_takes_the_response_mask_by_default(dump, tmp_path):
     b = small_batch()
     write(tmp_path / "r", {0: {**b, "response_mask": b["attention_mask"] & (torch.arange(5) >= 2)}})
     assert mod.default_mask(str(tmp_path / "r")) == "response_mask" and mod.default_mask(str(dump)) is None
+
+
+def test_a_wide_table_on_a_narrow_terminal_keeps_every_column(monkeypatch):
+    import io
+
+    from trajstore import _console as out
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    pytest.importorskip("rich")
+    monkeypatch.setenv("COLUMNS", "100")
+    heads = ["field", "status", "steps", "values", "beyond tol", "max abs", "max rel", "mean abs", "rmse",
+             "p50 abs", "p90 abs", "p99 abs", "corr"]
+    s = Tty()
+    out.table(heads, [["logprobs vs old_logprobs", "close", 20, 7531, 0, 0.0154743, 0.00388366, 0.00234484,
+                       0.0033262, 0.00158203, 0.0058856, 0.0110562, 0.999996]], title="a vs b", stream=s)
+    text = s.getvalue()
+    assert all(h in text for h in heads) and "0.999996" in text and "0.0110562" in text, text
+    assert max(len(line) for line in text.splitlines()) <= 100 + 20  # escape codes aside

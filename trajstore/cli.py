@@ -242,12 +242,12 @@ def cmd_diff(args: argparse.Namespace) -> int:
     stats = bool(args.pair)
     headers = ["field", "status", "steps", "values", "beyond tol", "max abs", "max rel"]
     if stats:
-        headers += ["mean abs", "rmse", "p50 abs", "p99 abs", "corr"]
+        headers += ["mean abs", "rmse", "p50 abs", "p90 abs", "p99 abs", "corr"]
     lines = []
     for name, f in summ.items():
         line = [name, f["status"], f["steps"], f["n"], f["n_exceed"], f["max_abs"], f["max_rel"]]
         if stats:
-            line += [f.get("mean_abs"), f.get("rmse"), f.get("p50_abs"), f.get("p99_abs"), f.get("corr")]
+            line += [f.get("mean_abs"), f.get("rmse"), f.get("p50_abs"), f.get("p90_abs"), f.get("p99_abs"), f.get("corr")]
         lines.append(line)
     out.table(headers, lines, title=f"{rep.a} vs {rep.b}  (atol {rep.atol}, rtol {rep.rtol})")
     for name, f in summ.items():
