@@ -9,6 +9,7 @@ starts without them (this module is listed in ``LAZY`` of tests/test_layers.py).
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import re
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import IO, Iterator
 from contextlib import contextmanager
 
-__all__ = ["port", "locate", "one_line", "report_error", "interrupted", "output_file", "INTERRUPTED"]
+__all__ = ["Parser", "port", "locate", "one_line", "report_error", "interrupted", "output_file", "INTERRUPTED"]
 
 INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by CTRL-C
 
@@ -30,6 +31,22 @@ _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 def one_line(text: str) -> str:
     """``text`` on one line: its lines joined with ``"; "``, blank ones dropped."""
     return "; ".join(s.strip() for s in str(text).splitlines() if s.strip()) or "(no message)"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, its usage errors on one line (``trajstore info: error: ...; see trajstore info --help``);
+    a mistyped command of ``commands`` gets the closest ones (``did you mean info?``)."""
+
+    commands: list[str] = []
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        m = re.search(r"invalid choice: '([^']*)'", message)
+        if m and self.commands:  # the top-level parser: a mistyped command
+            close = difflib.get_close_matches(m.group(1), self.commands, n=2, cutoff=0.5)
+            message = f"{m.group(1)!r} is not a command" + (f"; did you mean {' or '.join(close)}?" if close else
+                                                            f" (commands: {', '.join(self.commands)})")
+        print(f"{self.prog}: error: {one_line(message)}; see {self.prog} --help", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def port(text: str) -> int:

@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import argparse
 import csv
-import difflib
 import json
 import os
-import re
 import sys
 from typing import Any, Callable
 
@@ -458,26 +456,14 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------- entry point
-class _Parser(argparse.ArgumentParser):
-    """argparse, its usage errors on one line (``trajstore info: error: ...; see trajstore info --help``)."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        m = re.search(r"invalid choice: '([^']*)'", message)
-        if m and self.prog == "trajstore":  # a mistyped command: the closest ones
-            close = difflib.get_close_matches(m.group(1), [c[0] for c in _COMMANDS], n=2, cutoff=0.5)
-            message = f"{m.group(1)!r} is not a command" + (f"; did you mean {' or '.join(close)}?" if close else
-                                                            f" (commands: {', '.join(c[0] for c in _COMMANDS)})")
-        print(f"{self.prog}: error: {support.one_line(message)}; see {self.prog} --help", file=sys.stderr)
-        raise SystemExit(2)
-
-
 def parser() -> argparse.ArgumentParser:
     from ._version import __version__
 
     debug = argparse.ArgumentParser(add_help=False)
     debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="on an error, print the traceback as well as the one-line message")
-    p = _Parser(prog="trajstore", description="Look inside trajstore dumps.", parents=[debug])
+    p = support.Parser(prog="trajstore", description="Look inside trajstore dumps.", parents=[debug])
+    p.commands = [c[0] for c in _COMMANDS]
     p.add_argument("--version", action="version", version=f"trajstore {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, help, arguments, fn in _COMMANDS:
