@@ -13,7 +13,9 @@ Each run is its own process, as a real replay would be.
 
 from __future__ import annotations
 
+import argparse
 import difflib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -49,15 +51,37 @@ def fresh(out: Path) -> None:
         sys.exit(f"{out} exists and is not a trajstore dump; remove it or pass --out DIR")
 
 
+def arguments(argv: list[str]) -> tuple[Path, list[str]]:
+    """The dump's folder and the arguments for rl_loop.py, all checked before anything is removed:
+    ``--help`` or a mistyped option ends the demo here, with the dump untouched."""
+    spec = importlib.util.spec_from_file_location("rl_loop", HERE / "rl_loop.py")
+    loop = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(HERE.parent))  # the trajstore of this checkout, as the two runs get it
+    spec.loader.exec_module(loop)
+    ap = argparse.ArgumentParser(prog="python examples/demo.py", description=__doc__.split("\n\n")[0],
+                                 allow_abbrev=False)
+    ap.add_argument("--out", "--keep", metavar="DIR", type=Path, default=DEFAULT_OUT,
+                    help="where the dump goes (default: dumps/demo of the checkout; an earlier demo's dump "
+                         "there is replaced, any other folder is left alone)")
+    loop.options(ap.add_argument_group("passed on to examples/rl_loop.py"))
+    a = ap.parse_args(argv)
+    if a.steps < 1:
+        ap.error(f"--steps {a.steps}: the demo needs at least one step to compare")
+    if a.quiet:
+        ap.error("--quiet: the demo compares the lines the two runs print; leave it out")
+    rest, i = [], 0
+    while i < len(argv):  # rl_loop.py's arguments: all but --out DIR (or --out=DIR)
+        flag = argv[i].split("=", 1)[0]
+        if flag in ("--out", "--keep"):
+            i += 1 if "=" in argv[i] else 2
+            continue
+        rest.append(argv[i])
+        i += 1
+    return a.out.absolute(), rest
+
+
 def main() -> None:
-    args = sys.argv[1:]
-    out = DEFAULT_OUT
-    for flag in ("--out", "--keep"):  # --keep: the old name
-        if flag in args:
-            i = args.index(flag)
-            if i + 1 >= len(args):
-                sys.exit(f"{flag} needs a directory")
-            out, args = Path(args[i + 1]).absolute(), args[:i] + args[i + 2:]
+    out, args = arguments(sys.argv[1:])
     fresh(out)
     dump = str(out)
     print(f"== dump: sample, train, record every step's rollout batch in {dump}", flush=True)
@@ -68,6 +92,8 @@ def main() -> None:
         sys.stdout.writelines(difflib.unified_diff(a.splitlines(True), b.splitlines(True), "dump", "replay"))
         sys.exit("\nthe runs differ")
     steps = sum(line.startswith("step") for line in a.splitlines())
+    if not steps:  # nothing was compared: never a success line
+        sys.exit("\nthe runs printed no step: nothing was compared")
     shown = os.path.relpath(dump) if not os.path.relpath(dump).startswith("..") else dump
     print(f"\nbit-identical: per-step loss and grad-norm of {steps} steps, and the final weights digest")
     print(f"the dump is in {shown}: try `trajstore info {shown}` (README.md, 'Look inside a dump')")

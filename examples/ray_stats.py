@@ -4,7 +4,7 @@ the mismatch between the trainer's and the rollout engine's log-probabilities, f
     pip install 'trajstore[ray]'
     python examples/ray_stats.py DUMP                        # local Ray, fields of trajstore's test dumps
     python examples/ray_stats.py DUMP --address auto         # on a running Ray cluster
-    python examples/ray_stats.py DUMP --reward rewards --mask response_mask --no-mismatch   # rl_loop.py's dump
+    python examples/ray_stats.py dumps/demo                  # rl_loop.py's dump: its response_mask by default
     python examples/ray_stats.py DUMP --reward token_level_scores --tokens responses \\
         --mask response_mask --logprobs old_log_probs --rollout-logprobs rollout_log_probs   # a verl dump
 
@@ -12,8 +12,10 @@ It prints one line per step (``--json``: one JSON object per line):
 
 * ``reward_mean``: the mean over the step's trajectories of ``--reward`` (a per-trajectory value, or a
   per-token one, summed over the trajectory's tokens);
-* ``length_mean`` / ``length_max``: a trajectory's length, its tokens of ``--tokens``, or with ``--mask``
-  the tokens where that per-token mask (``response_mask``, ``loss_mask``) is nonzero;
+* ``length_mean`` / ``length_max``: a trajectory's length: the tokens where its per-token ``--mask``
+  is nonzero (default: the first of ``loss_mask``, ``response_mask``, ``completion_mask``,
+  ``action_mask`` the dump has, as ``trajstore view``), or with ``--mask none`` (or no such field)
+  all its tokens of ``--tokens``;
 * ``mismatch_mean`` / ``mismatch_max``: ``|logprobs - rollout_logprobs|`` over those tokens, the mean
   over all of the step's tokens (each token weighs the same) and the largest.
 
@@ -108,13 +110,27 @@ def step_stats(path: str, split: str | None = None, *, reward: str = "rewards", 
                   key=lambda r: r["step"])
 
 
+MASKS = ("loss_mask", "response_mask", "completion_mask", "action_mask")  # trajstore view's order (docs/CLI.md)
+
+
+def default_mask(path: str, split: str | None = None) -> str | None:
+    """The response mask of the dump's newest step (the first of ``MASKS`` among its fields), else None:
+    lengths and the mismatch are then the response's, not the whole trajectory's."""
+    r = trajstore.Reader(path, split)
+    if not r.steps:
+        return None
+    names = {k for k, _ in r.info(r.steps[-1])["batch"].get("keys", ())}  # a dict batch's fields
+    return next((m for m in MASKS if m in names), None)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dump", help="the dump's path (or URL)")
     ap.add_argument("--split", default=None, help="default: train, else the dump's only split")
     ap.add_argument("--reward", default="rewards", help="per-trajectory (or per-token) reward field")
     ap.add_argument("--tokens", default="input_ids", help="per-token field whose length is a trajectory's")
-    ap.add_argument("--mask", default=None, help="per-token mask the length and mismatch count (response_mask)")
+    ap.add_argument("--mask", default=None, help="per-token mask the length and mismatch count (default: the "
+                    f"first of {', '.join(MASKS)} the dump has, as trajstore view; none: every token)")
     ap.add_argument("--logprobs", default="old_logprobs", help="the trainer's per-token log-probabilities")
     ap.add_argument("--rollout-logprobs", default="logprobs", help="the rollout engine's")
     ap.add_argument("--no-mismatch", action="store_true", help="the dump has no pair of log-probabilities")
@@ -123,6 +139,7 @@ def main() -> None:
     ap.add_argument("--num-cpus", type=int, default=None, help="CPUs of the new Ray on this machine")
     ap.add_argument("--json", action="store_true", help="one JSON object per step")
     a = ap.parse_args()
+    mask = default_mask(a.dump, a.split) if a.mask is None else None if a.mask == "none" else a.mask
     import ray
 
     address = a.address or os.environ.get("RAY_ADDRESS") or "local"  # "local": a new Ray on this machine
@@ -135,7 +152,7 @@ def main() -> None:
     ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False, **kw)
     ray.data.DataContext.get_current().enable_progress_bars = False
     try:
-        rows = step_stats(a.dump, a.split, reward=a.reward, tokens=a.tokens, mask=a.mask,
+        rows = step_stats(a.dump, a.split, reward=a.reward, tokens=a.tokens, mask=mask,
                           logprobs=None if a.no_mismatch else a.logprobs,
                           rollout_logprobs=None if a.no_mismatch else a.rollout_logprobs)
     finally:

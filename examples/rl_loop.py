@@ -196,12 +196,8 @@ def weights_digest(model: nn.Module) -> str:
 
 
 # ----------------------------------------------------------------------------- main
-def run(argv: list[str] | None = None, out=None) -> dict:
-    """Run the loop; returns {"losses", "grad_norms", "digest", "batches"} (batch sha256 per step)."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--dump", metavar="DIR", help="record every step's rollout batch in DIR")
-    mode.add_argument("--replay", metavar="DIR", help="train from the batches recorded in DIR")
+def options(ap: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """The loop's options besides the mode (examples/demo.py passes them on and checks them first)."""
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--group", type=int, default=8)
@@ -211,6 +207,15 @@ def run(argv: list[str] | None = None, out=None) -> dict:
     ap.add_argument("--strict", action="store_true", help="environment differences at replay are errors")
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--verbose", action="store_true", help="log each dumped/replayed step (trajstore INFO)")
+
+
+def run(argv: list[str] | None = None, out=None) -> dict:
+    """Run the loop; returns {"losses", "grad_norms", "digest", "batches"} (batch sha256 per step)."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--dump", metavar="DIR", help="record every step's rollout batch in DIR")
+    mode.add_argument("--replay", metavar="DIR", help="train from the batches recorded in DIR")
+    options(ap)
     a = ap.parse_args(argv)
     out = out or sys.stdout
     if a.verbose:
@@ -257,4 +262,7 @@ def batch_digest(batch: dict) -> str:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    run()
+    try:
+        run()
+    except trajstore.errors.TrajstoreError as e:  # a wrong --dump / --replay path: one line, not a traceback
+        sys.exit(f"rl_loop.py: error: {e}")

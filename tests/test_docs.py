@@ -240,3 +240,12 @@ def test_the_harness_reports_file_and_line_of_a_failing_block(tmp_path):
     assert run_block(bs[1], w, ns) is None and run_block(bs[2], w, ns) is None
     err = run_block(bs[3], w, ns)  # x from the block before; the error at the snippet's own line
     assert err.startswith("x.md:18: the python block of line 16 failed: NameError") and ns[md]["y"] == 2
+
+
+def test_commands_write_their_files_under_dumps():
+    """What a runnable block writes in the checkout (`-o`, `--export`, a copied step file) goes under
+    `dumps/` (ignored by git), so running README.md and docs/ leaves no untracked file."""
+    out = re.compile(r"(?:\s-o\s+|--output\s+|--export\s+|shutil\.copy\([^,]+,\s*)[\"']?([^\s\"')]+)")
+    bad = [(b.where, m.group(1)) for f in FILES for b in parse(f) if b.lang and b.mark not in ("skip", "setup")
+           for m in out.finditer(b.code) if not m.group(1).startswith(("dumps/", "/tmp/", "$"))]
+    assert not bad, bad

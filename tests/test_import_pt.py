@@ -110,9 +110,9 @@ def test_trl_batches_and_cli(tmp_path, capsys):
     r = trajstore.Reader(tmp_path / "out")
     for i, b in batches.items():
         assert_batch_equal(r[i], b)
-    # a second import of the same steps is refused (exit 2) unless --overwrite
-    assert main(["import", str(src), str(tmp_path / "out")]) == 2
-    assert "already exists" in capsys.readouterr().err
+    # a second import of the same files keeps the steps an earlier run imported (docs/IMPORT.md)
+    assert main(["import", str(src), str(tmp_path / "out")]) == 0
+    assert "3 of them by an earlier run from the same files" in capsys.readouterr().out
     assert main(["import", str(src), str(tmp_path / "out"), "--overwrite"]) == 0
     assert "imported 3 step(s)" in capsys.readouterr().out
 

@@ -9,6 +9,7 @@ starts without them (this module is listed in ``LAZY`` of tests/test_layers.py).
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import re
 import sys
@@ -18,7 +19,8 @@ from pathlib import Path
 from typing import IO, Iterator
 from contextlib import contextmanager
 
-__all__ = ["locate", "one_line", "report_error", "interrupted", "output_file", "warnings_as_lines", "INTERRUPTED"]
+__all__ = ["Parser", "port", "locate", "one_line", "report_error", "interrupted", "output_file", "warnings_as_lines",
+           "INTERRUPTED"]
 
 INTERRUPTED = 130  # 128 + SIGINT, as shells report a command stopped by CTRL-C
 
@@ -31,6 +33,33 @@ _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 def one_line(text: str) -> str:
     """``text`` on one line: its lines joined with ``"; "``, blank ones dropped."""
     return "; ".join(s.strip() for s in str(text).splitlines() if s.strip()) or "(no message)"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, its usage errors on one line (``trajstore info: error: ...; see trajstore info --help``);
+    a mistyped command of ``commands`` gets the closest ones (``did you mean info?``)."""
+
+    commands: list[str] = []
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        m = re.search(r"invalid choice: '([^']*)'", message)
+        if m and self.commands:  # the top-level parser: a mistyped command
+            close = difflib.get_close_matches(m.group(1), self.commands, n=2, cutoff=0.5)
+            message = f"{m.group(1)!r} is not a command" + (f"; did you mean {' or '.join(close)}?" if close else
+                                                            f" (commands: {', '.join(self.commands)})")
+        print(f"{self.prog}: error: {one_line(message)}; see {self.prog} --help", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def port(text: str) -> int:
+    """A TCP port as ``--port`` takes it: 1-65535 (argparse's usage error otherwise)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if not 1 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port: give a number of 1-65535")
+    return n
 
 
 def report_error(command: str | None, e: BaseException, debug: bool) -> int:
@@ -91,11 +120,25 @@ def _parts(path: str) -> tuple[str, str | None, int | None]:
     if _is_dump(p):
         return path, None, None
     m = _STEP_FILE.match(p.name)
-    if m and p.is_file() and _is_dump(p.parent.parent):
+    if m and _is_dump(p.parent.parent):
+        if not p.is_file() and not os.path.lexists(p):
+            _no_step_file(p, int(m.group(1)))
         return str(p.parent.parent), p.parent.name, int(m.group(1))
     if p.is_dir() and p.parent != p and _is_dump(p.parent):
         return str(p.parent), p.name, None
     return path, None, None
+
+
+def _no_step_file(p: Path, step: int) -> None:
+    """StepNotFoundError for a step file of a dump's split that is not there, naming the split's steps."""
+    from ._text import format_ranges, runs
+    from .errors import StepNotFoundError
+    from .store import paths
+
+    have = paths.list_steps(p.parent) if p.parent.is_dir() else []
+    raise StepNotFoundError(f"{p}: step {step} is not in split {p.parent.name!r} of dump {p.parent.parent} "
+                            f"(its steps: {format_ranges(runs(have)) if have else 'none'}); "
+                            f"trajstore info {p.parent.parent} lists them", step=step)
 
 
 def locate(args: argparse.Namespace) -> None:

@@ -39,13 +39,24 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], title: str | No
         from rich.console import Console
         from rich.table import Table
 
+        console = Console(file=stream)
+        need = sum(max([len(h)] + [len(r[i]) for r in rows]) + 3 for i, h in enumerate(headers)) + 1
+        if need > console.width and len(headers) > 2:  # too wide: one stacked block per row, no column cut
+            for n, r in enumerate(rows):
+                t = Table(title=title if n == 0 else None, title_justify="left", show_header=False)
+                t.add_column(no_wrap=True, style="bold")
+                t.add_column(overflow="fold")
+                for h, v in zip(headers, r):
+                    t.add_row(h, v)
+                console.print(t)
+            return
         t = Table(title=title, title_justify="left")
         for i, h in enumerate(headers):
             last = i == len(headers) - 1
             t.add_column(h, overflow="fold", no_wrap=not last, min_width=None if last else len(h))
         for r in rows:
             t.add_row(*r)
-        Console(file=stream).print(t)
+        console.print(t)
         return
     if title:
         print(f"{title}", file=stream)

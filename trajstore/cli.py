@@ -34,7 +34,7 @@ from . import _cli_support as support
 
 try:  # a CTRL-C while the command starts up: one line and exit 130, never a traceback (docs/CLI.md)
     from . import _console as out
-    from ._text import format_ranges, human_bytes, parse_steps
+    from ._text import format_ranges, human_bytes, parse_steps, runs
     from .errors import ConfigError, MissingDependencyError
 except KeyboardInterrupt:
     raise SystemExit(support.interrupted(None)) from None
@@ -194,7 +194,7 @@ def _where(fd: dict | None) -> str:
     if not fd:
         return "-"
     short = {"step": "step", "field": "field", "trajectory": "traj", "token": "tok", "element": "elem"}
-    s = " ".join(f"{short[k]} {fd[k]}" for k in short if k in fd)
+    s = " ".join(f"{short[k]} {fd[k]}" for k in short if k in fd and fd[k] != "*")  # "*": the whole step
     if fd.get("id"):
         s += f" (id {_id(fd)})"
     if "a" in fd:
@@ -230,6 +230,13 @@ def _diverging(rep: Any) -> None:
         print(f"... and {len(bad) - DIVERGING_ROWS} more (--json lists every one)")
 
 
+_HOW = {"bytes": "the same bytes (equal recorded SHA-256, both files hashed and checked against it; --deep "
+                 "reads both)",
+        "values": "compared value by value (read from both dumps)",
+        "damaged": "a step file does not match its recorded SHA-256: damaged, not compared (trajstore verify)",
+        "one side": "in one dump only", "one dump": "two fields of one dump, value by value"}
+
+
 @command("diff", "compare two dumps (or two fields of one) step by step, field by field",
          arg("a", help="dump A"), arg("b", nargs="?", help="dump B (omit with --pair: compare within A)"),
          arg("--steps", help="steps to compare, e.g. 0-9,12 (default: all)"),
@@ -240,6 +247,8 @@ def _diverging(rep: Any) -> None:
              help="compare FIELD_A of A with FIELD_B of B (or of A), with summary statistics"),
          arg("--mask", help="only compare tokens where this per-token field is non-zero"),
          arg("--first", action="store_true", help="stop at the first divergence (the report ends there)"),
+         arg("--deep", action="store_true", help="check every step file against its recorded SHA-256 and read both "
+                                                 "sides' values, also where the two files' checksums are equal"),
          SPLIT, JSON)
 def cmd_diff(args: argparse.Namespace) -> int:
     from .inspection.diff import diff
@@ -251,7 +260,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     split = args.split if args.split is not None else default_split(resolve(args.a, "diff"))  # B: the split of A's name
     rep = diff(args.a, args.b, steps=parse_steps(args.steps, "--steps"), fields=fields, atol=args.atol,
                rtol=args.rtol, split=split, pair=tuple(args.pair) if args.pair else None, mask=args.mask,
-               first=args.first, progress=lambda s: out.progress(s, "comparing"))
+               first=args.first, deep=args.deep, progress=lambda s: out.progress(s, "comparing"))
     # an unknown field or step raises (a TrajstoreError: exit 2), never a "missing" difference (exit 1)
     if args.json:
         print(json.dumps(rep.to_dict(), indent=2, default=str))
@@ -260,17 +269,19 @@ def cmd_diff(args: argparse.Namespace) -> int:
     stats = bool(args.pair)
     headers = ["field", "status", "steps", "values", "beyond tol", "max abs", "max rel"]
     if stats:
-        headers += ["mean abs", "rmse", "p50 abs", "p99 abs", "corr"]
+        headers += ["mean abs", "rmse", "p50 abs", "p90 abs", "p99 abs", "corr"]
     lines = []
     for name, f in summ.items():
         line = [name, f["status"], f["steps"], f["n"], f["n_exceed"], f["max_abs"], f["max_rel"]]
         if stats:
-            line += [f.get("mean_abs"), f.get("rmse"), f.get("p50_abs"), f.get("p99_abs"), f.get("corr")]
+            line += [f.get("mean_abs"), f.get("rmse"), f.get("p50_abs"), f.get("p90_abs"), f.get("p99_abs"), f.get("corr")]
         lines.append(line)
     out.table(headers, lines, title=f"{rep.a} vs {rep.b}  (atol {rep.atol}, rtol {rep.rtol})")
     for name, f in summ.items():
-        if f["first"]:
+        if f["first"] and name != "*":
             print(f"{name}: first beyond tolerance at {_where(f['first'])}")
+    for how, steps in rep.how().items():
+        print(f"{'step' if len(steps) == 1 else 'steps'} {format_ranges(runs(steps))}: {_HOW[how]}")
     _diverging(rep)
     first = rep.first_divergence
     if rep.identical:
@@ -288,12 +299,13 @@ def cmd_diff(args: argparse.Namespace) -> int:
          arg("--format", choices=("table", "json", "csv"), default="table", dest="fmt",
              help="output format (default table; plain columns when piped)"))
 def cmd_sql(args: argparse.Namespace) -> int:
-    from .tables import duckdb_connect, explain_sql_error
+    from .tables import check_query, duckdb_connect, explain_sql_error, read_only
 
     if not args.query.strip():
         raise ConfigError(f"the query is empty; give a statement such as \"SELECT count(*) FROM train\" "
                           f"(the views of a dump are its splits: trajstore info {args.path})")
-    con = duckdb_connect(args.path)
+    con = read_only(duckdb_connect(args.path), args.path)
+    check_query(con, args.query, args.path)  # a query that writes is refused before anything runs
     import duckdb
 
     try:
@@ -304,6 +316,15 @@ def cmd_sql(args: argparse.Namespace) -> int:
         return 0
     cols = [d[0] for d in cur.description]
     data = cur.fetchall()
+    narrow = [i for i, d in enumerate(cur.description) if str(d[1]).startswith(("FLOAT", "HALF"))]
+    if narrow:  # DuckDB gives FLOAT (float32) values as float64: print them at their own precision
+        from .inspection.describe import plain
+        import numpy as np
+
+        def f32(v: Any) -> Any:
+            return [f32(x) for x in v] if isinstance(v, list) else v if v is None else plain(np.float32(v))
+
+        data = [tuple(f32(v) if i in narrow else v for i, v in enumerate(r)) for r in data]
     if args.fmt == "json":
         for r in data:
             print(json.dumps(dict(zip(cols, r)), default=str))
@@ -368,7 +389,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 @command("view", "look at a run in the browser: curves, step tables, coloured tokens, a diff of two dumps",
          PATH, arg("path2", nargs="?", metavar="PATH2", help="a second dump: the diff page compares the two"),
          SPLIT, TOKENIZER, arg("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)"),
-         arg("--port", type=int, default=8000, help="port (default: 8000)"),
+         arg("--port", type=support.port, default=8000, help="port, 1-65535 (default: 8000)"),
          arg("--export", metavar="FILE.html", help="write one self-contained HTML file instead of serving"),
          arg("--steps", help="--export: the steps whose trajectories go in the file, e.g. 0-9,12 (default: the last)"),
          arg("--max-per-step", type=int, default=4, metavar="K", help="--export: trajectories per step (default: 4)"))
@@ -381,16 +402,26 @@ def cmd_view(args: argparse.Namespace) -> int:
         raise MissingDependencyError(f"trajstore view needs the 'view' extra ({e.name}): "
                                      "pip install 'trajstore[view]'") from None
     v = View(args.path, args.split, args.tokenizer, other=args.path2)
+    if args.path2 is not None:  # a second dump that does not open is an error now, not on the diff page
+        from .reader import Reader
+
+        Reader(args.path2, v.split)
     if args.export:
         want = parse_steps(args.steps, "--steps")
         steps = None if want is None else [s for s in want if s in v.reader(None).steps]
         if want is not None and not steps:
             raise ConfigError(f"--steps {args.steps}: none of these steps is in {args.path} split {v.split!r}")
-        f = export.export(v, args.export, steps, args.max_per_step)
+        try:
+            f = export.export(v, args.export, steps, args.max_per_step)
+        except OSError as e:
+            raise ConfigError(f"--export {args.export}: cannot be written ({e.strerror or e}); check that its "
+                              "folder exists and is writable") from None
         print(f"wrote {f} (opens with no network)")
         return 0
-    print(f"trajstore view: http://{args.host}:{args.port}/  (split {v.split}; Ctrl-C stops)", flush=True)
-    app.serve(v, args.host, args.port)
+    sock = app.listen(args.host, args.port)  # bound (or a one-line error) before the line saying it serves
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    print(f"trajstore view: http://{host}:{sock.getsockname()[1]}/  (split {v.split}; Ctrl-C stops)", flush=True)
+    app.serve(v, args.host, args.port, sock)
     return 0
 
 
@@ -455,29 +486,30 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------- entry point
-class _Parser(argparse.ArgumentParser):
-    """argparse, its usage errors on one line (``trajstore info: error: ...; see trajstore info --help``)."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        print(f"{self.prog}: error: {support.one_line(message)}; see {self.prog} --help", file=sys.stderr)
-        raise SystemExit(2)
-
-
 def parser() -> argparse.ArgumentParser:
     from ._version import __version__
 
     debug = argparse.ArgumentParser(add_help=False)
     debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="on an error, print the traceback as well as the one-line message")
-    p = _Parser(prog="trajstore", description="Look inside trajstore dumps.", parents=[debug])
+    p = support.Parser(prog="trajstore", description="Look inside trajstore dumps.", parents=[debug])
+    p.commands = [c[0] for c in _COMMANDS]
     p.add_argument("--version", action="version", version=f"trajstore {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, help, arguments, fn in _COMMANDS:
         sp = sub.add_parser(name, help=help, description=help, parents=[debug])
         for names, kw in arguments:
             sp.add_argument(*names, **kw)
-        sp.set_defaults(_fn=fn)
+        sp.set_defaults(_fn=fn, _parser=sp)
     return p
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    """The arguments; an unknown one is the subcommand's usage error (``see trajstore show --help``)."""
+    args, extra = parser().parse_known_args(argv)
+    if extra:
+        args._parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -486,7 +518,7 @@ def run(argv: list[str] | None = None) -> int:
     command = None
     debug = "--debug" in (sys.argv[1:] if argv is None else argv)
     try:
-        args = parser().parse_args(argv)
+        args = _parse(argv)
         command, debug = args.command, getattr(args, "debug", False)
         support.locate(args)
         with support.warnings_as_lines(command):

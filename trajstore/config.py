@@ -234,7 +234,10 @@ ENV_VARIABLES: dict[str, str] = {
     fs.ENV: "which library serves a URL (store/fs.py)",
     "TRAJSTORE_MAX_DECODED_BYTES": "the decoded-size bound of a step (format/validate.py)",
     "TRAJSTORE_VERL_FIT": "verl's switch also records fit()'s batch after advantages (trainers/verl.py)",
-    # read by the project's own test suite (tests/conftest.py, tests/test_corrupt.py), not by the package
+}
+# read by the project's own test suite (tests/conftest.py, tests/test_corrupt.py), not by the package:
+# never warned about, and not listed among the variables a user may set
+TEST_VARIABLES: dict[str, str] = {
     "TRAJSTORE_EXAMPLES": "Hypothesis examples per test (tests/conftest.py)",
     "TRAJSTORE_FUZZ_SCALE": "length of the fuzz runs (tests/test_corrupt.py)",
     "TRAJSTORE_FUZZ_FIGURES": "where the fuzz counts go (tests/test_corrupt.py)",
@@ -247,7 +250,8 @@ def check_env(environ: Mapping | None = None, prefix: str = "TRAJSTORE_", known:
     dumping off without a word; returns the unknown names."""
     env = os.environ if environ is None else environ
     known = sorted(ENV_VARIABLES if known is None else known)
-    bad = sorted(k for k in env if isinstance(k, str) and k.startswith(prefix) and k not in known)
+    bad = sorted(k for k in env if isinstance(k, str) and k.startswith(prefix) and k not in known
+                 and k not in TEST_VARIABLES)
     for k in bad:
         close = difflib.get_close_matches(k, known, n=1, cutoff=0.6)
         hint = f"did you mean {close[0]}? " if close else ""
@@ -264,6 +268,9 @@ def location(cfg: DumpReplayConfig, world_size: int, rank: int) -> tuple[Path, s
     split = paths.check_split(cfg.split)
     if cfg.path is not None:
         root = resolve(cfg.path, "the dump path (DumpReplayConfig.path / TRAJSTORE_PATH)")
+        bad = paths.not_a_folder(root)
+        if bad:  # found before training starts, not at the first dumped step
+            raise ConfigError(f"DumpReplayConfig.path (TRAJSTORE_PATH): {bad}")
         old = f"{split}-rank{rank}"
         if cfg.replay and world_size > 1 and not (root / split).is_dir() and (root / old).is_dir():
             split = paths.check_split(old)

@@ -35,7 +35,7 @@ import os
 import re
 from typing import TYPE_CHECKING, Any
 
-from .errors import FormatError, MissingDependencyError, TrajstoreError, TrajstoreWarning, warn
+from .errors import ConfigError, FormatError, MissingDependencyError, TrajstoreError, TrajstoreWarning, warn
 from .format.spec import RUNS_COL
 from .store import paths, remote, stepfile
 from .store.fs import is_remote, resolve
@@ -45,7 +45,7 @@ if TYPE_CHECKING:  # optional extras, imported when used
     import duckdb
     import pandas as pd
 
-__all__ = ["explain_sql_error", "step_rows", "to_pandas", "duckdb_connect", "OWN"]
+__all__ = ["explain_sql_error", "step_rows", "to_pandas", "duckdb_connect", "read_only", "check_query", "OWN"]
 
 OWN = ("step", "index", "rejected", "rank")  # to_pandas' own columns: a field of such a name is <name>_field
 
@@ -128,6 +128,43 @@ def duckdb_connect(path: Any, con: Any = None) -> duckdb.DuckDBPyConnection:
             raise FormatError(f"dump {root} split {split!r}: DuckDB cannot open its step files ({e})") from None
     _aliases(con, list(groups))
     return con
+
+
+QUERIES = ("SELECT", "EXPLAIN")  # DuckDB statement types of a query (WITH, DESCRIBE, SHOW, SUMMARIZE are SELECT)
+
+
+def read_only(con: Any, path: Any) -> Any:
+    """``con`` (of ``duckdb_connect``) confined to the dump: DuckDB reads files of the dump's folder
+    only (``allowed_directories``, ``enable_external_access=false``), loads no extension, and its
+    settings are locked, so no statement can widen that. Pair it with ``check_query``: a query that
+    writes (``COPY ... TO``, ``CREATE``, ``DROP``) is refused before it runs."""
+    root = resolve(getattr(path, "path", path), "sql")
+    root = root.parent if not is_remote(root) and root.is_file() else root  # a Reader of one step file
+    dirs = [] if is_remote(root) else sorted({str(root.absolute()) + "/", str(root.resolve()) + "/"})
+    con.execute("SET allowed_directories = [" + ", ".join(_lit(d) for d in dirs) + "]")
+    con.execute("SET autoinstall_known_extensions = false")
+    con.execute("SET autoload_known_extensions = false")
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+    return con
+
+
+def check_query(con: Any, query: str, path: Any) -> list[str]:
+    """The statements of ``query``; ConfigError naming the first one that is not a query (it would write
+    a file, or change the views or settings): inspection reads the dump and nothing else."""
+    import duckdb
+
+    try:
+        statements = con.extract_statements(query)
+    except duckdb.Error as e:
+        raise ConfigError(explain_sql_error(con, e, path)) from None
+    for st in statements:
+        if st.type.name not in QUERIES:
+            raise ConfigError(f"{st.query.strip()[:80]!r} is a {st.type.name} statement; trajstore sql runs "
+                              f"queries only (SELECT, WITH, DESCRIBE, SHOW, SUMMARIZE, EXPLAIN) and never writes "
+                              f"a file or changes the dump's views; for more, open the dump's files with DuckDB "
+                              f"yourself (Reader(path).duckdb() in Python)")
+    return [st.query for st in statements]
 
 
 _MISSING_TABLE = re.compile(r"Table with name (\S+) does not exist", re.I)

@@ -37,6 +37,14 @@ def gaps(steps: list[int]) -> list[list[int]]:
     return out
 
 
+def plain(v: Any) -> Any:
+    """A numpy value as Python numbers and lists, a float32 or float16 one at its own precision:
+    the shortest decimal that reads back as the same float32 (``0.2``, not ``0.20000000298023224``)."""
+    if isinstance(v, np.ndarray | np.generic) and v.dtype.kind == "f" and v.dtype.itemsize < 8:
+        v = np.asarray(v).astype(str).astype(np.float64)  # numpy's shortest repr of each value
+    return v.tolist() if isinstance(v, np.ndarray | np.generic) else v
+
+
 def jsonable(v: Any) -> Any:
     """A step's meta (or any typed value) as JSON, for display: numpy scalars and arrays and tensors
     become numbers and lists, tuples lists, non-str keys and other values (bytes...) their repr."""
@@ -44,7 +52,9 @@ def jsonable(v: Any) -> Any:
         return {k if type(k) is str else repr(k): jsonable(x) for k, x in v.items()}
     if type(v) is list or type(v) is tuple:
         return [jsonable(x) for x in v]
-    if isinstance(v, np.ndarray | np.generic) or is_tensor(v):
+    if isinstance(v, np.ndarray | np.generic):
+        return jsonable(plain(v))
+    if is_tensor(v):
         return jsonable(v.tolist())
     return v if v is None or type(v) in (bool, int, float, str) else repr(v)
 

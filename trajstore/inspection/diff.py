@@ -23,11 +23,18 @@ value and of every value beyond tolerance; the outputs' per-step scalars (number
 Only the fields compared are read. Tensor fields of padded and packed dict batches are compared on
 their stored Arrow columns, every trajectory of a step at once (``diff_arrow``); the others are decoded
 and compared trajectory by trajectory (``format.rows``); both give the same entries (``diff_field``).
-Step files whose recorded checksums are equal are read once.
+
+How each step was compared (``DiffReport.compared``): two step files whose recorded SHA-256 are equal
+are both hashed and checked against it (cheap next to decoding), and then read once (``bytes``); a
+file that does not match its recorded checksum is damaged and its step a ``mismatch``, never
+``identical`` (``damaged``); other steps are read from both dumps (``values``). ``deep=True`` checks
+every step file against its recorded checksum and reads both sides' values, whatever the checksums
+say. A step in one dump only is ``one side``; two fields of one dump (``pair`` without ``b``), ``one dump``.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable
@@ -35,11 +42,12 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from .._text import format_ranges, parse_steps, runs
-from ..errors import ConfigError, StepNotFoundError
+from ..errors import ChecksumError, ConfigError, StepNotFoundError
 from ..format import containers
 from ..format.rows import rows
 from ..format.spec import is_dict_batch
 from ..reader import Reader
+from ..store import checksums
 from . import diff_arrow, diff_ids
 from .diff_field import OK, FieldDiff, _Field
 
@@ -56,6 +64,7 @@ class DiffReport:
     entries: list[FieldDiff]
     pair: tuple[str, str] | None = None
     abs_diffs: dict = field(default_factory=dict, repr=False)  # pair mode: field -> |a-b| (float32)
+    compared: dict = field(default_factory=dict)  # step -> how it was compared (the module's doc)
 
     @property
     def ok(self) -> bool:
@@ -109,7 +118,15 @@ class DiffReport:
             "identical": self.identical, "pair": list(self.pair) if self.pair else None,
             "first_divergence": self.first_divergence, "fields": self.fields(),
             "entries": [{k: v for k, v in asdict(e).items() if k != "sums"} for e in self.entries],
+            "compared": self.how(),
         }
+
+    def how(self) -> dict[str, list[int]]:
+        """The steps compared each way (``bytes``, ``values``, ``damaged``, ``one side``, ``one dump``)."""
+        out: dict[str, list[int]] = {}
+        for s, h in sorted(self.compared.items()):
+            out.setdefault(h, []).append(s)
+        return out
 
 
 def _overall(counts: dict) -> str:
@@ -141,7 +158,8 @@ FAST = True  # compare tensor fields on their stored columns (diff_arrow); False
 def diff(a: Any, b: Any = None, *, steps: Iterable[int] | str | None = None,
          fields: Iterable[str] | None = None, atol: float = 0.0, rtol: float = 0.0,
          split: str = "train", pair: tuple[str, str] | None = None, mask: str | None = None,
-         first: bool = False, progress: Callable[[Iterable], Iterable] | None = None) -> DiffReport:
+         first: bool = False, deep: bool = False,
+         progress: Callable[[Iterable], Iterable] | None = None) -> DiffReport:
     """Compare dump ``a`` with dump ``b`` (paths or Readers) and return a :class:`DiffReport`.
 
     ``steps``: steps to compare (default: every step of either dump; ``"0-9,12"`` accepted; a step
@@ -151,7 +169,9 @@ def diff(a: Any, b: Any = None, *, steps: Iterable[int] | str | None = None,
     of ``b`` (``b`` defaults to ``a``: two fields of one dump), with summary statistics and
     percentiles of ``|a - b|``. ``mask``: a per-token field (of ``a``); only tokens where it is
     non-zero are compared (e.g. ``"loss_mask"``). ``first``: stop at the first entry beyond
-    tolerance (the report ends there). ``progress`` wraps the step iterable (a progress bar).
+    tolerance (the report ends there). ``deep``: check every step file against its recorded checksum
+    and read the values of both, also where the two files' checksums are equal (the module's doc).
+    ``progress`` wraps the step iterable (a progress bar).
 
     Only the fields compared are read. Raises ``StepNotFoundError`` when none of ``steps`` is in
     either dump, ``ConfigError`` when a field of ``fields`` (or of ``pair``) is in no compared step.
@@ -159,7 +179,8 @@ def diff(a: Any, b: Any = None, *, steps: Iterable[int] | str | None = None,
     if atol < 0 or rtol < 0 or math.isnan(atol) or math.isnan(rtol):
         raise ConfigError(f"atol={atol}, rtol={rtol}: tolerances must be >= 0")
     if b is None and pair is None:
-        raise ConfigError("diff needs two dumps, or one dump and pair=(field_a, field_b)")
+        raise ConfigError("diff needs two dumps (A B), or one dump and two of its fields to compare "
+                          "(--pair FIELD_A FIELD_B; pair= in Python)")
     ra = _reader(a, split)
     rb = ra if b is None else _reader(b, split)
     want = parse_steps(steps, "steps")
@@ -170,26 +191,51 @@ def diff(a: Any, b: Any = None, *, steps: Iterable[int] | str | None = None,
             + ("" if rb is ra else f" or {rb.path} (steps {format_ranges(runs(rb.steps))})"), step=want[0])
     all_steps = sorted(both) if want is None else [s for s in want if s in both]  # in neither: no difference
     fields = None if fields is None else list(fields)
-    _check_fields(ra, rb, all_steps, fields, pair)
+    _check_fields(ra, rb, all_steps, fields, pair, mask)
     entries: list[FieldDiff] = []
     absd: dict[str, list] = {}
+    how: dict[int, str] = {}
     it = progress(all_steps) if progress else all_steps
     ra, rb, aligned = diff_ids.align(ra, rb, all_steps)  # rows joined on their trajectory ids
     for s in it:
         in_a, in_b = s in ra.steps, s in rb.steps
         if not (in_a and in_b):
             side = "b" if in_a else "a"
+            how[s] = "one side"
             entries.append(FieldDiff(s, "*", "missing", note=f"step {s} is not in {side}"))
         elif aligned and (why := diff_ids.id_mismatch(ra, rb, s)):
+            how[s] = "values"
             entries.append(FieldDiff(s, "*", "mismatch", note=why))
         else:
-            entries.extend(_step(ra, rb, s, fields, atol, rtol, pair, mask, absd, first))
-            if aligned and fields is None:  # outputs: their per-step scalars too
-                entries.extend(diff_ids.meta_entries(ra, rb, s, lambda k: _Field(s, k, atol, rtol, False)))
+            how[s], damaged = _how(ra, rb, s, deep)
+            if damaged:
+                entries.append(FieldDiff(s, "*", "mismatch", note=damaged))
+            else:
+                entries.extend(_step(ra, rb, s, fields, atol, rtol, pair, mask, absd, first, how[s] == "bytes"))
+                if aligned and fields is None:  # outputs: their per-step scalars too
+                    entries.extend(diff_ids.meta_entries(ra, rb, s, lambda k: _Field(s, k, atol, rtol, False)))
         if first and entries and entries[-1].status not in OK:
             break
     diff_ids.finish(entries, ra, aligned)
-    return DiffReport(str(ra.path), str(rb.path), atol, rtol, entries, tuple(pair) if pair else None, absd)
+    return DiffReport(str(ra.path), str(rb.path), atol, rtol, entries, tuple(pair) if pair else None, absd, how)
+
+
+def _how(ra: Reader, rb: Reader, s: int, deep: bool) -> tuple[str, str | None]:
+    """How step ``s`` is compared (the module's doc), and why it is damaged (None if it is not)."""
+    if rb is ra:
+        return "one dump", None
+    same = diff_arrow.same_file(ra, rb, s)
+    if not (same or deep):
+        return "values", None
+    for side, r in (("a", ra), ("b", rb)):
+        for f in r.files(s):
+            if not same and not checksums.recorded(f):
+                continue  # written without checksums: nothing to check it against
+            try:
+                checksums.check_file(f, s)
+            except ChecksumError as e:
+                return "damaged", f"{side}'s step file {e}"
+    return ("bytes" if same and not deep else "values"), None
 
 
 def _names_of(r: Reader, s: int, spec: dict) -> dict:
@@ -199,13 +245,14 @@ def _names_of(r: Reader, s: int, spec: dict) -> dict:
 
 
 def _check_fields(ra: Reader, rb: Reader, steps: list[int], fields: list[str] | None,
-                  pair: tuple[str, str] | None) -> None:
-    """A field asked for that no compared step of either dump holds is a mistake, not a difference."""
+                  pair: tuple[str, str] | None, mask: str | None = None) -> None:
+    """A field asked for (or the mask, of A) that no compared step holds is a mistake, not a difference."""
     if pair:
         ask = [(pair[0], (ra,)), (pair[1], (rb,))]
-    elif fields is not None:
-        ask = [(f, (ra, rb)) for f in fields]
     else:
+        ask = [(f, (ra, rb)) for f in fields or ()]
+    ask += [(mask, (ra,))] if mask else []
+    if not ask:
         return
     seen: dict[str, None] = {}
     todo = dict(ask)
@@ -223,7 +270,9 @@ def _check_fields(ra: Reader, rb: Reader, steps: list[int], fields: list[str] | 
     f, where = next(iter(todo.items()))
     dumps = " or ".join(str(r.path) for r in dict.fromkeys(where))
     have = ", ".join(list(seen)[:30]) + (", ..." if len(seen) > 30 else "")
-    raise ConfigError(f"field {f!r} is in no compared step of {dumps}; fields: {have or 'none'}")
+    close = difflib.get_close_matches(f, list(seen), n=1)
+    raise ConfigError(f"{'mask ' if f == mask and not (pair and f in pair) else ''}field {f!r} is in no compared "
+                      f"step of {dumps}{f'; did you mean {close[0]}?' if close else ''}; fields: {have or 'none'}")
 
 
 def _rows(r: Reader, s: int, spec: dict, want: set[str] | None) -> list[dict | None]:
@@ -247,7 +296,8 @@ def _rows(r: Reader, s: int, spec: dict, want: set[str] | None) -> list[dict | N
 
 
 def _step(ra: Reader, rb: Reader, s: int, fields: list[str] | None, atol: float, rtol: float,
-          pair: tuple[str, str] | None, mask: str | None, absd: dict[str, list], first: bool) -> list[FieldDiff]:
+          pair: tuple[str, str] | None, mask: str | None, absd: dict[str, list], first: bool,
+          same_bytes: bool = False) -> list[FieldDiff]:
     """The entries of step ``s``: one per compared field (``absd`` collects ``|a - b|`` in pair mode)."""
     spec_a, spec_b = ra.info(s)["batch"], rb.info(s)["batch"]
     na, nb = diff_arrow.field_names(spec_a), diff_arrow.field_names(spec_b)
@@ -265,7 +315,7 @@ def _step(ra: Reader, rb: Reader, s: int, fields: list[str] | None, atol: float,
         todo = [(n, n, n) for n in (fields if fields is not None else list(na) + [n for n in nb if n not in na])]
     done: dict[str, _Field] = {}
     if fast:
-        done = _fast(ra, rb, s, spec_a, spec_b, na, nb, todo, mask, atol, rtol, bool(pair))
+        done = _fast(ra, rb, s, spec_a, spec_b, na, nb, todo, mask, atol, rtol, bool(pair), same_bytes)
     out = []
     for fa, fb, label in todo:
         acc = done.get(label)
@@ -292,7 +342,7 @@ def _step(ra: Reader, rb: Reader, s: int, fields: list[str] | None, atol: float,
 
 
 def _fast(ra: Reader, rb: Reader, s: int, spec_a: dict, spec_b: dict, na: dict, nb: dict, todo: list,
-          mask: str | None, atol: float, rtol: float, keep_abs: bool) -> dict[str, _Field]:
+          mask: str | None, atol: float, rtol: float, keep_abs: bool, same_bytes: bool) -> dict[str, _Field]:
     """The fields of ``todo`` compared on their stored columns (``diff_arrow``), read in one go."""
     def cols(spec: dict, names: dict, fs: list[str]) -> tuple[list[str], list[str]]:
         """The columns of the fields ``fs`` taken on this path, and their top-level fields."""
@@ -309,7 +359,7 @@ def _fast(ra: Reader, rb: Reader, s: int, spec_a: dict, spec_b: dict, na: dict, 
     cols_b, tops_b = cols(spec_b, nb, [f for _, f, _ in todo])
     if not cols_a or not cols_b:
         return {}
-    if diff_arrow.same_file(ra, rb, s):  # the same bytes: read once
+    if ra is rb or same_bytes:  # the same bytes (both files checked against their checksum): read once
         xa = xb = diff_arrow.read_columns(ra, s, cols_a + cols_b, tops_a + tops_b)
     else:
         xa, xb = diff_arrow.read_columns(ra, s, cols_a, tops_a), diff_arrow.read_columns(rb, s, cols_b, tops_b)

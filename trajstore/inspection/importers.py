@@ -31,6 +31,7 @@ from typing import Any
 from .._text import format_ranges, human_bytes, runs
 from ..errors import BatchError, ConfigError, DumpNotFoundError, FormatError, TrajstoreError, WriterError
 from ..store import commit, paths
+from ..reader import Reader
 from ..writer import Committed, Writer
 from .legacy_load import NeedsTrust, PickledDataProto, load_weights_only, unpickle_trusted
 
@@ -54,6 +55,7 @@ class Imported:
     step: int
     rows: int = 0
     bytes: int = 0
+    earlier: bool = False  # already in the dump, imported from the same file by an earlier run (kept)
 
 
 @dataclass
@@ -86,8 +88,15 @@ class ImportReport:
             out.setdefault(i.split, []).append(i.step)
         return {k: sorted(v) for k, v in sorted(out.items())}
 
+    def written(self) -> str:
+        """What the dump holds of this import, in a few words (``split train: steps 0-2``)."""
+        return "; ".join(f"split {k}: steps {format_ranges(runs(v))}" for k, v in self.splits().items()) or "nothing"
+
     def summary(self) -> str:
-        lines = [f"imported {len(self.imported)} step(s) from {self.src} ({self.kind}) into {self.dst}"]
+        earlier = [i for i in self.imported if i.earlier]
+        lines = [f"imported {len(self.imported)} step(s) from {self.src} ({self.kind}) into {self.dst}"
+                 + (f" ({len(earlier)} of them by an earlier run from the same files, kept as they were)"
+                    if earlier else "")]
         for name, steps in self.splits().items():
             mine = [i for i in self.imported if i.split == name]
             lines.append(f"  split {name}: steps {format_ranges(runs(steps))}  rows {sum(i.rows for i in mine)}  "
@@ -241,6 +250,20 @@ def import_dump(src: str | Path, dst: str | Path, *, kind: str | None = None, tr
     writers: dict[str, Writer] = {}
     committed: dict[tuple[str, int], Committed] = {}
     try:
+        _run(items, kind, trust_pickle, strict, overwrite, src_p, dst_p, report, seen, writers, committed, progress)
+    except TrajstoreError as e:  # stopped half way: say what the dump holds, and how to go on
+        if report.imported and e.args and isinstance(e.args[0], str):
+            e.args = (f"{e.args[0]}; {dst} holds what was imported before it ({report.written()}): run the same "
+                      "command again to go on (steps imported from the same files are kept, not written again)",
+                      *e.args[1:])
+        raise
+    return report
+
+
+def _run(items: list[_Item], kind: str, trust_pickle: bool, strict: bool, overwrite: bool, src_p: Path,
+         dst_p: Path, report: ImportReport, seen: dict, writers: dict[str, Writer], committed: dict,
+         progress: Callable[[list], Iterable] | None) -> None:
+    try:
         for item in (progress or list)(items):
             rel = _rel(src_p, item.path)
             key = (item.split, item.step)
@@ -249,6 +272,16 @@ def import_dump(src: str | Path, dst: str | Path, *, kind: str | None = None, tr
                                               *key), ConfigError)
                 continue
             seen[key] = rel
+            prior = None if overwrite else _prior(dst_p, item.split, item.step)
+            if prior is not None:
+                if prior == {"kind": kind, "file": rel}:  # a rerun after a stop: this file is in already
+                    report.imported.append(Imported(rel, *key, earlier=True))
+                else:
+                    _skip(report, strict, Skipped(rel, f"step {item.step} of split {item.split!r} is already in "
+                                                       f"{dst_p} (from {prior.get('file', 'elsewhere')}); "
+                                                       "--overwrite (overwrite=True) replaces it", *key),
+                          ConfigError)
+                continue
             failed = _convert(item, kind, trust_pickle, rel, writers, committed, dst_p, overwrite)
             if failed is None:
                 c = committed.get(key)
@@ -258,7 +291,18 @@ def import_dump(src: str | Path, dst: str | Path, *, kind: str | None = None, tr
     finally:
         for w in writers.values():
             w.close()
-    return report
+
+
+def _prior(dst: Path, split: str, step: int) -> dict | None:
+    """None if ``dst`` has no step ``step`` in ``split``; else where it was imported from (``{}``: not
+    by ``import``)."""
+    if not (dst / paths.MANIFEST).is_file() or step not in paths.list_steps(dst / split):
+        return None
+    try:
+        got = Reader(dst, split).meta(step).get("imported_from")
+    except TrajstoreError:
+        return {}
+    return got if isinstance(got, dict) else {}
 
 
 def _convert(item: _Item, kind: str, trust: bool, rel: str, writers: dict[str, Writer],

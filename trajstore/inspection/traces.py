@@ -45,6 +45,7 @@ import numpy as np
 from ..errors import ConfigError, MissingDependencyError
 from ..format.rows import row_mask
 from ..tables import step_rows
+from .describe import plain
 
 __all__ = ["traces", "load_tokenizer", "trace_rows", "to_json", "dumps", "decode_ids", "FIELD_NAMES",
            "run_lengths"]
@@ -133,17 +134,11 @@ def run_lengths(values: Any) -> list[list]:
 def _scalar(v: Any) -> Any:
     if isinstance(v, np.ndarray) and v.size == 1:
         v = v.reshape(())[()]
-    if isinstance(v, np.generic):
-        return v.item()
-    return v
+    return plain(v)
 
 
 def _jsonable(v: Any) -> Any:
-    if isinstance(v, np.ndarray):
-        return v.tolist()
-    if isinstance(v, np.generic):
-        return v.item()
-    return v
+    return plain(v)
 
 
 def _pick(row: dict, kind: str, fields: dict) -> tuple[str | None, Any]:

@@ -21,7 +21,7 @@ from .fs import is_remote
 from .regular import CHUNK, MAX_SUM_BYTES, fd_path, open_checked, read_small, sha256_of
 
 __all__ = ["SUM_SUFFIX", "sum_path", "file_sha256", "sum_line", "read_sum", "pending_sums", "check_digest",
-           "check_file", "read_verified"]
+           "check_file", "read_verified", "recorded"]
 
 SUM_SUFFIX = ".sha256"
 _SUM_RE = re.compile(r"^([0-9a-f]{64})  ([!-~]+)\n?\Z")  # one `sha256sum` line (ASCII name)
@@ -113,6 +113,11 @@ def _sums(f: Path) -> list[str]:
     """The digests recorded for step file ``f``: the side folder's, then one beside it (layout 1)."""
     name = f.with_suffix(SUM_SUFFIX).name
     return [s for d in paths.places(f.parent) if (s := read_sum(d / name))]
+
+
+def recorded(f: Path) -> list[str]:
+    """The digests recorded at commit for step file ``f`` (none: a dump written without them)."""
+    return _sums(f)
 
 
 def check_digest(f: Path, step: int, digest: str) -> None:

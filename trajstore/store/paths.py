@@ -264,10 +264,14 @@ def read_manifest(root: Path) -> dict:
     try:
         doc = json.loads(read_small(f, "the manifest"))
     except FileNotFoundError:
+        inside = dumps_inside(root)
         raise DumpNotFoundError(
-            f"no trajstore dump at {root}: {MANIFEST} is missing; check the path, or create one with "
-            "trajstore.Writer(path)"
+            f"no trajstore dump at {root}: {MANIFEST} is missing; " + (
+                f"it is a folder of dumps: {', '.join(map(str, inside))}; give one of them" if inside else
+                "check the path, or create one with trajstore.Writer(path)")
         ) from None
+    except NotADirectoryError:
+        raise DumpNotFoundError(not_a_folder(root) or f"no trajstore dump at {root}") from None
     except FormatError:  # not a regular file, or over the cap (store/regular.py)
         raise
     except (ValueError, UnicodeDecodeError, RecursionError) as e:
@@ -281,6 +285,29 @@ def read_manifest(root: Path) -> dict:
         raise FormatError(f"{f}: the manifest's \"environment\" is {type(doc['environment']).__name__}, not an "
                           "object; the dump is damaged (restore trajstore.json, or set it to {})")
     return doc
+
+
+def not_a_folder(root: Path) -> str | None:
+    """Why ``root`` cannot be a dump when it (or a folder above it) is a file, else None."""
+    if is_remote(root):
+        return None
+    for p in (root, *root.parents):
+        if p.exists() and not p.is_dir():
+            return (f"{root} is a file, not a dump: a dump is a folder (holding {MANIFEST}); "
+                    f"give a dump's folder, or a new folder's name to write one" if p == root else
+                    f"{root}: {p} is a file, not a folder; a dump is a folder: give another path")
+    return None
+
+
+def dumps_inside(root: Path, limit: int = 10) -> list[Path]:
+    """The dumps directly inside the folder ``root`` (at most ``limit``): a folder of runs given as a dump."""
+    if is_remote(root):
+        return []
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return []
+    return [root / n for n in names if os.path.isfile(root / n / MANIFEST)][:limit]
 
 
 def _now() -> str:
@@ -306,7 +333,11 @@ def skipped_record(step: int, reason: str) -> str:
 
 def create_manifest(root: Path) -> dict:
     """Read the manifest, creating the dump (atomically) if there is none. A folder that cannot be
-    written (a read-only mount, no permission) is a WriterError naming it."""
+    written (a read-only mount, no permission) is a WriterError naming it, and so is a file given as
+    the dump's folder."""
+    bad = not_a_folder(root)
+    if bad:
+        raise WriterError(bad)
     try:
         return _create_manifest(root)
     except (FileNotFoundError, FormatError):

@@ -18,6 +18,7 @@ bound to every interface (``0.0.0.0``, ``::``), any IP address literal and this 
 
 from __future__ import annotations
 
+import errno
 import html
 import ipaddress
 import json
@@ -34,7 +35,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from ..errors import TrajstoreError
+from ..errors import ConfigError, TrajstoreError
 from . import compare
 from .pages import View
 
@@ -241,8 +242,32 @@ def _compare_routes(view: View, name: str, guarded: Any) -> list[Route]:
             Route("/api/compare/traj", guarded(api_traj))]
 
 
-def serve(view: View, host: str = "127.0.0.1", port: int = 8000) -> None:
-    """Serve ``view`` until interrupted (uvicorn)."""
+def listen(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host``:``port`` (0: a free port), bound before anything says it serves:
+    ConfigError naming the address when it cannot be (in use, not this machine's, no permission)."""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+    except (OSError, OverflowError) as e:
+        raise ConfigError(f"--host {host} --port {port}: not an address to listen on ({e}); give an address "
+                          "of this machine (127.0.0.1, the default) and a port of 1-65535") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: no wait after a restart
+        sock.bind(addr)
+        sock.listen(2048)
+    except OSError as e:
+        sock.close()
+        why = "another program listens there" if e.errno == errno.EADDRINUSE else e.strerror or str(e)
+        raise ConfigError(f"cannot listen on {host}:{port}: {why} ({type(e).__name__}); pass another --port "
+                          "(or stop the program that uses it)") from None
+    return sock
+
+
+def serve(view: View, host: str = "127.0.0.1", port: int = 8000, sock: socket.socket | None = None) -> None:
+    """Serve ``view`` until interrupted (uvicorn), on ``sock`` (of ``listen``) or a new socket."""
     import uvicorn
 
-    uvicorn.run(make_app(view, host, port), host=host, port=port, log_level="warning")
+    sock = sock or listen(host, port)
+    bound = sock.getsockname()[1]  # the port asked for, or the one the system chose for 0
+    server = uvicorn.Server(uvicorn.Config(make_app(view, host, bound), host=host, port=bound, log_level="warning"))
+    server.run(sockets=[sock])
