@@ -141,6 +141,7 @@ def read_only(con: Any, path: Any) -> Any:
     root = resolve(getattr(path, "path", path), "sql")
     root = root.parent if not is_remote(root) and root.is_file() else root  # a Reader of one step file
     dirs = [] if is_remote(root) else sorted({str(root.absolute()) + "/", str(root.resolve()) + "/"})
+    dirs = sorted({*dirs, *(_GLOB.sub(r"[\1]", d) for d in dirs)})  # as ``_literal`` names the files in it
     con.execute("SET allowed_directories = [" + ", ".join(_lit(d) for d in dirs) + "]")
     con.execute("SET autoinstall_known_extensions = false")
     con.execute("SET autoload_known_extensions = false")
