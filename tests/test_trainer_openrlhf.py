@@ -125,8 +125,10 @@ def test_dump_then_replay_without_generation(tmp_path, openrlhf, monkeypatch):
     assert b.critic_model_group.appended == replayed
     for x, y in zip(dumped, replayed, strict=True):  # OpenRLHF's replay buffer takes them as it took the dump's
         ro.same(ro.buffer_batches(x), ro.buffer_batches(y))
-    with pytest.raises(ValueError, match="--eval.steps -1"):
-        b.samples_generator.generate_eval_samples()
+    b.eval_dataloader, b.args.eval.steps = ["prompts"], 2  # an evaluation every 2 steps: refused at the start
+    with pytest.raises(ValueError, match="evaluation at replay .* --eval.steps -1"):
+        b.fit()
+    assert b.actor_model_group.fits == 3
 
 
 def test_off_is_openrlhf_unchanged_and_the_ray_actor_class(tmp_path, openrlhf, monkeypatch):

@@ -135,8 +135,10 @@ def test_dump_then_replay_without_generation(tmp_path):
     assert asyncio.run(b.inference_engine_client.wake_up()) is None
     with pytest.raises(AttributeError, match="generate: replay .* builds no inference engine"):
         b.inference_engine_client.generate
-    with pytest.raises(ConfigError, match="eval_interval=-1"):
-        asyncio.run(b.eval())
+    c = cfg(replay=True, path=d)
+    c.trainer.eval_interval = 2
+    with pytest.raises(ConfigError, match="eval_interval=2 at replay.*eval_interval=-1"):
+        run(c, NoGeneration())
 
 
 def test_config_section_env_and_refusals(tmp_path, monkeypatch):

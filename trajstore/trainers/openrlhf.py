@@ -22,7 +22,8 @@ neither does the experience maker (no actor, critic, reference or reward model f
 ``generate_samples`` call answers the next step's recorded meta, ``make_experience_batch`` the recorded
 experiences, from the trainer's start step (its checkpoint's when resuming) until the dump's last step,
 where the episode ends. Weights are not broadcast to vLLM; launch the replay with ``--vllm.num_engines 0``
-so that none is started, and with ``--eval.steps -1`` (an evaluation needs the engines).
+so that none is started, and with ``--eval.steps -1`` (an evaluation needs the engines: ``fit`` refuses
+another when there is an eval dataset).
 """
 
 from __future__ import annotations
@@ -97,6 +98,9 @@ class Switch:
 
     def fit(self, global_step: int = 0) -> None:
         if isinstance(self.samples_generator, ReplaySamples):
+            if self.eval_dataloader and getattr(self.args, "eval").steps != float("inf"):  # OpenRLHF's --eval.steps
+                self.trajstore.close()
+                self.samples_generator.generate_eval_samples()  # refused before the first step, not at the first evaluation
             self.samples_generator.step = global_step
         try:
             return super().fit(global_step)

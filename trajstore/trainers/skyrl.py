@@ -25,8 +25,8 @@ Replay: ``generate`` returns the recorded output (its ``rollout_metrics`` logged
 sent. ``Exp`` builds no inference engine at all (neither local nor remote) and hands the generator a
 ``NoEngine``. The rest of each step is SkyRL's: ``postprocess_generator_output``,
 ``convert_to_training_input``, the models' forward passes, advantages, ``train_critic_and_policy``,
-checkpoints. An evaluation needs the engines: replay with ``trainer.eval_interval=-1``. Dynamic sampling
-(several ``generate`` calls per step) is refused at start-up.
+checkpoints. An evaluation needs the engines: replay with ``trainer.eval_interval=-1`` (``train`` refuses
+another). Dynamic sampling (several ``generate`` calls per step) is refused at start-up.
 """
 
 from __future__ import annotations
@@ -70,11 +70,6 @@ class NoEngine:
                              "trainer.eval_interval=-1)")
 
 
-def _refuse(what: str) -> Any:
-    raise ConfigError(f"{what} at replay (trajstore.replay / TRAJSTORE_REPLAY): there is no inference engine "
-                      "to generate with; replay with trainer.eval_interval=-1")
-
-
 class Switch:
     """Mixin for SkyRL's ``RayPPOTrainer`` (first in the bases): its ``generate`` step dumped or replayed
     (module doc)."""
@@ -108,12 +103,12 @@ class Switch:
     def sync_policy_weights_to_inference_engines(self) -> list:
         return [] if self.trajstore.replaying else super().sync_policy_weights_to_inference_engines()
 
-    async def eval(self) -> dict:
-        if self.trajstore.replaying:
-            _refuse("evaluation")
-        return await super().eval()
-
     def train(self) -> None:
+        if self.trajstore.replaying and (OmegaConf.select(self.cfg, "trainer.eval_interval", default=0) or 0) > 0:
+            self.trajstore.close()
+            raise ConfigError(f"trainer.eval_interval={self.cfg.trainer.eval_interval} at replay (trajstore.replay / "
+                              "TRAJSTORE_REPLAY): an evaluation generates, and replay has no inference engine to "
+                              "generate with; replay with trainer.eval_interval=-1")
         try:
             return super().train()
         finally:
