@@ -22,7 +22,8 @@ neither does the experience maker (no actor, critic, reference or reward model f
 ``generate_samples`` call answers the next step's recorded meta, ``make_experience_batch`` the recorded
 experiences, from the trainer's start step (its checkpoint's when resuming) until the dump's last step,
 where the episode ends. Weights are not broadcast to vLLM; launch the replay with ``--vllm.num_engines 0``
-so that none is started, and with ``--eval.steps -1`` (an evaluation needs the engines: ``fit`` refuses
+so that none is started (OpenRLHF allows it without ``--ds.packing_samples``; with it the engines start and
+stay idle), and with ``--eval.steps -1`` (an evaluation needs the engines: ``fit`` refuses
 another when there is an eval dataset).
 """
 
