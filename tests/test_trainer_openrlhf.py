@@ -125,10 +125,13 @@ def test_dump_then_replay_without_generation(tmp_path, openrlhf, monkeypatch):
     assert b.critic_model_group.appended == replayed
     for x, y in zip(dumped, replayed, strict=True):  # OpenRLHF's replay buffer takes them as it took the dump's
         ro.same(ro.buffer_batches(x), ro.buffer_batches(y))
+    b.fit(global_step=2)  # resumed at step 2 (as from a checkpoint): only the dump's steps from there
+    assert b.actor_model_group.fits == 4 and b.actor_model_group.broadcasts == 0
+    ro.same(b.actor_model_group.appended[-1], r[2])
     b.eval_dataloader, b.args.eval.steps = ["prompts"], 2  # an evaluation every 2 steps: refused at the start
     with pytest.raises(ValueError, match="evaluation at replay .* --eval.steps -1"):
         b.fit()
-    assert b.actor_model_group.fits == 3
+    assert b.actor_model_group.fits == 4
 
 
 def test_off_is_openrlhf_unchanged_and_the_ray_actor_class(tmp_path, openrlhf, monkeypatch):

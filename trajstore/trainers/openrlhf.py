@@ -108,6 +108,10 @@ class Switch:
         finally:
             self.trajstore.close()  # every dumped step on disk when fit returns
 
+    def broadcast_to_vllm(self) -> None:
+        if not isinstance(self.samples_generator, ReplaySamples):  # replay: no engine to send weights to
+            super().broadcast_to_vllm()
+
     def train_step(self, rollout_samples: Any, global_step: int) -> Any:
         rec, maker = self.trajstore, self.experience_maker
         if rec.mode == "off":
