@@ -62,23 +62,26 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 
-def import_openrlhf():
-    """OpenRLHF's modules, imported with stubs for those of ``STUBBED`` that are not installed; the
-    stubs are taken out of ``sys.modules`` afterwards (OpenRLHF's modules keep their references)."""
+def stubbed_import(*modules):
+    """``modules`` imported with stubs for those of ``STUBBED`` that are not installed; the stubs are
+    taken out of ``sys.modules`` afterwards (the imported modules keep their references)."""
     pytest.importorskip("openrlhf")
     missing = tuple(m for m in STUBBED if importlib.util.find_spec(m) is None)
     finder = _StubFinder(missing)
     sys.meta_path.insert(0, finder)
     try:
-        from openrlhf.trainer.ppo_utils import experience as ex
-        from openrlhf.trainer.ppo_utils import experience_maker as em
-        from openrlhf.trainer.ppo_utils import kl_controller as kl
-        from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
+        return [importlib.import_module(m) for m in modules]
     finally:
         sys.meta_path.remove(finder)
         for name in [n for n in sys.modules if n.partition(".")[0] in missing]:
             del sys.modules[name]
-    return ex, em, kl, SamplesGenerator
+
+
+def import_openrlhf():
+    """OpenRLHF's experience modules (``stubbed_import``)."""
+    ex, em, kl, sg = stubbed_import(*(f"openrlhf.trainer.ppo_utils.{m}" for m in
+                                      ("experience", "experience_maker", "kl_controller", "samples_generator")))
+    return ex, em, kl, sg.SamplesGenerator
 
 
 ex, em, kl, SamplesGenerator = import_openrlhf()

@@ -6,6 +6,11 @@
   replayed (``TRAJSTORE_DUMP=1`` / ``TRAJSTORE_REPLAY=1``).
 * ``trainers.areal``: the ``debug.dump_rollout_data`` / ``debug.replay_rollout_data`` / ``debug.path`` keys
   of AReaL's config, and the rollout engine wrap behind them.
+* ``trainers.openrlhf``: OpenRLHF's ``PPOTrainer`` (a Ray actor class) whose experience maker step is
+  recorded or replayed (``TRAJSTORE_DUMP=1`` / ``TRAJSTORE_REPLAY=1``).
+* ``trainers.skyrl``: SkyRL's ``RayPPOTrainer`` whose ``generate`` step is recorded or replayed, and the
+  ``BasePPOExp`` mixin whose replay builds no inference engine (a ``trajstore`` config section or
+  ``TRAJSTORE_*``).
 
 Each module imports its framework at the top: import it only where the framework is installed. They
 sit above the Recorder (``trajstore.recorder``); docs/frameworks/<name>.md is each one's page.
