@@ -49,7 +49,9 @@ REPLAY = ["trainer.val_before_train=False", "trainer.test_freq=-1"]  # no valida
 def config(dump_dir, action="cache", extra=(), switch_keys=SWITCH):
     """verl's own ppo_trainer.yaml with the switch's overrides, composed as ``main_ppo`` does."""
     from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
 
+    GlobalHydra.instance().clear()  # another test's framework (AReaL's config parser) may have left it initialized
     with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
         return compose("ppo_trainer", overrides=[
             *switch_keys, "skip.rollout.steps=[1,2,3]", f"skip.rollout.dump_dir={dump_dir}",
