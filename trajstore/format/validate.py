@@ -256,6 +256,10 @@ class _Checker:
             side = g.get("side")
             if side not in ("right", "left", "span", None):
                 raise _Bad(f"mask group {key!r} has padding side {side!r}")
+            if "holes" in g and (g["holes"] is not True or side is None):
+                raise _Bad(f"mask group {key!r}: holes {g['holes']!r} (only true, on a group with a side)")
+            if "holes" in g and type(self.version) is int and self.version < 5:
+                raise _Bad(f"mask group {key!r} has holes in a file of format version {self.version} (it needs 5)")
             if (side == "span") != ("start_col" in g):
                 raise _Bad(f"mask group {key!r}: a start column goes with side 'span' only")
             if side == "span":
