@@ -106,6 +106,10 @@ def test_multi_turn_loss_mask_in_sql_and_packed(tmp_path):
     p = r.read(0, layout="packed")
     assert p["loss_mask"].tolist() == [1, 1, 0, 0, 1, 1] + [1, 1, 0, 1, 1, 1, 1] + [1]
     assert torch.equal(p["advantages"][p["loss_mask"].bool()], b["advantages"][lm.bool()])
+    df = r.to_pandas()  # each row's run, as SQL
+    assert [list(x) for x in df["loss_mask"]] == [[1, 1, 0, 0, 1, 1], [1, 1, 0, 1, 1, 1, 1], [1]]
+    roles = [(m["role"], m["ids"]) for m in trajstore.traces(r, 0)[0]["messages"]]
+    assert roles == [("prompt", [0, 1]), ("model", [2, 3]), ("env", [4, 5]), ("model", [6, 7])]
 
 
 def test_an_older_version_with_holes_is_refused():
