@@ -110,9 +110,8 @@ def plan(elem: Any) -> _Runs | None:
         if type(c) is Cells and [i for i, _ in c.present] == rows:
             if all(tuple(e.shape[:2]) == tuple(am.elems[i].shape) for i, e in c.present):
                 c = RunCells(c.path, c.elems, c.lib, c.dtype, masks=[s and r.masks[i] for i, s in enumerate(shapes)])
-            elif action and len(am.elems[rows[0]].shape) == 2 and all(
-                    len(am.elems[i].shape) == 2 and tuple(e.shape[:2]) == (am.elems[i].shape[0], am.elems[i].shape[1] - 1)
-                    for i, e in c.present):
+            elif action and all(len(am.elems[i].shape) == 2 and tuple(e.shape[:2]) == (
+                    am.elems[i].shape[0], am.elems[i].shape[1] - 1) for i, e in c.present):
                 c = RunCells(c.path, c.elems, c.lib, c.dtype, masks=amasks, runs=RUNS_ACTION)
                 r.action = aruns
         keys.append((k, c))
