@@ -472,7 +472,8 @@ class _Decoder:
         (``[s_0..s_{g-1}, l_0..l_{g-1}]`` in the runs column), the padded positions ``pad`` or, in
         row-major order of ``[g, T]``, the ``pad_col`` row."""
         col, dtype = node["col"], node["dtype"]
-        if self.version < 3 or node["runs"] != "__runs__attention_mask" or node.get("kind") != "token":
+        named = node["runs"] in ("__runs__attention_mask", "__runs__attention_mask__action")
+        if self.version < 3 or not named or node.get("kind") != "token":
             raise SpecError(f"{col!r}: runs {node['runs']!r} on a {node.get('kind')!r} cell in version {self.version}")
         vals, off, valid = self.rows(col, dtype)
         shapes = self.col(node["shape_col"], pa.int64(), listed=True).to_pylist()

@@ -75,8 +75,9 @@ def test_any_groups_round_trip_exactly(batch):
             if "runs" not in node:
                 continue
             for e, r, v in zip(batch, runs, t.column(k).to_pylist()):
-                if r is not None:  # the group's tokens only
-                    assert len(v) == int((e["attention_mask"] != 0).sum()) * int(np.prod(e[k].shape[2:]))
+                if r is not None:  # the group's tokens only (an action cell: the tokens after the first)
+                    m = e["attention_mask"] if node["runs"] == "__runs__attention_mask" else e["attention_mask"][:, 1:]
+                    assert len(v) == int((m != 0).sum()) * int(np.prod(e[k].shape[2:]))
 
 
 def test_packed_read_of_a_list_batch_is_refused(tmp_path):

@@ -348,6 +348,25 @@ def test_action_fields_are_stored_unpadded_after_the_first_token(tmp_path):
     assert torch.equal(packed["action_log_probs"], e.action_log_probs[e.attention_mask[:, 1:].bool()])
 
 
+def test_a_list_of_experiences_stores_its_action_fields_unpadded(tmp_path):
+    """make_experience_batch's list: each element's [g, T-1] action cells hold the tokens after the
+    first of each row (the rule of a single batch); CPU decode and the device path give the same bits."""
+    from test_device_pad import device_read
+
+    _, exps = batches(seed=7, multi_turn=True)
+    with trajstore.Writer(tmp_path / "d") as w:
+        w.append(0, exps)
+    r = trajstore.Reader(tmp_path / "d")
+    n = [k for e in exps for k in e.attention_mask.sum(-1).tolist()]
+    got = r.duckdb().sql("select len(sequences), len(action_mask), len(advantages), len(action_log_probs) "
+                         "from train").fetchall()
+    assert got == [(k, k - 1, k - 1, k - 1) for k in n]
+    same(exps, r[0])
+    dev, plan = device_read(r, 0)
+    same(exps, dev)
+    assert plan is not None and len(plan.pads) >= 6  # every element's token cells built from their runs
+
+
 def test_show_places_prompt_actions_and_logprobs(tmp_path):
     _, exps = batches(seed=6, multi_turn=True)
     e = exps[0]

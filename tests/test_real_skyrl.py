@@ -296,3 +296,22 @@ def test_view_places_response_fields_under_their_tokens(tmp_path):
         assert [t["logprob"] for t in toks[: n - r]] == [""] * (n - r)
         want = ti["rollout_logprobs"][i][rm[i]]  # shown at float32 precision
         assert torch.equal(torch.tensor([float(t["logprob"]) for t in toks[n - r:]], dtype=want.dtype), want)
+
+
+@pytest.mark.parametrize("step_wise", [False, True])
+def test_view_shows_a_generator_outputs_token_lists(tmp_path, step_wise):
+    """A GeneratorOutput's per-trajectory lists (large_list columns): the prompt's tokens, then the
+    response's with its loss mask (holes included) and rollout logprobs."""
+    from trajstore.view.pages import View
+
+    go, _ = batches(seed=8, step_wise=step_wise)
+    with trajstore.Writer(tmp_path / "d") as w:
+        w.append(0, go)
+    for i in range(len(go["response_ids"])):
+        t = View(tmp_path / "d").traj(None, 0, i)
+        toks, P = t["tokens"], len(go["prompt_token_ids"][i])
+        assert t["fields"]["ids"] == "response_ids" and t["fields"]["mask"] == "loss_masks"
+        assert [x["id"] for x in toks] == go["prompt_token_ids"][i] + go["response_ids"][i]
+        assert [x["mask"] for x in toks] == [0] * P + go["loss_masks"][i]
+        assert [x["logprob"] for x in toks[:P]] == [""] * P
+        assert [float(x["logprob"]) for x in toks[P:]] == go["rollout_logprobs"][i]

@@ -282,6 +282,19 @@ def test_groups_by_runs(tmp_path):
             read_step(_rewrite(tmp_path, name, t, m))
 
 
+def test_action_cells_by_shifted_runs(tmp_path):
+    """3.10: OpenRLHF's [g, T-1] action cells (elements with ``sequences``) stored against the mask's
+    columns 1..T-1, their runs in ``__runs__attention_mask__action``, are decoded as trajstore does."""
+    groups = [None if e is None else e | {"sequences": e["input_ids"].long(),
+                                          "action_mask": e["attention_mask"][:, 1:].bool(),
+                                          "action_log_probs": e["logprobs"][:, 1:].clone()} for e in _groups()]
+    check(tmp_path, groups)
+    table, meta = _spec(tmp_path)
+    cells = dict(meta["batch"]["elem"]["keys"])
+    assert cells["action_log_probs"]["runs"] == cells["action_mask"]["runs"] == "__runs__attention_mask__action"
+    assert table.column("__runs__attention_mask__action").to_pylist()[:2] == [[0, 0, 2, 0], [1, 0, 3, 2, 3, 0]]
+
+
 def test_row_key_orders_nulls_and_strict_floats(tmp_path):
     """Version-3 value constructs from the text: a struct row's own key order (``orders``), Python
     numbers in one float64 column (``num``), NaN / inf as typed ``float`` documents."""

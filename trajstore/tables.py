@@ -36,7 +36,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError, FormatError, MissingDependencyError, TrajstoreError, TrajstoreWarning, warn
-from .format.spec import RUNS_COL
+from .format.spec import RUNS_ACTION, RUNS_COL
 from .store import paths, remote, stepfile
 from .store.fs import is_remote, resolve
 from .store.regular import open_checked
@@ -308,7 +308,8 @@ def _group_select(doc: dict) -> str | None:
     grouped = f"len({ms}) = 2"  # a [g, T] mask (g = 1 for an episode); a rejected row has none
     g = f"(CASE WHEN {grouped} THEN {ms}[1] ELSE 1 END)"
     mask = f"list_slice(CAST({mc} AS BOOLEAN[]), {t} * {ms}[2] + 1, ({t} + 1) * {ms}[2])"
-    runs = {k for k, n in keys if isinstance(n, dict) and n.get("t") == "cell" and n.get("runs") == RUNS_COL}
+    runs = {k: q(n["runs"]) for k, n in keys if isinstance(n, dict) and n.get("t") == "cell"
+            and n.get("runs") in (RUNS_COL, RUNS_ACTION)}
     rc = q(RUNS_COL)
     if runs:  # a row stored by runs keeps only valid mask entries: trajectory t's mask from its run
         mask = (f"(CASE WHEN {rc} IS NOT NULL THEN list_transform(range({ms}[2]), lambda x: x >= {rc}[{t} + 1] AND "
@@ -319,6 +320,7 @@ def _group_select(doc: dict) -> str | None:
         row = f"list_slice({q(c)}, {t} * {n} + 1, ({t} + 1) * {n})"  # trajectory t's part of [g, ...]
         unpadded = ""
         if k in runs:  # a group stored by runs (docs/FORMAT.md 3.10): trajectory t's run, already unpadded
+            rc = runs[k]
             w = f"(len({q(c)}) // greatest(list_sum(list_slice({rc}, {g} + 1, 2 * {g})), 1))"
             at = f"coalesce(list_sum(list_slice({rc}, {g} + 1, {g} + {t})), 0)"
             unpadded = (f"WHEN {grouped} AND {rc} IS NOT NULL THEN list_slice({q(c)}, {at} * {w} + 1, "

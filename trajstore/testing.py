@@ -145,10 +145,13 @@ def group_lists(draw: st.DrawFn, max_batch: int = 4) -> list[dict[str, Any] | No
     """AReaL-style groups (``GroupedRolloutWorkflow`` / ``concat_padded_tensors``): a list of dicts of
     ``[g, T]`` tensors whose ``attention_mask`` marks one run per trajectory (right-padded, sometimes
     left, anywhere, or with holes), per-token ``[g, T]`` / ``[g, T, k]`` fields whose padded positions
-    hold one pad value or their own values, per-trajectory ``[g]`` rewards, and sometimes ``None``."""
+    hold one pad value or their own values, per-trajectory ``[g]`` rewards, and sometimes ``None``.
+    Sometimes OpenRLHF's ``Experience`` fields too: ``sequences`` and ``[g, T-1]`` action fields
+    following the mask's columns 1..T-1 (the tokens after the first)."""
     out: list = []
     side = draw(st.sampled_from(["right", "right", "left", "span"]))
     k = draw(st.integers(0, 2))
+    action = draw(st.integers(0, 2)) == 0
     for _ in range(draw(st.integers(0, max_batch))):
         if draw(st.integers(0, 5)) == 0:
             out.append(None)
@@ -162,6 +165,9 @@ def group_lists(draw: st.DrawFn, max_batch: int = 4) -> list[dict[str, Any] | No
                     "logprobs": _padded_values(draw, m, [torch.float32, torch.bfloat16]),
                     "topk": _padded_values(draw, m[..., None].expand(g, T, k), [torch.float16]),
                     "rewards": draw(tensors((g,), [torch.float32])), "uid": draw(st.text(max_size=3))})
+        if action and T:
+            out[-1] |= {"sequences": _padded_values(draw, m, [torch.int64]), "action_mask": m[:, 1:].clone(),
+                        "action_log_probs": _padded_values(draw, m[:, 1:], [torch.float32, torch.bfloat16])}
     return out
 
 

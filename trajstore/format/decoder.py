@@ -112,7 +112,8 @@ class Decoder:
             out = {k: self.field(node, "padded") for k, node in chosen}
             self.fill_padded()
             return out
-        drop = set(_LAYOUT_KEYS) | {g["src"] for g in groups if g["key"] == "" or g["src"] != "attention_mask"}
+        drop = set(_LAYOUT_KEYS) | {g["src"] for g in groups if (g["key"] == "" or g["src"] != "attention_mask")
+                                    and not g.get("holes")}  # a mask with holes is kept: it says which tokens count
         out, used = {}, set()
         for k, node in chosen:
             if k in drop:

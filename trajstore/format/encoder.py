@@ -48,7 +48,7 @@ def _dict_batch(enc: TableBuilder, p: Plan, batch: Any) -> BatchNode:
     if lay.form == "padded" and lens and lens[0]:
         spec["len_col"] = lens[0]
     if lay.form == "masked":
-        enc.needs(2)
+        enc.needs(5 if any(g.holes for g in lay.groups) else 2)  # holes inside runs: version 5 (3.4)
         spec["masks"] = [g.node() | ({"len_col": c} if c else {}) for g, c in zip(lay.groups, lens)]
         for g in lay.groups:
             if g.side == "span":

@@ -9,6 +9,10 @@ each trajectory's tokens are one run, the token cells of that row (the cells sha
 like the mask, the mask itself included) hold only each trajectory's run, trajectory after
 trajectory. The runs are in ``__runs__attention_mask`` (starts, then lengths); the padded
 positions' values are one ``pad`` value, or their own values in ``__pad__<column>``.
+
+A list of OpenRLHF ``Experience``s (elements with ``sequences``) has action cells ``[g, T-1]``: the
+tokens after the first, columns 1..T-1 of the mask. Those cells hold the runs of the shifted mask,
+recorded in ``__runs__attention_mask__action`` (the same rule as a single batch, format/layout.py).
 """
 
 from __future__ import annotations
@@ -26,12 +30,12 @@ from . import dtypes as dt
 from .arrow import Columns, TableBuilder, list_array
 from .check import MISSING, Cells, Struct
 from .layout import classify, span_mask, token_mask
-from .spec import PAD_PREFIX, RUNS_COL, SHAPE_PREFIX
+from .spec import PAD_PREFIX, RUNS_ACTION, RUNS_COL, SHAPE_PREFIX
 from . import limits
 from .tensors import FillJob
 from .values import as_cpu, bits, storage
 
-__all__ = ["RunCells", "RUNS_COL", "plan", "encode_runs", "encode_cells", "decode_cells"]
+__all__ = ["RunCells", "RUNS_COL", "RUNS_ACTION", "plan", "encode_runs", "encode_cells", "decode_cells"]
 
 
 @dataclass
@@ -39,12 +43,29 @@ class RunCells(Cells):
     """Token cells of a list batch, unpadded in the rows whose group mask has runs."""
 
     masks: list = field(default_factory=list)  # per row: the [g, T] bool token mask, or None (stored whole)
+    runs: str = RUNS_COL  # the column of the runs its rows follow
 
 
 @dataclass
 class _Runs:
     masks: list  # per row: [g, T] bool mask or None
     runs: list  # per row: [starts..., lengths...] or None
+    action: list | None = None  # per row: the runs of the mask's columns 1..T-1 (OpenRLHF's action cells)
+
+    def shifted(self) -> tuple[list, list]:
+        """Per row: the ``[g, T-1]`` mask of the tokens after the first, and its runs (None: whole)."""
+        masks: list = [None] * len(self.runs)
+        runs: list = [None] * len(self.runs)
+        for i, (m, r) in enumerate(zip(self.masks, self.runs)):
+            if r is None:
+                continue
+            g = len(r) // 2
+            s, ln = np.asarray(r[:g], dtype=np.int64), np.asarray(r[g:], dtype=np.int64)
+            s1 = np.maximum(s - 1, 0)
+            ln1 = np.maximum(s + ln - 1 - s1, 0)
+            masks[i] = span_mask(s1, ln1, m.shape[1] - 1)
+            runs[i] = [int(x) for x in s1] + [int(x) for x in ln1]
+        return masks, runs
 
 
 def _read(elem: Struct) -> _Runs | None:
@@ -81,11 +102,18 @@ def plan(elem: Any) -> _Runs | None:
         return None
     shapes = [None if m is None else tuple(m.shape) for m in r.masks]
     am = dict(elem.keys)["attention_mask"]
+    rows = [i for i, _ in am.present]
+    action = type(dict(elem.keys).get("sequences")) is Cells  # OpenRLHF's Experience: [g, T-1] action cells
+    amasks, aruns = r.shifted() if action else ([], [])
     keys = []
     for k, c in elem.keys:
-        if type(c) is Cells and [i for i, _ in c.present] == [i for i, _ in am.present] and all(
-                tuple(e.shape[:2]) == tuple(am.elems[i].shape) for i, e in c.present):
-            c = RunCells(c.path, c.elems, c.lib, c.dtype, masks=[s and r.masks[i] for i, s in enumerate(shapes)])
+        if type(c) is Cells and [i for i, _ in c.present] == rows:
+            if all(tuple(e.shape[:2]) == tuple(am.elems[i].shape) for i, e in c.present):
+                c = RunCells(c.path, c.elems, c.lib, c.dtype, masks=[s and r.masks[i] for i, s in enumerate(shapes)])
+            elif action and all(len(am.elems[i].shape) == 2 and tuple(e.shape[:2]) == (
+                    am.elems[i].shape[0], am.elems[i].shape[1] - 1) for i, e in c.present):
+                c = RunCells(c.path, c.elems, c.lib, c.dtype, masks=amasks, runs=RUNS_ACTION)
+                r.action = aruns
         keys.append((k, c))
     elem.keys = keys
     return r
@@ -96,6 +124,9 @@ def encode_runs(enc: TableBuilder, r: _Runs) -> None:
     runs, null for a row stored whole."""
     enc.names.claim(RUNS_COL, ("attention_mask",), companion=True)
     enc.add(RUNS_COL, pa.array(r.runs, type=pa.list_(pa.int64())), {"kind": "runs"}, ("attention_mask",))
+    if r.action is not None:
+        enc.names.claim(RUNS_ACTION, ("attention_mask",), companion=True)
+        enc.add(RUNS_ACTION, pa.array(r.action, type=pa.list_(pa.int64())), {"kind": "runs"}, ("attention_mask",))
     enc.needs(3)
 
 
@@ -133,7 +164,7 @@ def encode_cells(enc: TableBuilder, node: dict, p: RunCells) -> None:
     np.cumsum([v.size for v in vals], out=offsets[1:])
     pv = np.concatenate(pads) if pads else np.empty(0, sdt)
     node.update(t="cell", col=p.col, lib=p.lib, dtype=p.dtype, shape_col=SHAPE_PREFIX + p.col, kind="token",
-                runs=RUNS_COL, pad=None)
+                runs=p.runs, pad=None)
     enc.add(p.col, list_array(offsets, flat, absent), {"dtype": p.dtype, "kind": "cell"}, p.path)
     enc.add(node["shape_col"], pa.array(shapes, type=pa.list_(pa.int64())), {"kind": "shape"}, p.path)
     u = _uint(pv)

@@ -23,7 +23,7 @@ from .spec import LEN_PREFIX, START_PREFIX
 from .values import as_cpu, describe, is_tensorlike
 
 __all__ = ["Layout", "MaskGroup", "token_mask", "structure", "batch_size", "read_cu_seqlens", "read_groups",
-           "padded_mask", "span_mask", "group_of", "len_col", "last_axis_group", "channel_major", "classify", "count_tokens",
+           "padded_mask", "span_mask", "extent", "group_of", "len_col", "last_axis_group", "channel_major", "classify", "count_tokens",
            "is_flat", "PER_TRAJECTORY"]
 
 # docs/FORMAT.md 3.4: in a packed batch with as many tokens as trajectories (N == B), fields of these
@@ -69,12 +69,15 @@ class MaskGroup:
     mask: torch.Tensor | None = None
     lengths: torch.Tensor | None = None
     starts: torch.Tensor | None = None  # side "span": first valid position per row
+    holes: bool = False  # a declared mask with holes: each row's run spans its first to last valid token
 
     def node(self) -> dict:
         """The group's spec node (docs/FORMAT.md section 3.7)."""
         d = {"key": self.key, "src": self.src, "lo": self.lo, "W": self.W, "side": self.side}
         if self.side == "span":
             d["start_col"] = start_col(self)
+        if self.holes:
+            d["holes"] = True
         return d
 
 
@@ -325,11 +328,27 @@ def read_groups(lay: Layout, batch: Mapping) -> None:
             continue
         g.mask = m[:, g.lo:g.lo + g.W]
         g.side, g.lengths, g.starts = classify(g.mask)
+        if g.side is None and not g.inferred and g.src != "attention_mask":
+            g.mask, g.holes = extent(g.mask), True  # a declared multi-turn mask: one run per row, holes inside
+            g.side, g.lengths, g.starts = classify(g.mask)
         if g.side is None:
             g.mask = None
     if lay.form == "padded":
         g = lay.groups[0]
         lay.side, lay.mask, lay.lengths = g.side, g.mask, g.lengths
+
+
+def extent(mask: torch.Tensor) -> torch.Tensor:
+    """The ``[B, W]`` mask of each row's positions from its first valid token to its last (holes
+    filled; an empty row stays empty): the run a mask with holes stores per row (docs/FORMAT.md 3.4)."""
+    W = mask.shape[1]
+    if not W:
+        return mask.clone()
+    m8 = mask.to(torch.uint8)
+    first = m8.argmax(1)
+    last = W - 1 - m8.flip(1).argmax(1)
+    ar = torch.arange(W)[None, :]
+    return (ar >= first[:, None]) & (ar <= last[:, None]) & mask.any(1, keepdim=True)
 
 
 def span_mask(starts: np.ndarray, lengths: np.ndarray, W: int) -> torch.Tensor:

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .layout import token_mask
+from .layout import extent, token_mask
 from .spec import is_tokenlike
 
 __all__ = ["rows", "row_mask", "to_numpy"]
@@ -94,7 +94,8 @@ def _segments(spec_keys: list, prefix: str = "") -> dict[str, np.ndarray]:
 
 
 def _group_masks(flat: dict, spec: dict) -> list[np.ndarray | None]:
-    """Each mask group's [B, W] token mask, from its mask field as decoded."""
+    """Each mask group's [B, W] token mask, from its mask field as decoded (a declared mask with holes:
+    each row's run from its first to its last valid token, as stored)."""
     full: dict[str, np.ndarray] = {}
     out: list[np.ndarray | None] = []
     for g in spec.get("masks", []):
@@ -104,7 +105,8 @@ def _group_masks(flat: dict, spec: dict) -> list[np.ndarray | None]:
             continue
         if g["src"] not in full:
             full[g["src"]] = token_mask(to_numpy(m)).numpy()
-        out.append(full[g["src"]][:, g["lo"]:g["lo"] + g["W"]])
+        m = full[g["src"]][:, g["lo"]:g["lo"] + g["W"]]
+        out.append(extent(torch.from_numpy(m)).numpy() if g.get("holes") else m)  # 3.4: a run, holes inside
     return out
 
 

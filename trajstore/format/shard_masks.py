@@ -143,6 +143,8 @@ class Masks:
         W = max(Ws)
         sides = [g["side"] for g in gs]
         out = {"key": gs[0]["key"], "src": src, "lo": gs[0]["lo"], "W": W, "side": None}
+        if any(g.get("holes") for g in gs):  # a declared mask with holes in some shard: kept in every row's run
+            out["holes"] = True
         if len({g["lo"] for g in gs}) > 1:
             raise self.fail(f"mask {src!r} group {gs[0]['key']!r} starts at columns {[g['lo'] for g in gs]}")
         if "len_col" in gs[0]:

@@ -16,7 +16,7 @@ from . import dtypes as dt
 
 __all__ = [
     "FORMAT_VERSION", "MANIFEST_VERSION", "RESERVED", "STEP_COLUMN", "SHAPE_PREFIX", "PAD_PREFIX", "START_PREFIX",
-    "RUNS_PREFIX", "RUNS_COL", "LEN_PREFIX", "COMPANION_PREFIXES",
+    "RUNS_PREFIX", "RUNS_COL", "RUNS_ACTION", "LEN_PREFIX", "COMPANION_PREFIXES",
     "StepDoc", "BatchNode", "SeqNode", "TensorNode", "SegTensorNode", "GTensorNode", "JsonNode", "TValueNode", "GroupNode", "EmptyElem",
     "CellElem", "ValueElem", "StructElem",
     "FieldNode", "ElemNode", "step_doc", "fields", "is_token", "is_flat", "is_segments", "counted_masks", "is_tokenlike",
@@ -24,7 +24,7 @@ __all__ = [
     "node_columns", "columns_for", "where",
 ]
 
-FORMAT_VERSION = 4  # the newest step-file version this library reads and writes
+FORMAT_VERSION = 5  # the newest step-file version this library reads and writes
 MANIFEST_VERSION = 2  # the dump layout (trajstore.json, folders, names; 2: _trajstore/ side folder); steps carry their own version
 RESERVED = ("step",)  # column names a batch field may not take
 STEP_COLUMN = "step"
@@ -36,6 +36,7 @@ PAD_PREFIX = "__pad__"  # the values at padded positions of a token column
 START_PREFIX = "__start__"  # per-row first valid positions of a mask group padded on both sides
 RUNS_PREFIX = "__runs__"  # per-row runs of a list batch's groups stored unpadded
 RUNS_COL = RUNS_PREFIX + "attention_mask"  # the runs column of a list batch (format/grouped.py)
+RUNS_ACTION = RUNS_COL + "__action"  # OpenRLHF's [g, T-1] action cells: the runs of the mask's columns 1..T-1
 LEN_PREFIX = "__len__"  # per-row valid token counts of a mask group, for readers without trajstore
 COMPANION_PREFIXES = (SHAPE_PREFIX, PAD_PREFIX, START_PREFIX, RUNS_PREFIX, LEN_PREFIX)
 

@@ -25,6 +25,7 @@ from ..errors import FormatError
 from . import dtypes as dt
 from . import limits
 from .limits import MAX_SPEC_DEPTH as MAX_DEPTH
+from .spec import RUNS_ACTION, RUNS_COL
 from .validate_envelope import Bad as _Bad
 from .validate_envelope import check_orders, class_tag, longest, shape as _shape, shard, typed_doc as _typed, wrapper
 
@@ -255,6 +256,10 @@ class _Checker:
             side = g.get("side")
             if side not in ("right", "left", "span", None):
                 raise _Bad(f"mask group {key!r} has padding side {side!r}")
+            if "holes" in g and (g["holes"] is not True or side is None):
+                raise _Bad(f"mask group {key!r}: holes {g['holes']!r} (only true, on a group with a side)")
+            if "holes" in g and type(self.version) is int and self.version < 5:
+                raise _Bad(f"mask group {key!r} has holes in a file of format version {self.version} (it needs 5)")
             if (side == "span") != ("start_col" in g):
                 raise _Bad(f"mask group {key!r}: a start column goes with side 'span' only")
             if side == "span":
@@ -275,7 +280,7 @@ class _Checker:
         """A token cell whose grouped rows hold their runs only: the runs column, pad or pad_col."""
         if type(self.version) is int and self.version < 3:
             raise _Bad(f"a cell stored by runs in a file of format version {self.version} (it needs 3)")
-        if node.get("runs") != "__runs__attention_mask" or node.get("kind") != "token":
+        if node.get("runs") not in (RUNS_COL, RUNS_ACTION) or node.get("kind") != "token":
             raise _Bad(f"cell {node.get('col')!r} names runs column {node.get('runs')!r}")
         self.col(node, "runs", lambda t: t == pa.list_(pa.int64()))
         self.pad(node, name, dt.storage_numpy(name).itemsize)

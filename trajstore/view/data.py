@@ -40,6 +40,10 @@ from ..tables import step_rows
 
 REWARDS = ("rewards", "reward", "scores")
 TOKENS = ("input_ids", "tokens", "token_ids", "sequences")
+# a trajectory page's tokens from per-trajectory number lists (SkyRL's GeneratorOutput): prompt, then response
+LIST_PROMPTS = ("prompt_token_ids", "prompt_ids")
+LIST_RESPONSES = ("response_ids", "completion_ids", "output_ids")
+LIST_MASKS = ("loss_masks",)
 METRICS = ("reward_mean", "reward_std", "reward_min", "reward_max", "length_mean", "length_p95", "tokens",
            "version_lag", "logprob_mismatch")
 
@@ -70,14 +74,22 @@ class Fields:
     versions: str | None = None
     ids: str | None = None
     pair: tuple[str, str] | None = None
+    prompt: str | None = None  # a number-list field of the tokens before ``ids`` (``ids`` a list of the response's)
 
 
-def _spec_fields(spec: Any) -> tuple[list[str], list[str], set[str]]:
-    """(1-D token fields, scalar per-trajectory fields, float scalar fields) of a step spec."""
+def _is_list(node: Any) -> bool:
+    """A per-trajectory list of numbers (an ``ilist`` / ``flist`` column: SkyRL's ``response_ids``...)."""
+    return isinstance(node, dict) and node.get("t") == "seq" and isinstance(node.get("elem"), dict) \
+        and node["elem"].get("t") == "value" and node["elem"].get("ptype") in ("ilist", "flist")
+
+
+def _spec_fields(spec: Any, lists: bool = False) -> tuple[list[str], list[str], set[str]]:
+    """(1-D token fields, scalar per-trajectory fields, float scalar fields) of a step spec; ``lists``:
+    per-trajectory number lists count as token fields (the trajectory page)."""
     toks, scal, floats = [], [], set()
     if is_dict_batch(spec):
         for k, n in spec["keys"]:
-            if is_token(n) and n.get("trail") == []:
+            if is_token(n) and n.get("trail") == [] or lists and _is_list(n):
                 toks.append(k)
             elif is_plain_sample(n):
                 scal.append(k)
@@ -113,7 +125,9 @@ def pick(toks: list[str], scal: list[str], floats: set[str], pair: tuple[str, st
     first = lambda names, have: next((n for n in names if n in have), None)  # noqa: E731
     f = Fields(toks, scal)
     f.reward = first(REWARDS, scal) or next((s for s in scal if s in floats), None)
-    f.mask, f.versions, f.ids = first(MASKS, toks), first(VERSIONS, toks), first(TOKENS, toks)
+    f.mask, f.versions, f.ids = first(MASKS + LIST_MASKS, toks), first(VERSIONS, toks), first(TOKENS, toks)
+    if f.ids is None and first(LIST_RESPONSES, toks):  # number lists: the prompt's, then the response's
+        f.ids, f.prompt = first(LIST_RESPONSES, toks), first(LIST_PROMPTS, toks)
     if pair is not None:
         missing = [p for p in pair if p not in toks]
         if missing:
@@ -124,11 +138,12 @@ def pick(toks: list[str], scal: list[str], floats: set[str], pair: tuple[str, st
     return f
 
 
-def fields_of(reader: Any, step: int, pair: tuple[str, str] | None = None) -> Fields:
-    """The fields of ``step`` (its spec, or its decoded rows for forms read through ``rows``)."""
+def fields_of(reader: Any, step: int, pair: tuple[str, str] | None = None, lists: bool = False) -> Fields:
+    """The fields of ``step`` (its spec, or its decoded rows for forms read through ``rows``); ``lists``:
+    per-trajectory number lists as token fields too (the trajectory page)."""
     doc = reader._open(step, True, reader.files(step)[0]).doc  # checked as every reader checks a file
     if _fast(doc):
-        return pick(*_spec_fields(doc["batch"]), pair)
+        return pick(*_spec_fields(doc["batch"], lists), pair)
     return pick(*_row_fields(step_rows(reader, step)), pair)
 
 
@@ -146,8 +161,8 @@ def read(reader: Any, step: int, toks: list[str], scal: list[str], row: int | No
         if row is not None and not first <= row < first + nrows:
             first += nrows
             continue
-        want = [n for n in toks if is_token(keys.get(n))] + [n for n in scal if n in keys]
-        cnt = next((n for n in toks if is_token(keys.get(n))), None)
+        want = [n for n in toks if is_token(keys.get(n)) or _is_list(keys.get(n))] + [n for n in scal if n in keys]
+        cnt = next((n for n in toks if is_token(keys.get(n)) or _is_list(keys.get(n))), None)
         if cnt is None:  # the token counts come from any token column (the length column of padded form)
             cnt = next((k for k, n in keys.items() if is_token(n)), None)
             if cnt is not None:

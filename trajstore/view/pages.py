@@ -182,15 +182,17 @@ class View:
     # -- trajectory page
     def traj(self, split: str | None, step: int, index: int, reader: Reader | None = None) -> dict:
         r = reader or self.reader(split)
-        f = data.fields_of(r, step)
+        f = data.fields_of(r, step, lists=True)
         ids = f.ids or (f.tokens[0] if f.tokens else None)
         lone = None if f.pair else next((n for n in LONE_LOGPROBS if n in f.tokens), None)  # one alone still colours
-        want = [w for w in dict.fromkeys([ids, f.mask, f.versions, *(f.pair or ()), lone]) if w]
+        want = [w for w in dict.fromkeys([f.prompt, ids, f.mask, f.versions, *(f.pair or ()), lone]) if w]
         c = data.read(r, step, want, f.scalars, row=index)
         if c.n != 1:
             raise ConfigError(f"step {step} of split {r.split!r} has no trajectory {index}")
         lp_name = f.pair[0] if f.pair else lone
         cols = {k: c.row(k, 0) for k in want}
+        if f.prompt:  # number lists (SkyRL's GeneratorOutput): the prompt's tokens, then the response's
+            cols[ids] = np.concatenate([cols.pop(f.prompt), cols[ids]])
         n_tok = int(c.counts[0]) if ids is None else len(cols[ids])
         tid = [int(x) for x in (cols[ids] if ids else np.arange(n_tok))]
         mask = (_last(cols[f.mask], n_tok, 0) != 0).astype(int) if f.mask else np.ones(n_tok, int)
