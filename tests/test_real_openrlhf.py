@@ -10,11 +10,7 @@ replays in another process, and the replay buffer's own functions (``split_exper
 replayed batches. vllm, deepspeed and flash_attn are needed only to import OpenRLHF's modules:
 where they are not installed, import stubs stand in for them (never called)."""
 
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import random
-import sys
 import types
 from pathlib import Path
 
@@ -25,56 +21,18 @@ from hypothesis import strategies as st
 
 import trajstore
 from _dumps import run_python
+from _stubs import import_with_stubs
 from trajstore.errors import BatchError
 
 ROOT = Path(__file__).resolve().parents[1]
 STUBBED = ("vllm", "deepspeed", "flash_attn")  # imported by OpenRLHF's modules, never called here
 
 
-class _Stub(types.ModuleType):
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-
-        def called(*a, **k):
-            raise RuntimeError(f"{self.__name__}.{name} is an import stub; the test must not call it")
-
-        value = type(name, (), {"__init__": lambda s, *a, **k: None, "__call__": called})
-        setattr(self, name, value)
-        return value
-
-
-class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def __init__(self, roots):
-        self.roots = roots
-
-    def find_spec(self, name, path, target=None):
-        if name.partition(".")[0] in self.roots:
-            return importlib.machinery.ModuleSpec(name, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        m = _Stub(spec.name)
-        m.__path__ = []
-        return m
-
-    def exec_module(self, module):
-        pass
-
-
 def stubbed_import(*modules):
     """``modules`` imported with stubs for those of ``STUBBED`` that are not installed; the stubs are
     taken out of ``sys.modules`` afterwards (the imported modules keep their references)."""
     pytest.importorskip("openrlhf")
-    missing = tuple(m for m in STUBBED if importlib.util.find_spec(m) is None)
-    finder = _StubFinder(missing)
-    sys.meta_path.insert(0, finder)
-    try:
-        return [importlib.import_module(m) for m in modules]
-    finally:
-        sys.meta_path.remove(finder)
-        for name in [n for n in sys.modules if n.partition(".")[0] in missing]:
-            del sys.modules[name]
+    return import_with_stubs(STUBBED, *modules)
 
 
 def import_openrlhf():

@@ -23,6 +23,10 @@ from omegaconf import OmegaConf  # noqa: E402
 from areal.infra.dist_rollout import DistRolloutCoordinator  # noqa: E402
 
 from trajstore.trainers import areal as switch  # noqa: E402
+from _stubs import import_with_stubs  # noqa: E402
+
+# imported by AReaL's trainer (its StatsLogger, its SGLang client), never called here
+LOGGING = ("swanlab", "trackio", "wandb", "tensorboardX", "pybase64")
 
 
 @pytest.fixture(scope="module")
@@ -36,15 +40,18 @@ def world():
     dist.destroy_process_group()
 
 
+(rl_trainer,) = import_with_stubs(LOGGING, "areal.trainer.rl_trainer")
+
+
 class Engine:
     """The inference engine's ``prepare_batch`` (``RemoteInfEngine``): AReaL's real workflows, a group of
-    ``group_size`` episodes per prompt the dataloader gives."""
+    ``group_size`` episodes per prompt of the trainer's real dataloader."""
 
-    built = 0
+    built, kind = 0, "rlvr"  # kind: the data's (test_real_areal._data)
 
     def __init__(self, config):
         type(self).built += 1
-        self.version = 0
+        self.version, self.prompts = 0, None
 
     def set_version(self, v):
         self.version = v
@@ -52,21 +59,37 @@ class Engine:
     def get_version(self):
         return self.version
 
+    def export_stats(self):
+        return {}
+
+    def __getattr__(self, name):  # the trainer's pause / resume / destroy ...
+        return lambda *a, **k: None
+
     def prepare_batch(self, dataloader, workflow, workflow_kwargs=None, should_accept_fn=None, group_size=1,
                       dynamic_bs=False):
-        seed = next(dataloader)
-        wf = ra.GroupedRolloutWorkflow(ra._workflow(workflow), group_size=group_size, logger=logging.getLogger("t"))
-        return [asyncio.run(wf.arun_episode(ra.Engine([8, 20, 5, 13], seed), ra._data(workflow, seed + i)))
+        if self.prompts is None:
+            self.prompts = iter(p for batch in iter_forever(dataloader) for p in batch)
+        seed = next(self.prompts)["seed"]
+        wf = ra.GroupedRolloutWorkflow(workflow, group_size=group_size, logger=logging.getLogger("t"))
+        return [asyncio.run(wf.arun_episode(ra.Engine([8, 20, 5, 13], seed), ra._data(self.kind, seed + i)))
                 for i in range(2)]
 
 
+def iter_forever(loader):
+    while True:
+        yield from loader
+
+
 class Actor:
-    """The train engine's side (``FSDPEngine``): ``connect_engine`` makes AReaL's real
-    ``DistRolloutCoordinator`` of the rollout engine, ``prepare_batch`` asks it, ``update_weights`` would
-    send the weights to the inference servers."""
+    """The train engine (``FSDPEngine``), whose model needs a GPU: ``connect_engine`` makes AReaL's real
+    ``DistRolloutCoordinator`` of the rollout engine, ``prepare_batch`` asks it; ``update_weights`` would
+    send the weights to the inference servers; the model's calls (``compute_logp``, ``ppo_update`` ...)
+    record the batch they get."""
+
+    data_parallel_rank, data_parallel_world_size = 0, 1
 
     def __init__(self, world):
-        self.world, self.weight_updates = world, 0
+        self.world, self.cpu_group, self.weight_updates, self.trained = world, world, 0, []
 
     def connect_engine(self, engine, meta):
         w = self.world
@@ -83,43 +106,49 @@ class Actor:
     def update_weights(self, meta):
         self.weight_updates += 1
 
+    def compute_logp(self, batch):
+        return [None for _ in batch]
 
-class AReaLTrainer:
-    """Stands in for ``areal.trainer.PPOTrainer`` (whose module needs swanlab, wandb, tensorboardX), as
-    its ``__init__`` and ``train`` use the methods the switch overrides or wraps: ``_create_train_engine``,
-    ``_init_rollout``, ``actor.connect_engine``, ``actor.prepare_batch``, ``actor.update_weights`` and the
-    rollout's ``set_version``."""
+    def compute_advantages(self, batch):
+        return batch
+
+    def ppo_update(self, batch):
+        self.trained.append(batch)
+
+    def export_stats(self):
+        return {}
+
+    def get_device_stats(self):
+        return SimpleNamespace(log=lambda *a: None)
+
+    def __getattr__(self, name):  # initialize, set_version, step_lr_scheduler, destroy ...
+        return lambda *a, **k: None
+
+
+class CPU:
+    """AReaL's ``PPOTrainer`` on a CPU: its train engine is ``Actor``, its inference engine ``Engine``
+    (the real ones need a GPU and an SGLang / vLLM server) and its tokenizer none (it would be downloaded)."""
 
     def __init__(self, config, world):
-        self.config, self.recover_info, self.world = config, None, world
-        self.actor = self._create_train_engine(config.actor)
-        self.rollout = self._init_rollout(config.rollout)
-        self.actor.connect_engine(self.rollout, None)
+        self.world = world
+        super().__init__(config, train_dataset=[{"seed": 10 * i} for i in range(8)])
 
-    def _create_train_engine(self, actor_config):
+    def _create_train_engine(self, actor_config, alloc=None):
         return Actor(self.world)
 
     def _init_rollout(self, rollout_config, is_eval=False, lora_path=None):
         return Engine(rollout_config)
 
-    def train(self, workflow):
-        batches = []
-        loader = iter(range(100))
-        for _ in range(3):
-            batches.append(self.actor.prepare_batch(loader, workflow=workflow, group_size=2))
-            self.actor.update_weights(None)
-            self.rollout.set_version(self.rollout.get_version() + 1)
-        return batches
 
-
-class Trainer(switch.Switch, AReaLTrainer):
+class Trainer(switch.Switch, CPU, rl_trainer.PPOTrainer):
     pass
 
 
 _RUN = "  experiment_name: e\n  trial_name: t\n"
-HEAD = ("experiment_name: e\ntrial_name: t\ntrain_dataset:\n  path: data/train.jsonl\n  type: rl\n"
-        "rollout:\n  backend: sglang:d1\nactor:\n  backend: fsdp:d1\n" + _RUN
-        + "".join(f"{k}:\n{_RUN}  fileroot: /tmp/areal\n" for k in ("saver", "evaluator", "stats_logger", "recover")))
+HEAD = ("experiment_name: e\ntrial_name: t\ntotal_train_steps: 3\ntokenizer_path: none\n"
+        "cluster:\n  fileroot: {root}\ntrain_dataset:\n  path: data/train.jsonl\n  type: rl\n  batch_size: 2\n"
+        "gconfig:\n  n_samples: 2\nrollout:\n  backend: sglang:d1\nactor:\n  backend: fsdp:d1\n" + _RUN
+        + "".join(f"{k}:\n{_RUN}  fileroot: {{root}}\n" for k in ("saver", "evaluator", "stats_logger", "recover")))
 YAML = HEAD + """debug:
   dump_rollout_data: false
   replay_rollout_data: false
@@ -127,8 +156,16 @@ YAML = HEAD + """debug:
 """
 
 
+@pytest.fixture(autouse=True)
+def spmd(monkeypatch):
+    """SPMD mode (one trainer process per rank, as AReaL's launcher sets it); the trainer's tokenizer
+    would come from the Hugging Face hub, and the fake model server needs none."""
+    monkeypatch.setenv("AREAL_SPMD_MODE", "1")
+    monkeypatch.setattr(rl_trainer, "load_hf_processor_and_tokenizer", lambda path: (None, None))
+
+
 def config(tmp_path, *keys, yaml=YAML):
-    (tmp_path / "c.yaml").write_text(yaml)
+    (tmp_path / "c.yaml").write_text(yaml.replace("{root}", str(tmp_path / "areal")))
     # load_expr_config's parse (it then saves the config through StatsLogger, which needs swanlab and wandb)
     cfg, _ = parse_cli_args(["--config", str(tmp_path / "c.yaml"), *keys])
     return OmegaConf.to_object(to_structured_cfg(cfg, switch.PPOConfig))
@@ -136,18 +173,21 @@ def config(tmp_path, *keys, yaml=YAML):
 
 @pytest.mark.parametrize("kind", ["multi_turn"])
 def test_dump_then_replay_without_an_inference_engine(tmp_path, world, kind):
+    """AReaL's own ``PPOTrainer.__init__`` and ``train`` loop, 3 steps dumped then replayed."""
     d = str(tmp_path / "d")
-    Engine.built = 0
+    Engine.built, Engine.kind = 0, kind
     t = Trainer(config(tmp_path, "debug.dump_rollout_data=true", f"debug.path={d}"), world)
-    dumped = t.train(kind)
-    assert Engine.built == 1 and t.actor.weight_updates == 3 and trajstore.Reader(d).steps == [0, 1, 2]
+    t.train(ra._workflow(kind))
+    dumped = t.actor.trained
+    assert Engine.built == 2 and t.actor.weight_updates == 3 and trajstore.Reader(d).steps == [0, 1, 2]
+    assert len(dumped) == 3 and len(dumped[0]) == 2  # the trainer's updates got each step's batch
 
     t = Trainer(config(tmp_path, "debug.replay_rollout_data=true", f"debug.path={d}"), world)
-    assert Engine.built == 1 and type(t.rollout) is switch.NoEngine  # replay built no engine
-    assert not hasattr(t.actor, "coordinator")  # nor connected the actor to one
-    replayed = t.train(kind)
+    assert Engine.built == 2 and type(t.rollout) is type(t.eval_rollout) is switch.NoEngine  # no engine built
+    assert "coordinator" not in vars(t.actor)  # nor the actor connected to one
+    t.train(ra._workflow(kind))
     assert t.actor.weight_updates == 0  # nor sent it weights
-    for a, b in zip(dumped, replayed, strict=True):
+    for a, b in zip(dumped, t.actor.trained, strict=True):
         assert_batch_equal(b, a)
     assert t.rollout.get_version() == 3 and t.rollout.update_weights_from_disk(None).result() is None
     with pytest.raises(AttributeError, match="rollout_batch: replay .* builds no inference engine"):

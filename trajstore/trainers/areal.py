@@ -68,7 +68,9 @@ def _done(value: Any = None) -> Future:
 
 
 # what a trainer asks of its rollout engine besides batches; in replay (no engine) each is a no-op
+# (export_stats: no rollout stats, an empty dict, which PPOTrainer merges into each step's stats)
 _NO_ENGINE = {
+    "export_stats": dict,
     "initialize": None, "destroy": None, "pause": None, "resume": None, "pause_generation": None,
     "continue_generation": None, "set_version": None, "onload": None, "offload": None,
     "config_perf_tracer": None, "save_perf_tracer": None, "init_weights_update_group": _done,
