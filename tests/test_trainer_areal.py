@@ -1,9 +1,12 @@
 """The AReaL switch (``trajstore.trainers.areal``) with AReaL 1.0.4's own code (tests/frameworks.txt): the
-``debug.*`` keys parsed as AReaL's ``load_expr_config`` parses them; each step's batch asked the way
-``FSDPEngine.prepare_batch`` asks it, through AReaL's real ``DistRolloutCoordinator`` (a world of one
-gloo process) of the trainer's rollout engine, whose ``prepare_batch`` runs AReaL's real
-``GroupedRolloutWorkflow`` over ``RLVRWorkflow`` (tests/test_real_areal.py's fake model server). Dumped for
-3 steps, then replayed by a trainer whose ``_init_rollout`` never builds an engine: the same batches."""
+``debug.*`` keys parsed as AReaL's ``load_expr_config`` parses them, then AReaL's real
+``areal.trainer.PPOTrainer`` with ``Switch`` first in its bases: its ``__init__`` and ``train`` loop in
+SPMD mode (a world of one gloo process). Only what needs a GPU, a server or the hub is replaced: the train
+engine (``Actor``, whose ``prepare_batch`` asks AReaL's real ``DistRolloutCoordinator``), the inference
+engine (``Engine``, whose ``prepare_batch`` runs AReaL's real ``GroupedRolloutWorkflow`` over the workflow
+against tests/test_real_areal.py's fake model server) and the tokenizer. Dumped for 3 steps, then replayed
+by a trainer that builds no engine: its PPO updates get the same batches. The logging back ends the
+trainer's module imports are import stubs (tests/_stubs.py), never called."""
 
 import asyncio
 import logging
