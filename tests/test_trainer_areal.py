@@ -14,6 +14,7 @@ import socket
 from types import SimpleNamespace
 
 import pytest
+import torch
 import torch.distributed as dist
 
 import trajstore
@@ -110,7 +111,7 @@ class Actor:
         self.weight_updates += 1
 
     def compute_logp(self, batch):
-        return [None for _ in batch]
+        return [torch.zeros(1) for _ in batch]  # the trainer puts it in each trajectory: prox_logp
 
     def compute_advantages(self, batch):
         return batch
@@ -150,7 +151,8 @@ class Trainer(switch.Switch, CPU, rl_trainer.PPOTrainer):
 _RUN = "  experiment_name: e\n  trial_name: t\n"
 HEAD = ("experiment_name: e\ntrial_name: t\ntotal_train_steps: 3\ntokenizer_path: none\n"
         "cluster:\n  fileroot: {root}\ntrain_dataset:\n  path: data/train.jsonl\n  type: rl\n  batch_size: 2\n"
-        "gconfig:\n  n_samples: 2\nrollout:\n  backend: sglang:d1\nactor:\n  backend: fsdp:d1\n" + _RUN
+        "gconfig:\n  n_samples: 2\nrollout:\n  backend: sglang:d1\n"
+        "actor:\n  backend: fsdp:d1\n  recompute_logprob: true\n" + _RUN
         + "".join(f"{k}:\n{_RUN}  fileroot: {{root}}\n" for k in ("saver", "evaluator", "stats_logger", "recover")))
 YAML = HEAD + """debug:
   dump_rollout_data: false
@@ -184,6 +186,8 @@ def test_dump_then_replay_without_an_inference_engine(tmp_path, world, kind):
     dumped = t.actor.trained
     assert Engine.built == 2 and t.actor.weight_updates == 3 and trajstore.Reader(d).steps == [0, 1, 2]
     assert len(dumped) == 3 and len(dumped[0]) == 2  # the trainer's updates got each step's batch
+    stored = trajstore.Reader(d)[0]  # what the rollout returned, not what the trainer then added to it
+    assert "prox_logp" in dumped[0][0] and not any("prox_logp" in traj for traj in stored)
 
     t = Trainer(config(tmp_path, "debug.replay_rollout_data=true", f"debug.path={d}"), world)
     assert Engine.built == 2 and type(t.rollout) is type(t.eval_rollout) is switch.NoEngine  # no engine built
