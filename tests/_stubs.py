@@ -1,6 +1,8 @@
-"""Import stubs for the optional packages a framework's modules import but a test never calls (logging
+"""Import stubs for the optional packages a framework's modules import but a test does not use (logging
 back ends, inference servers, CUDA kernels): ``import_with_stubs`` imports modules with stubs standing in
-for those of ``roots`` that are not installed, then takes the stubs out of ``sys.modules``."""
+for those of ``roots`` that are not installed, then takes the stubs out of ``sys.modules``. Each name of a
+stub module is a class that takes any arguments and does nothing (``wandb.init(mode="disabled")``, say);
+calling what it makes raises."""
 
 import importlib
 import importlib.abc

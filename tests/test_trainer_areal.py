@@ -6,7 +6,8 @@ engine (``Actor``, whose ``prepare_batch`` asks AReaL's real ``DistRolloutCoordi
 engine (``Engine``, whose ``prepare_batch`` runs AReaL's real ``GroupedRolloutWorkflow`` over the workflow
 against tests/test_real_areal.py's fake model server) and the tokenizer. Dumped for 3 steps, then replayed
 by a trainer that builds no engine: its PPO updates get the same batches. The logging back ends the
-trainer's module imports are import stubs (tests/_stubs.py), never called."""
+trainer's module imports are import stubs (tests/_stubs.py): its StatsLogger's calls to its disabled
+wandb and swanlab (``init``, ``log``, ``finish``) do nothing."""
 
 import asyncio
 import logging
@@ -29,7 +30,8 @@ from areal.infra.dist_rollout import DistRolloutCoordinator  # noqa: E402
 from trajstore.trainers import areal as switch  # noqa: E402
 from _stubs import import_with_stubs  # noqa: E402
 
-# imported by AReaL's trainer (its StatsLogger, its SGLang client), never called here
+# imported by AReaL's trainer (its StatsLogger, its SGLang client); the StatsLogger calls wandb's and swanlab's
+# init (mode "disabled", its default), log and finish, which the stubs take and drop as disabled back ends do
 LOGGING = ("swanlab", "trackio", "wandb", "tensorboardX", "pybase64")
 
 
