@@ -19,8 +19,14 @@ import torch
 import torch.distributed as dist
 
 import trajstore
+import trajstore.recorder  # its loggers made under logging's own root, before AReaL's modules are imported
 from trajstore.errors import ConfigError
 from trajstore.testing import assert_batch_equal
+
+# AReaL's getLogger (areal/utils/logging.py) puts a new root and manager in logging.Logger each time it is
+# called, so loggers made afterwards (by any module) hang under a root pytest's log capture never sees:
+# kept here and put back after AReaL's imports and after each test of this module
+LOGGING_STATE = (logging.Logger.root, logging.Logger.manager)
 
 ra = pytest.importorskip("test_real_areal")  # AReaL's workflows over a fake model server
 from areal.api.cli_args import parse_cli_args, to_structured_cfg  # noqa: E402
@@ -47,6 +53,13 @@ def world():
 
 
 (rl_trainer,) = import_with_stubs(LOGGING, "areal.trainer.rl_trainer")
+logging.Logger.root, logging.Logger.manager = LOGGING_STATE
+
+
+@pytest.fixture(autouse=True)
+def logging_kept():
+    yield
+    logging.Logger.root, logging.Logger.manager = LOGGING_STATE
 
 
 class Engine:
