@@ -151,12 +151,7 @@ class _Field:
             e.beyond = sorted(set(e.beyond) | set(trajs(idx[pos] if idx is not None else pos).tolist()))
             if e.status != "differs":
                 j = int(np.argmax(bad))
-                traj, flat, has_token = locate(int(idx[j]) if idx is not None else j)
-                first: dict = {"trajectory": traj}
-                if has_token:
-                    first["token"] = flat // width
-                    if width > 1:
-                        first["element"] = flat % width
+                first = _place(locate, int(idx[j]) if idx is not None else j, width)
                 first.update(a=_num(xf[j]), b=_num(yf[j]), abs=_num(ad[j]))
                 e.status, e.first = "differs", first
         elif not same and e.status == "identical":
@@ -169,12 +164,7 @@ class _Field:
         v, w = float(ad[j]), self.e.worst
         if v == 0 or w is not None and not (v > w["abs"] or math.isnan(v) and not math.isnan(w["abs"])):
             return
-        traj, flat, has_token = locate(int(idx[j]) if idx is not None else j)
-        out: dict = {"trajectory": traj}
-        if has_token:
-            out["token"] = flat // width
-            if width > 1:
-                out["element"] = flat % width
+        out = _place(locate, int(idx[j]) if idx is not None else j, width)
         out.update(a=_num(xf[j]), b=_num(yf[j]), abs=v, rel=float(rel[j]))
         self.e.worst = out
 
@@ -240,3 +230,13 @@ def _short(v: Any) -> Any:
     return r[:80] + "…" if isinstance(r, str) and len(r) > 80 else r
 
 
+def _place(locate: Any, i: int, width: int) -> dict:
+    """Where value ``i`` of a compared field is: its trajectory, and its token (and element, for
+    ``width`` > 1 elements per token) where the field is per token."""
+    traj, flat, has_token = locate(i)
+    out: dict = {"trajectory": traj}
+    if has_token:
+        out["token"] = flat // width
+        if width > 1:
+            out["element"] = flat % width
+    return out
