@@ -6,7 +6,7 @@ Each option writes the step's flat values (as the writer stores them: the leaf v
 them back on one thread (for bfloat16, and back to its uint16 bits, as trajstore decodes it); we
 report bytes, write and read time. ``steps`` writes and reads whole steps with trajstore: bfloat16
 log-probs stored as bits or widened, with the portable and the compact encodings.
-``trajstore.format.parquet.parquet_options`` follows the result (see RESULTS.md).
+``trajstore.format.file.parquet.parquet_options`` follows the result (see RESULTS.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Padded replay to CUDA against packed replay, same dump, same run (issue 16: padded >= 0.9x packed
 at prefetch 2 and 8). ``Reader.iter(device="cuda")`` of a padded step (as recorded: what the
 Recorder's replay returns) stages the unpadded values and builds the padding on the GPU
-(trajstore/device_pad.py); ``layout="packed"`` stages the same values and builds nothing.
+(trajstore/device/pad.py); ``layout="packed"`` stages the same values and builds nothing.
 
 Without CUDA the GPU rows are skipped; the host side of both (decode + staging of one step, what
 each prefetch thread does) is measured on any machine.
@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 import trajstore
-from trajstore import torch_bridge
+from trajstore.device import bridge as torch_bridge
 
 
 def host_work(rep, d: Path, repeat: int) -> None:

@@ -32,7 +32,7 @@ def write(path: str | Path, steps: Mapping[int, Any], *, split: str = "train", m
 def many_row_groups(mp: Any) -> None:
     """With the pytest ``MonkeyPatch`` ``mp``: every step written from now on is split into row
     groups, and read as one chunk per row group (so joins and fill jobs see several chunks)."""
-    from trajstore.format import parquet
+    from trajstore.format.file import parquet
 
     mp.setattr(parquet, "ROW_GROUP_BYTES", 1)
     mp.setattr(parquet, "PARALLEL_READ_BYTES", 0)

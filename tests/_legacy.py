@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import torch
 
-from trajstore.format.containers import DataProtoLike
+from trajstore.format.batch.containers import DataProtoLike
 
 
 def _padded(side: str) -> dict:

@@ -205,7 +205,7 @@ def tensordict_batch() -> tuple[Any, list]:
 def dataproto() -> tuple[Any, list]:
     from tensordict import TensorDict
 
-    from trajstore.format.containers import DataProtoLike
+    from trajstore.format.batch.containers import DataProtoLike
 
     batch, cells = padded()
     td = TensorDict({k: batch[k] for k in ("input_ids", "attention_mask", "lp_bf16", "rewards")}, batch_size=[3])

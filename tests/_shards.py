@@ -11,9 +11,9 @@ import torch
 from hypothesis import strategies as st
 
 from trajstore import schema
-from trajstore.format import validate
-from trajstore.format.containers import DataProtoLike
-from trajstore.format.shards import RANK_COLUMN, join
+from trajstore.format.file import validate
+from trajstore.format.batch.containers import DataProtoLike
+from trajstore.format.shard.shards import RANK_COLUMN, join
 
 
 def encode(batch, step: int = 7, meta: dict | None = None) -> tuple[dict, pa.Table]:

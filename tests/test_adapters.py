@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import trajstore
-from trajstore.format import containers as adapters
-from trajstore.format.containers import DataProtoLike
+from trajstore.format.batch import containers as adapters
+from trajstore.format.batch.containers import DataProtoLike
 from trajstore.errors import BatchError, MissingDependencyError, UnsupportedTypeError
 from trajstore.testing import assert_batch_equal, non_tensor_values, padded_batches
 
@@ -174,7 +174,7 @@ def _containers():
 
 
 def test_map_tensors_reaches_into_containers():
-    from trajstore import torch_bridge
+    from trajstore.device import bridge as torch_bridge
 
     td, dp = _containers()
     out = torch_bridge.map_tensors(td, lambda t: t + 1)

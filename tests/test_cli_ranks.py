@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import trajstore
 from trajstore import cli
-from trajstore.config import DumpReplayConfig, location
+from trajstore.record.config import DumpReplayConfig, location
 from trajstore.errors import ConfigError, DumpNotFoundError
 
 duckdb = pytest.importorskip("duckdb")
@@ -77,7 +77,7 @@ def test_commands_with_a_rank_split_named(ranks, capsys):
 
 
 def test_sql_views_need_no_quotes_and_train_joins_the_ranks(ranks, capsys):
-    con = trajstore.tables.duckdb_connect(ranks)
+    con = trajstore.read.tables.duckdb_connect(ranks)
     assert con.execute("SELECT count(*) FROM train_rank0").fetchone()[0] == 4
     assert con.execute('SELECT count(*) FROM "train-rank1"').fetchone()[0] == 6  # the exact name stays
     got = con.execute("SELECT rank, step, count(*), min(rewards), max(rewards) FROM train "
@@ -94,7 +94,7 @@ def test_sql_views_need_no_quotes_and_train_joins_the_ranks(ranks, capsys):
 def test_logical_view_rows(rows, name):
     with tempfile.TemporaryDirectory() as d:
         _ranks(d, rows=rows, steps=(3,), name=name)
-        con = trajstore.tables.duckdb_connect(d)
+        con = trajstore.read.tables.duckdb_connect(d)
         view = {"train": "train", "eval.long": "eval_long", "1st": "_1st"}[name]
         got = con.execute(f"SELECT rank, count(*), min(rewards) FROM {view} GROUP BY rank ORDER BY rank").fetchall()
         assert got == [(k, n, 100.0 * k + 3) for k, n in enumerate(rows)]
@@ -116,7 +116,7 @@ def test_train_wins_and_several_plain_splits(tmp_path, capsys):
     _ranks(tmp_path)
     write(tmp_path, {0: _batch(1, 7.0)}, split="train")
     assert trajstore.Reader(tmp_path).split == "train"
-    con = trajstore.tables.duckdb_connect(tmp_path)  # a plain split named train keeps its view
+    con = trajstore.read.tables.duckdb_connect(tmp_path)  # a plain split named train keeps its view
     assert con.execute("SELECT count(*), min(rewards) FROM train").fetchone() == (1, 7.0)
     rc, out, _ = cli_run(capsys, "export", tmp_path)
     assert rc == 0 and len(out.splitlines()) == 1
@@ -140,7 +140,7 @@ def test_view_names_clash_keyword_and_stored_rank(tmp_path):
     for split in ("a-b", "a_b", "a.b", "order", "x-rank0", "x-rank1"):
         extra = {"rank": torch.tensor([5])} if split == "x-rank1" else {}
         write(tmp_path, {0: {**_batch(1, float(len(split))), **extra}}, split=split)
-    con = trajstore.tables.duckdb_connect(tmp_path)
+    con = trajstore.read.tables.duckdb_connect(tmp_path)
     views = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
     assert views == {"a-b", "a_b", "a.b", "order", "x-rank0", "x-rank1",  # the exact names
                      "a_b_2", "a_b_3", "order_", "x_rank0", "x_rank1"}  # a field named rank: no logical x

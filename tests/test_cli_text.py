@@ -1,4 +1,4 @@
-"""The CLI and ``diff`` read step ranges with the one parser (``trajstore._text``) and print byte
+"""The CLI and ``diff`` read step ranges with the one parser (``trajstore.base.text``) and print byte
 sizes with the one formatter; a bad range is a usage error naming the option."""
 
 import json
@@ -9,7 +9,7 @@ from _dumps import write
 
 import trajstore
 from trajstore import ConfigError
-from trajstore._text import human_bytes
+from trajstore.base.text import human_bytes
 from trajstore.cli import run
 
 

@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import trajstore
-from trajstore import _threads, schema
-from trajstore.format import parquet
+from trajstore.base import threads as _threads
+from trajstore import schema
+from trajstore.format.file import parquet
 from trajstore.errors import ConfigError, FormatError, StepNotFoundError
 from trajstore.testing import assert_batch_equal, batches, padded_batches
 

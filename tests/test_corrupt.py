@@ -198,7 +198,7 @@ def _entry_points(d):
     Recorder's replay (issue 17: each raises a TrajstoreError, never a foreign exception)."""
     from trajstore.inspection.describe import describe
     from trajstore.inspection.traces import traces
-    from trajstore.tables import duckdb_connect
+    from trajstore.read.tables import duckdb_connect
 
     r = trajstore.Reader(d)
     rec = trajstore.Recorder(trajstore.DumpReplayConfig(replay=True, prefetch=False, path=str(d)))

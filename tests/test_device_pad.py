@@ -1,4 +1,4 @@
-"""Padded fields built on the device (trajstore/device_pad.py): the builder's torch ops, run here on
+"""Padded fields built on the device (trajstore/device/pad.py): the builder's torch ops, run here on
 CPU tensors, give the CPU decode's batch bit for bit for every batch form; the `cuda` tests compare
 ``iter(device="cuda")`` and the Recorder's replay with the CPU replay."""
 
@@ -12,10 +12,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import trajstore
-from trajstore import device_pad, torch_bridge
-from trajstore.format import parquet
-from trajstore.testing import (assert_batch_equal, batches, group_lists, packed_batches, padded_batches,
-                               prompt_completion_batches, two_sided_batches)
+from trajstore.device import pad as device_pad, bridge as torch_bridge
+from trajstore.format.file import parquet
+from trajstore.testing import (
+    assert_batch_equal,
+    batches,
+    group_lists,
+    packed_batches,
+    padded_batches,
+    prompt_completion_batches,
+    two_sided_batches,
+)
 
 CPU = torch.device("cpu")
 
@@ -191,7 +198,7 @@ def test_tensordict_and_dataproto_batches(tmp_path):
     tensordict = pytest.importorskip("tensordict")
     b = padded_batch(side="left", pads="garbage")
     td = tensordict.TensorDict({k: v for k, v in b.items()}, batch_size=[5])
-    dp = trajstore.format.containers.DataProtoLike(batch=td, non_tensor_batch={"uid": np.array(list("abcde"), dtype=object)},
+    dp = trajstore.format.batch.containers.DataProtoLike(batch=td, non_tensor_batch={"uid": np.array(list("abcde"), dtype=object)},
                                                    meta_info={"temperature": 1.0})
     with trajstore.Writer(tmp_path) as w:
         w.append(0, td)
@@ -260,7 +267,7 @@ def test_joined_values_are_staged_where_they_were_decoded(tmp_path, side, monkey
     the mask of ones is built from the lengths, its column not read."""
     monkeypatch.setattr(device_pad, "FLAT_BYTES", 0)  # every output one by one, as large ones are
     monkeypatch.setattr(parquet, "ROW_GROUP_BYTES", 256)  # several chunks: joined into the arena
-    monkeypatch.setattr("trajstore.format.parquet.PARALLEL_READ_BYTES", 0)
+    monkeypatch.setattr("trajstore.format.file.parquet.PARALLEL_READ_BYTES", 0)
     b = padded_batch(B=40, T=50, side=side)
     m = b["attention_mask"].bool()
     b["loss_mask"] = m & (torch.arange(50) % 3 != 0)  # varied values: not staged as one value

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import trajstore
 from trajstore import ConfigError, StepNotFoundError
-from trajstore._text import parse_steps
+from trajstore.base.text import parse_steps
 
 
 @pytest.fixture(scope="module")

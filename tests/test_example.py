@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import trajstore
-from trajstore import fingerprint
+from trajstore.base import fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--steps", "3", "--prompts", "3", "--group", "4", "--quiet"]

@@ -15,7 +15,7 @@ from test_malformed import BATCHES, ok
 
 from trajstore import schema
 from trajstore.errors import TrajstoreError
-from trajstore.format import check, containers
+from trajstore.format.batch import check, containers
 from trajstore.testing import assert_batch_equal, batches
 
 # only values show these (an attention mask of other values than 0/1): the encoder finds them

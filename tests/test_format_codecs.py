@@ -16,7 +16,8 @@ from test_corrupt import spec_lies
 import trajstore
 from trajstore import schema
 from trajstore.errors import FormatError, TrajstoreError
-from trajstore.format import tensors, validate
+from trajstore.format.codec import tensors
+from trajstore.format.file import validate
 from trajstore.testing import assert_batch_equal, batches, padded_batches
 
 try:

@@ -1,5 +1,5 @@
 """A DataProto step comes back as the framework's own class whatever the reader imported first:
-verl's / ROLL's modules (a fixed list in format/containers.py) are imported when installed; a file
+verl's / ROLL's modules (a fixed list in format/batch/containers.py) are imported when installed; a file
 can make trajstore import nothing else."""
 
 import importlib
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import trajstore
-from trajstore.format import containers
+from trajstore.format.batch import containers
 
 tensordict = pytest.importorskip("tensordict")
 

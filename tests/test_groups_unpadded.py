@@ -14,8 +14,8 @@ from hypothesis import given, settings
 
 import trajstore
 from trajstore import ConfigError, FormatError, schema
-from trajstore.format import validate
-from trajstore.format.rows import rows
+from trajstore.format.file import validate
+from trajstore.format.codec.rows import rows
 from trajstore.testing import assert_batch_equal, group_lists
 
 

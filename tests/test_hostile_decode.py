@@ -40,7 +40,7 @@ _CHILD = textwrap.dedent("""
     resource.setrlimit(resource.RLIMIT_AS, ({cap}, {cap}))
     import pandas, torch  # loaded before the first peak: the package root loads them lazily
     import trajstore
-    import trajstore.reader
+    import trajstore.read.reader
     from trajstore.format import limits
     from trajstore.inspection.describe import describe
 

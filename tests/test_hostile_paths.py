@@ -137,7 +137,7 @@ def test_sql_views_leave_out_what_the_reader_refuses(tmp_path, capsys):
 def test_the_cli_shows_a_trajstore_warning_as_one_line():
     import warnings
 
-    from trajstore._cli_support import warnings_as_lines
+    from trajstore.cli.support import warnings_as_lines
 
     with warnings_as_lines("sql"):
         assert warnings.formatwarning("f: no\nstep", TrajstoreWarning, "x.py", 1) == "trajstore sql: warning: f: no; step\n"

@@ -1,4 +1,4 @@
-"""Trajectory ids (trajstore/format/ids.py, docs/FORMAT.md 3.13): every row of a logical step is
+"""Trajectory ids (trajstore/format/shard/ids.py, docs/FORMAT.md 3.13): every row of a logical step is
 ``(step, row)`` of the batch as dumped, whatever slice, balance, layout or rank layout reads it; a row
 recorded elsewhere with its id keeps it; SQL readers get the same ids."""
 

@@ -26,8 +26,8 @@ from stress.faults import inject
 import trajstore
 from trajstore.store import index, paths
 from trajstore.inspection import describe as _info
-from trajstore.reader import Reader
-from trajstore.recorder import DumpReplayConfig, Recorder
+from trajstore.read.reader import Reader
+from trajstore.record.recorder import DumpReplayConfig, Recorder
 from trajstore.testing import TORCH_DTYPES, assert_batch_equal, tensors
 
 

@@ -12,7 +12,7 @@ tensordict = pytest.importorskip("tensordict")
 
 
 def _dataproto(seed):
-    from trajstore.format.containers import DataProtoLike
+    from trajstore.format.batch.containers import DataProtoLike
 
     g = torch.Generator().manual_seed(seed)
     m = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 1]], dtype=torch.bool)

@@ -12,53 +12,53 @@ import pytest
 
 PKG = Path(__file__).resolve().parent.parent / "trajstore"
 
-# the layers, lowest first; a module may import only from layers below its own, or from its own
-# layer where SAME_LAYER allows it (a subpackage's modules among themselves, a front door on its parts)
+# the layers, lowest first, each a folder (a "room") of trajstore/, or one of ROOT's files; a module may import
+# only from layers below its own, or from its own layer where SAME_LAYER allows it (a room's modules among
+# themselves, a front door on its room)
+# the format's shared vocabulary at the top of format/: every format room may import these, they import no room
+FORMAT_SHARED = ["spec", "dtypes", "limits", "values", "typed", "arrow"]
 LAYERS: list[tuple[str, list[str]]] = [
-    ("base", ["trajstore.errors", "trajstore._version", "trajstore._text", "trajstore._threads",
-              "trajstore.fingerprint"]),
+    ("base", ["trajstore.errors", "trajstore._version", "trajstore._moved", "trajstore.base", "trajstore.base.*"]),
     ("integrations", ["trajstore.integrations", "trajstore.integrations.*"]),
-    ("format", ["trajstore.format", "trajstore.format.*"]),
+    ("format: shared", ["trajstore.format", *(f"trajstore.format.{m}" for m in FORMAT_SHARED)]),
+    ("format: file checks", ["trajstore.format.file", "trajstore.format.file.*"]),
+    ("format: batch structure", ["trajstore.format.batch", "trajstore.format.batch.*"]),
+    ("format: codecs", ["trajstore.format.codec", "trajstore.format.codec.*"]),
+    ("format: shards", ["trajstore.format.shard", "trajstore.format.shard.*"]),
     ("format front door", ["trajstore.schema"]),
     ("store", ["trajstore.store", "trajstore.store.*"]),
-    ("torch bridge", ["trajstore.torch_bridge", "trajstore.device_pad", "trajstore.device_index"]),
-    ("writer / reader", ["trajstore.writer", "trajstore.snapshot", "trajstore.write_pool", "trajstore.reader", "trajstore.prefetch",
-                         "trajstore.tables", "trajstore.shard_read"]),
-    ("recorder / inspection", ["trajstore.config", "trajstore.recorder", "trajstore.recorder_log", "trajstore.inspection",
-                               "trajstore.inspection.*", "trajstore.testing", "trajstore.ray",
+    ("torch bridge", ["trajstore.device", "trajstore.device.*", "trajstore.torch_bridge"]),
+    ("writer / reader", ["trajstore.write", "trajstore.write.*", "trajstore.writer",
+                         "trajstore.read", "trajstore.read.*", "trajstore.reader"]),
+    ("recorder / inspection", ["trajstore.record", "trajstore.record.*", "trajstore.recorder", "trajstore.config",
+                               "trajstore.inspection", "trajstore.inspection.*", "trajstore.testing", "trajstore.ray",
                                "trajstore.view", "trajstore.view.*"]),
     ("trainer switches", ["trajstore.trainers", "trajstore.trainers.*"]),
-    ("cli", ["trajstore._console", "trajstore._cli_support", "trajstore.cli"]),
+    ("cli", ["trajstore.cli", "trajstore.cli.*"]),
     ("package root", ["trajstore"]),
 ]
+# the rooms: a module of a room may import the room's other modules
+ROOMS = ["base", "integrations", "format.file", "format.batch", "format.codec", "format.shard", "store", "device",
+         "write", "read", "record", "inspection", "view", "trainers", "cli"]
+# the front doors at the package's top, each on its room (trajstore.schema is the format's)
+FRONT_DOORS = {"trajstore.writer": "write", "trajstore.reader": "read", "trajstore.torch_bridge": "device",
+               "trajstore.recorder": "record", "trajstore.config": "record"}
 # allowed imports inside one layer: (importer pattern, imported pattern)
 SAME_LAYER = [
-    ("trajstore.format.*", "trajstore.format.*"),
-    ("trajstore.store.*", "trajstore.store.*"),
+    *((f"trajstore.{r}.*", f"trajstore.{r}.*") for r in ROOMS),
+    *((f"trajstore.{r}", f"trajstore.{r}.*") for r in ROOMS),
+    *((door, f"trajstore.{room}.*") for door, room in FRONT_DOORS.items()),
+    *((f"trajstore.format.{a}", f"trajstore.format.{b}") for a in FORMAT_SHARED for b in FORMAT_SHARED),
     ("trajstore.integrations.*", "trajstore.integrations"),
-    ("trajstore.inspection.*", "trajstore.inspection.*"),
-    ("trajstore.view.*", "trajstore.view.*"),
     ("trajstore.view.*", "trajstore.inspection.*"),
-    ("trajstore.torch_bridge", "trajstore.device_pad"),
-    ("trajstore.device_pad", "trajstore.device_index"),
-    ("trajstore.writer", "trajstore.snapshot"),
-    ("trajstore.writer", "trajstore.write_pool"),
-    ("trajstore.write_pool", "trajstore.snapshot"),
-    ("trajstore.reader", "trajstore.prefetch"),
-    ("trajstore.reader", "trajstore.tables"),
-    ("trajstore.reader", "trajstore.shard_read"),
-    ("trajstore.tables", "trajstore.shard_read"),
-    ("trajstore.recorder", "trajstore.config"),
-    ("trajstore.recorder", "trajstore.recorder_log"),
-    ("trajstore.recorder_log", "trajstore.config"),
-    ("trajstore.cli", "trajstore._console"),
-    ("trajstore.cli", "trajstore._cli_support"),
-    ("trajstore._text", "trajstore.errors"),
-    ("trajstore._threads", "trajstore.errors"),
-    ("trajstore.fingerprint", "trajstore._version"),
+    ("trajstore.base.*", "trajstore.errors"),
+    ("trajstore.base.*", "trajstore._version"),
 ]
-# the writer's side and the reader's side never meet below the recorder, not even through a third module
-APART = ("trajstore.writer", "trajstore.reader")
+# the writer's room and the reader's room never meet below the recorder, not even through a third module
+APART = ("trajstore.write", "trajstore.read")
+# the package's top holds only the public entry points and the lowest modules; everything else is in a room
+ROOT = {"trajstore", "trajstore._version", "trajstore._moved", "trajstore.errors", "trajstore.schema",
+        "trajstore.testing", "trajstore.ray", *FRONT_DOORS}
 
 
 def _match(name: str, pattern: str) -> bool:
@@ -142,10 +142,16 @@ def _reach(start: str) -> set[str]:
     return seen
 
 
+def _room(prefix: str) -> set[str]:
+    return {n for n in GRAPH if n == prefix or n.startswith(prefix + ".")}
+
+
 def test_writer_and_reader_never_reach_each_other():
     a, b = APART
-    assert b not in _reach(a), f"{a} reaches {b}"
-    assert a not in _reach(b), f"{b} reaches {a}"
+    for name in _room(a):
+        assert not _reach(name) & _room(b), f"{name} reaches {sorted(_reach(name) & _room(b))}"
+    for name in _room(b):
+        assert not _reach(name) & _room(a), f"{name} reaches {sorted(_reach(name) & _room(a))}"
 
 
 def test_no_cycles():
@@ -155,24 +161,25 @@ def test_no_cycles():
 
 def test_nothing_imports_the_cli_or_the_package_root():
     for name, deps in GRAPH.items():
-        if name not in ("trajstore", "trajstore.cli"):
-            assert "trajstore.cli" not in deps, name
+        if not _match(name, "trajstore.cli.*") and name not in ("trajstore", "trajstore.cli"):
+            assert not any(_match(d, "trajstore.cli.*") or d == "trajstore.cli" for d in deps), name
         if name != "trajstore":
             assert "trajstore" not in deps, f"{name} imports the package root (import the module instead)"
 
 
 def test_the_checker_sees_edges():
     """The parser is not vacuous: known edges of today's package are found, function-level ones too."""
-    assert "trajstore.format.parquet" in GRAPH["trajstore.reader"]
-    assert "trajstore.reader" in GRAPH["trajstore.inspection.verify"]
-    assert _layer("trajstore.format.dtypes") < _layer("trajstore.store.paths") < _layer("trajstore.cli")
+    assert "trajstore.format.file.parquet" in GRAPH["trajstore.read.reader"]
+    assert "trajstore.read.reader" in GRAPH["trajstore.inspection.verify"]
+    assert "trajstore.format.batch.check" in GRAPH["trajstore.format.codec.tensors"]
+    assert _layer("trajstore.format.dtypes") < _layer("trajstore.store.paths") < _layer("trajstore.cli.main")
 
 
 # imported inside functions on purpose: optional extras (an ImportError names the extra to install)
 OPTIONAL = {"tensordict", "pandas", "duckdb", "polars", "tokenizers", "rich", "trackio", "safetensors", "ray",
             "fsspec", "uvicorn", "huggingface_hub"}
 # the CLI loads a command's modules when the command runs, so `trajstore --help` starts at once
-LAZY = {"trajstore.cli", "trajstore._cli_support"}
+LAZY = {"trajstore.cli.main", "trajstore.cli.support"}
 
 
 def _function_imports(f: Path) -> list[tuple[int, str]]:
@@ -192,12 +199,12 @@ def _function_imports(f: Path) -> list[tuple[int, str]]:
 # that need it (torch, and the decoding modules that import torch), so that those commands start without
 # torch (docs/CLI.md; tests/test_cli_contract.py runs them and checks that torch was not loaded)
 DEFERRED = {
-    "trajstore.fingerprint": {"torch"},
+    "trajstore.base.fingerprint": {"torch"},
     "trajstore.format.dtypes": {"torch"},
     "trajstore.format.values": {"torch"},
     "trajstore.store.remote": {"pyarrow.dataset"},  # loads pandas; only `sql` over object storage needs it
-    "trajstore.tables": {".format", ".format.rows", ".shard_read"},
-    "trajstore.inspection.verify": {"..reader"},
+    "trajstore.read.tables": {"..format.batch", "..format.codec.rows", ".shards"},
+    "trajstore.inspection.verify": {"..read.reader"},
 }
 
 
@@ -208,3 +215,28 @@ def test_function_level_imports_are_only_optional_extras(name):
     bad = [(line, mod) for line, mod in _function_imports(_modules()[name])
            if mod.split(".")[0] not in OPTIONAL and mod not in DEFERRED.get(name, ())]
     assert not bad, f"{name}: imports inside functions {bad}; import at the top (only optional extras wait)"
+
+
+def test_every_module_is_in_a_room():
+    """The tree shows the layers: a module is in its layer's folder, or one of the few files at the top."""
+    loose = sorted(n for n in GRAPH if n not in ROOT and not any(_match(n, f"trajstore.{r}.*") or n == f"trajstore.{r}"
+                                                                 for r in [*ROOMS, "format"]))
+    assert not loose, f"modules outside a room: {loose}; put each in its layer's folder (docs/ARCHITECTURE.md)"
+
+
+@pytest.mark.parametrize("room", ["base", "format", "format.batch", "format.codec", "format.shard", "format.file", "store",
+                                  "device", "write", "read", "record", "inspection", "view", "integrations",
+                                  "trainers", "cli"])
+def test_each_room_says_what_it_owns_and_may_import(room):
+    f = PKG.joinpath(*room.split("."), "__init__.py")
+    doc = ast.get_docstring(ast.parse(f.read_text())) or ""
+    assert "May import" in doc or "may import" in doc, f"{f}: its docstring says what the room owns and what it may import"
+
+
+@pytest.mark.parametrize("door", sorted(FRONT_DOORS))
+def test_front_doors_only_re_export_their_room(door):
+    deps = GRAPH[door]
+    assert deps and all(_match(d, f"trajstore.{FRONT_DOORS[door]}.*") for d in deps), (door, deps)
+    tree = ast.parse(_modules()[door].read_text())
+    assert all(isinstance(n, ast.ImportFrom | ast.Assign | ast.Expr) for n in tree.body), f"{door} holds code"
+

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trajstore import FormatError, schema
-from trajstore.format import validate
-from trajstore.format.rows import rows
+from trajstore.format.file import validate
+from trajstore.format.codec.rows import rows
 from trajstore.testing import assert_batch_equal, padded_batches, two_sided_batches
 
 

@@ -12,9 +12,9 @@ from hypothesis import given, settings
 
 import trajstore
 from trajstore import FormatError, Reader, Writer, schema
-from trajstore.format import validate
+from trajstore.format.file import validate
 from trajstore.format.spec import check_version
-from trajstore.format.rows import rows
+from trajstore.format.codec.rows import rows
 from trajstore.inspection.describe import describe
 from trajstore.testing import assert_batch_equal, prompt_completion_batches, two_sided_batches
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 import trajstore
-from trajstore.format import containers as adapters
+from trajstore.format.batch import containers as adapters
 from trajstore.testing import assert_batch_equal
 
 from _legacy import batches

@@ -14,7 +14,7 @@ from test_device_pad import device_read
 
 import trajstore
 from trajstore import FormatError, schema
-from trajstore.format import validate
+from trajstore.format.file import validate
 from trajstore.testing import assert_batch_equal, tensors
 
 MASKS = {"loss_mask": ["advantages", "old_logprobs"]}
@@ -130,7 +130,7 @@ def test_shards_with_and_without_holes_join(a, b):
     import numpy as np
     import pyarrow as pa
 
-    from trajstore.format.shards import RANK_COLUMN, join
+    from trajstore.format.shard.shards import RANK_COLUMN, join
 
     b = {k: (v.to(a[k].dtype) if k != "loss_mask" else v.to(a["loss_mask"].dtype)) for k, v in b.items()}
     parts = []

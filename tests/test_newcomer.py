@@ -208,7 +208,7 @@ def test_float32_values_print_at_float32_precision(tmp_path, capsys):
 
 
 def test_config_warning_lists_only_the_variables_a_user_sets():
-    from trajstore.config import TEST_VARIABLES
+    from trajstore.record.config import TEST_VARIABLES
     from trajstore.errors import ConfigWarning
 
     with pytest.warns(ConfigWarning) as rec:
@@ -233,7 +233,7 @@ def test_ray_stats_takes_the_response_mask_by_default(dump, tmp_path):
 def test_a_wide_table_on_a_narrow_terminal_keeps_every_column(monkeypatch):
     import io
 
-    from trajstore import _console as out
+    from trajstore.cli import console as out
 
     class Tty(io.StringIO):
         def isatty(self) -> bool:

@@ -14,8 +14,13 @@ import trajstore
 from trajstore import cli
 from trajstore.errors import ConfigError, FormatError, StepExistsError, StepNotFoundError
 from trajstore.store import columns, commit, paths
-from trajstore.testing import (assert_batch_equal, padded_batches, prompt_completion_batches,
-                               trajectory_lists, two_sided_batches)
+from trajstore.testing import (
+    assert_batch_equal,
+    padded_batches,
+    prompt_completion_batches,
+    trajectory_lists,
+    two_sided_batches,
+)
 
 SIZES = (3, 9, 5, 7)  # uneven shards, B = 24
 
@@ -273,7 +278,7 @@ def test_older_readers_refuse_a_shard_file(tmp_path):
     """A shard file is format version 3 with a ``shard`` key validate.py checks: a reader of version 2
     refuses it by its version, and a file claiming less, or a shard without its rank column, is damaged."""
     from trajstore.errors import FormatVersionError
-    from trajstore.format import validate
+    from trajstore.format.file import validate
     from trajstore.format.spec import check_version
     d = write_shards(tmp_path / "d", steps=(0,), sizes=(2, 3))
     f = d / "train" / paths.shard_name(0, 1, 2)

@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import trajstore
-from trajstore import shard_read
-from trajstore.format import parquet, shards
+from trajstore.read import shards as shard_read
+from trajstore.format.file import parquet
+from trajstore.format.shard import shards
 from trajstore.store import stepfile
 from trajstore.testing import assert_batch_equal
 

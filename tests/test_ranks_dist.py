@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import trajstore  # noqa: E402
-import trajstore.writer  # noqa: E402  (the package root loads its modules lazily)
+import trajstore.write.writer  # noqa: E402  (the package root loads its modules lazily)
 from test_ranks import (SIZES, logical_trajectories, same, shard_batch, token_partition,  # noqa: E402
                         trajectories)
 
@@ -36,7 +36,7 @@ def _init(rank: int, world: int, port: int) -> None:
 def _dump(rank: int, world: int, port: int, path: str, die: int | None, recorder: bool) -> None:
     _init(rank, world, port)
     if rank == die:  # killed while committing step 1: its temporary is written, the shard never appears
-        trajstore.writer.commit.commit = lambda *a, **k: os._exit(7) if "00000001" in str(a[1]) else _commit(*a, **k)
+        trajstore.write.writer.commit.commit = lambda *a, **k: os._exit(7) if "00000001" in str(a[1]) else _commit(*a, **k)
     if recorder:
         with trajstore.Recorder(dump=True, path=path) as rec:
             assert rec.split == "train"
@@ -49,7 +49,7 @@ def _dump(rank: int, world: int, port: int, path: str, die: int | None, recorder
     dist.destroy_process_group()
 
 
-_commit = trajstore.writer.commit.commit
+_commit = trajstore.write.writer.commit.commit
 
 
 def _replay(rank: int, world: int, port: int, path: str, recorder: bool) -> None:

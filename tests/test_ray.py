@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 import trajstore
 from trajstore.errors import ConfigError, FormatError
-from trajstore.tables import step_rows
+from trajstore.read.tables import step_rows
 from trajstore.testing import packed_batches, padded_batches, trajectory_lists
 
 ray = pytest.importorskip("ray")

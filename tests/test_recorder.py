@@ -8,9 +8,9 @@ import torch
 from hypothesis import given, settings
 
 import trajstore
-from trajstore import fingerprint
+from trajstore.base import fingerprint
 from trajstore.errors import ConfigError, DumpNotFoundError, EnvironmentMismatchError, StepNotFoundError
-from trajstore.recorder import DumpReplayConfig, Recorder
+from trajstore.record.recorder import DumpReplayConfig, Recorder
 from trajstore.testing import assert_batch_equal, batches
 
 

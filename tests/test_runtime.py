@@ -13,16 +13,18 @@ import torch
 from _dumps import small_batch
 
 import trajstore
-from trajstore import WriterError, prefetch, torch_bridge
-from trajstore import write_pool as pool_mod
-from trajstore import writer as writer_mod
-from trajstore.config import DumpReplayConfig, location
+from trajstore import WriterError
+from trajstore.read import prefetch
+from trajstore.device import bridge as torch_bridge
+from trajstore.write import pool as pool_mod
+from trajstore.write import writer as writer_mod
+from trajstore.record.config import DumpReplayConfig, location
 from trajstore.errors import ConfigError
-from trajstore.recorder import Recorder
+from trajstore.record.recorder import Recorder
 from trajstore.store import commit, files
 from trajstore.store import index as _index
 from trajstore.testing import assert_batch_equal
-from trajstore.writer import Committed
+from trajstore.write.writer import Committed
 
 
 def read_threads():
@@ -205,9 +207,9 @@ def test_snapshot_and_map_tensors_share_the_walker(monkeypatch):
     monkeypatch.setattr(torch_bridge, "map_tree", spy)
     torch_bridge.map_tensors(b, lambda t: t)
     assert calls
-    monkeypatch.setattr(trajstore.snapshot, "map_tree", spy)
+    monkeypatch.setattr(trajstore.write.snapshot, "map_tree", spy)
     calls.clear()
-    trajstore.snapshot.Snapshot(b, False, torch_bridge.PinnedPool())
+    trajstore.write.snapshot.Snapshot(b, False, torch_bridge.PinnedPool())
     assert calls[0] == ()
 
 
@@ -218,7 +220,7 @@ def test_prefetch_lives_reader_side_and_torch_bridge_leaves_the_codec_pool_alone
             w.append(s, small_batch(seed=s))
     r = trajstore.Reader(tmp_path)
     serial = []
-    read = lambda s, arena: (serial.append(trajstore._threads.is_serial()), r.read(s))[1]  # noqa: E731
+    read = lambda s, arena: (serial.append(trajstore.base.threads.is_serial()), r.read(s))[1]  # noqa: E731
     got = list(prefetch.iterate(read, [5, 1, 3], prefetch=prefetch.SERIAL_PREFETCH))
     assert [s for s, _ in got] == [5, 1, 3] and all(serial)
     serial.clear()

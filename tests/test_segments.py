@@ -18,9 +18,9 @@ from _dumps import check_inspection, write
 from test_corrupt import _Restore, _resign, spec_lies
 from trajstore.errors import BatchError, ConfigError, FormatError, TrajstoreError
 from trajstore.format import limits as _limits
-from trajstore.format.rows import to_numpy
+from trajstore.format.codec.rows import to_numpy
 from trajstore.store import paths
-from trajstore.tables import step_rows
+from trajstore.read.tables import step_rows
 from trajstore.testing import assert_batch_equal, image_batches
 
 
@@ -202,7 +202,7 @@ def test_grid_in_gpu_memory_is_checked_by_the_encoder(tmp_path, monkeypatch):
     """What append does when image_grid_thw is in GPU memory (it is not read there, no sync): the
     encoder reads it, and a mismatch is a BatchWriteError (a BatchError) at the next flush."""
     from trajstore.errors import BatchWriteError
-    from trajstore.format import check
+    from trajstore.format.batch import check
 
     monkeypatch.setattr(check, "_on_gpu", lambda v: True)
     b = vlm()

@@ -1,4 +1,4 @@
-"""The shards of a step joined into the logical batch, and slices of it (trajstore/format/shards.py,
+"""The shards of a step joined into the logical batch, and slices of it (trajstore/format/shard/shards.py,
 docs/FORMAT.md 3.12): every batch form cut the way dispatch cuts it, each chunk encoded as a rank's
 shard, ``join`` decoded by the ordinary decoder is the batch bit for bit; ``take`` of any rows is
 those rows; shards padded to widths of their own join widened."""
@@ -13,13 +13,23 @@ from hypothesis import strategies as st
 
 from _shards import batch_rows, cuts, decode, encode, joined, select, shard
 from trajstore import schema
-from trajstore.format.containers import DataProtoLike
-from trajstore.format.layout import classify, token_mask
-from trajstore.format.shards import RANK_COLUMN, join, partition, take, token_counts
+from trajstore.format.batch.containers import DataProtoLike
+from trajstore.format.batch.layout import classify, token_mask
+from trajstore.format.shard.shards import RANK_COLUMN, join, partition, take, token_counts
 from trajstore.format.spec import columns_for, fields
-from trajstore.testing import (assert_batch_equal, batches, group_lists, image_batches, packed_batches,
-                               padded_batches, prompt_completion_batches, tensors, trajectory_lists, two_sided_batches,
-                               typed_batches)
+from trajstore.testing import (
+    assert_batch_equal,
+    batches,
+    group_lists,
+    image_batches,
+    packed_batches,
+    padded_batches,
+    prompt_completion_batches,
+    tensors,
+    trajectory_lists,
+    two_sided_batches,
+    typed_batches,
+)
 
 SETTINGS = settings(deadline=None, suppress_health_check=list(HealthCheck))
 

@@ -1,4 +1,4 @@
-"""Joining shards, case by case (trajstore/format/shards.py, docs/FORMAT.md 3.12): containers and
+"""Joining shards, case by case (trajstore/format/shard/shards.py, docs/FORMAT.md 3.12): containers and
 their ``meta_info`` (verl's ``DataProto.concat``), the step metadata, values whose types differ,
 what is refused and how it says so; token counts and the replaying ranks' partitions."""
 
@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from _shards import decode, encode, joined, select, shard
 from trajstore.errors import ConfigError, FormatError
-from trajstore.format.containers import DataProtoLike
-from trajstore.format.shards import join, partition, take, token_counts
+from trajstore.format.batch.containers import DataProtoLike
+from trajstore.format.shard.shards import join, partition, take, token_counts
 from trajstore.testing import assert_batch_equal
 
 

@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import trajstore
-from trajstore import _threads
-from trajstore.format import parquet
+from trajstore.base import threads as _threads
+from trajstore.format.file import parquet
 from trajstore.store import stepfile
 from trajstore.testing import assert_batch_equal, padded_batches
 
@@ -116,7 +116,7 @@ mp = MonkeyPatch()
 mp.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))  # this rank on a host of 8 cores
 many_row_groups(mp)
 mp.setattr(parquet, "ROW_GROUP_BYTES", 4096)
-mp.setattr(trajstore._threads, "PARALLEL_BYTES", 0)
+mp.setattr(trajstore.base.threads, "PARALLEL_BYTES", 0)
 met, lock, names = threading.Barrier(2, timeout=120), threading.Lock(), set()
 real = pq.ParquetFile.read_row_group
 

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import trajstore
-from trajstore import torch_bridge
-from trajstore.format import parquet
+from trajstore.device import bridge as torch_bridge
+from trajstore.format.file import parquet
 from trajstore.testing import assert_batch_equal, batches, packed_batches, padded_batches
 
 
@@ -315,7 +315,7 @@ def _freed_without_gc(make):
 
 def test_map_tensors_and_staging_leave_no_reference_cycle(tmp_path):
     # a cycle would hold a whole step (and on CUDA its device batch) until the collector runs
-    from trajstore import snapshot
+    from trajstore.write import snapshot
 
     def mapped():
         t = torch.arange(10)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import trajstore
 from trajstore import ConfigError
-from trajstore.format.rows import rows
+from trajstore.format.codec.rows import rows
 from trajstore.inspection.describe import describe
 from trajstore.inspection.traces import load_tokenizer, run_lengths
 from trajstore.testing import batches

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 import trajstore
-import trajstore.recorder  # its loggers made under logging's own root, before AReaL's modules are imported
+import trajstore.record.recorder  # its loggers made under logging's own root, before AReaL's modules are imported
 from trajstore.errors import ConfigError
 from trajstore.testing import assert_batch_equal
 

@@ -11,7 +11,7 @@ import torch
 
 import trajstore
 from trajstore.errors import BatchError, BatchWriteError, UnsupportedTypeError, WriterError
-from trajstore.format.containers import DataProtoLike
+from trajstore.format.batch.containers import DataProtoLike
 from trajstore.testing import assert_batch_equal
 
 

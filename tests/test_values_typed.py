@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 import trajstore
 from trajstore.errors import FormatError, UnsupportedTypeError
 from trajstore.format import typed
-from trajstore.format.containers import DataProtoLike
+from trajstore.format.batch.containers import DataProtoLike
 from trajstore.testing import assert_batch_equal, typed_batches, typed_values
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))

@@ -30,7 +30,7 @@ import uvicorn  # noqa: E402
 import trajstore  # noqa: E402
 from trajstore.inspection.traces import decode_ids, load_tokenizer  # noqa: E402
 from trajstore.store import commit  # noqa: E402
-from trajstore.tables import step_rows  # noqa: E402
+from trajstore.read.tables import step_rows  # noqa: E402
 from trajstore.view import data  # noqa: E402
 from trajstore.view.app import PLOTLY_JS, STATIC, make_app  # noqa: E402
 from trajstore.view.export import export  # noqa: E402

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import trajstore
-from trajstore import config
+from trajstore.record import config
 from trajstore.inspection.describe import describe
 from trajstore.errors import BatchWarning, ConfigWarning, TrajstoreWarning
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import trajstore
 from trajstore import StepExistsError, WriterError
-from trajstore import write_pool as pool_mod
+from trajstore.write import pool as pool_mod
 from trajstore.format.dtypes import bits_view
 from trajstore.testing import assert_batch_equal, batches, padded_batches
 

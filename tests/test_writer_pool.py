@@ -1,4 +1,4 @@
-"""Several background workers (``Writer(workers=N)``, trajstore/write_pool.py): steps encoded at once,
+"""Several background workers (``Writer(workers=N)``, trajstore/write/pool.py): steps encoded at once,
 committed in append order, files identical to one worker's, crash safety kept (issue 16)."""
 
 import os
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import trajstore
 from trajstore import WriterError
-from trajstore import write_pool as pool_mod
+from trajstore.write import pool as pool_mod
 from trajstore.testing import assert_batch_equal, batches
 
 
@@ -139,7 +139,7 @@ def test_killed_mid_run_leaves_a_prefix_of_whole_steps(tmp_path):
 
 def test_default_workers_and_bad_values(tmp_path):
     w = trajstore.Writer(tmp_path)
-    b = trajstore._threads.budget()
+    b = trajstore.base.threads.budget()
     assert w.workers == len(w._workers) == max(min(2, b), min(8, b // 2)) and w.stats["workers"] == w.workers
     w.close()
     with pytest.raises(trajstore.ConfigError, match="workers must be an int >= 1"):
@@ -181,4 +181,4 @@ def test_workers_share_torchs_threads_and_leave_the_callers_alone(tmp_path, monk
         w.append(0, small_batch())
     assert torch.get_num_threads() == n and later == [n]
     if "parallel backend: OpenMP" in torch.__config__.parallel_info():
-        assert seen == [3, max(1, trajstore._threads.budget() // 2)]
+        assert seen == [3, max(1, trajstore.base.threads.budget() // 2)]

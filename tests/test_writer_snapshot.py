@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 import trajstore
 from trajstore import WriterError
-from trajstore import snapshot as snapshot_mod
-from trajstore import write_pool as pool_mod
+from trajstore.write import snapshot as snapshot_mod
+from trajstore.write import pool as pool_mod
 from trajstore.format.dtypes import bits_view
 from trajstore.testing import assert_batch_equal, padded_batches, typed_batches
 

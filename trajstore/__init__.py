@@ -10,7 +10,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from . import _moved
 from ._version import __version__
+
+_moved.install()  # module paths of earlier releases (trajstore.snapshot, trajstore.format.layout...) still import
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time they load on first use (__getattr__)
     from .errors import (
@@ -28,21 +31,21 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time they load on first 
         UnsupportedTypeError,
         WriterError,
     )
-    from .fingerprint import deterministic
+    from .base.fingerprint import deterministic
     from .inspection.diff import diff
     from .inspection.traces import traces
     from .inspection.verify import verify
-    from .reader import Reader
-    from .recorder import DumpReplayConfig, Recorder
-    from .writer import Writer
+    from .read.reader import Reader
+    from .record.recorder import DumpReplayConfig, Recorder
+    from .write.writer import Writer
 
 # public name -> the module that defines it
 _LAZY = {
-    "Writer": ".writer",
-    "Reader": ".reader",
-    "Recorder": ".recorder",
-    "DumpReplayConfig": ".recorder",
-    "deterministic": ".fingerprint",
+    "Writer": ".write.writer",
+    "Reader": ".read.reader",
+    "Recorder": ".record.recorder",
+    "DumpReplayConfig": ".record.recorder",
+    "deterministic": ".base.fingerprint",
     "traces": ".inspection.traces",
     "diff": ".inspection.diff",
     "verify": ".inspection.verify",

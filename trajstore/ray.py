@@ -5,7 +5,7 @@
 >>> ds = trajstore.ray.read_dump("dumps/run1", columns=["rewards", "input_ids"])
 >>> ds.groupby("step").mean("rewards").take_all()
 
-One row per trajectory, the rows ``Reader.to_pandas`` gives (``trajstore/format/rows.py``):
+One row per trajectory, the rows ``Reader.to_pandas`` gives (``trajstore/format/codec/rows.py``):
 
 * ``step`` and ``index`` (the trajectory's position in the step file), ``rejected`` (True for a
   ``None`` trajectory of a list batch, whose fields are then None), ``rank`` for the rows of a
@@ -39,13 +39,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from ._text import parse_steps
+from .base.text import parse_steps
 from .errors import ConfigError, MissingDependencyError
-from .format import containers
-from .format.rows import rows
+from .format.batch import containers
+from .format.codec.rows import rows
 from .format.spec import fields, is_plain_sample
-from .reader import Reader
-from .tables import OWN
+from .read.reader import Reader
+from .read.tables import OWN
 
 if TYPE_CHECKING:  # an optional extra, imported when used
     import ray.data

@@ -11,9 +11,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from .format import containers
-from .format.decoder import decode
-from .format.encoder import encode_plain
+from .format.batch import containers
+from .format.codec.decoder import decode
+from .format.codec.encoder import encode_plain
 from .format.spec import RESERVED, columns_for
 from .format.values import check_json
 

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from .format.containers import DataProtoLike
+from .format.batch.containers import DataProtoLike
 from .format.dtypes import bits_view
 
 __all__ = [
@@ -306,7 +306,7 @@ def _object_array(vals: list) -> np.ndarray:
 def typed_batches(draw: st.DrawFn, max_batch: int = 4, dataproto: bool = False) -> Any:
     """Batches whose non-tensor fields hold ``typed_values``: per trajectory (object arrays of one and
     two dimensions, lists, datetime64 / bytes / str arrays of any shape), batch-wide values, and
-    with ``dataproto``, sometimes the ``meta_info`` of a DataProto-like batch (format/containers.py)."""
+    with ``dataproto``, sometimes the ``meta_info`` of a DataProto-like batch (format/batch/containers.py)."""
     B = draw(st.integers(1, max_batch))
     vals = st.lists(typed_values(), min_size=B, max_size=B)
     batch: dict[str, Any] = {"rewards": draw(tensors((B,), [torch.float32])),

@@ -137,7 +137,7 @@ def run(trials: int, seed: int = 0, workdir: str | None = None, max_delay: float
         log=print) -> dict:
     rng = random.Random(seed)
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "pyarrow.parquet", "trajstore", "trajstore.writer", "trajstore.reader"])  # the package root loads lazily
+    ctx.set_forkserver_preload(["torch", "pyarrow.parquet", "trajstore", "trajstore.write.writer", "trajstore.read.reader"])  # the package root loads lazily
     own = workdir is None
     root = Path(workdir or tempfile.mkdtemp(prefix="trajstore-crash-"))
     path = root / "dump"

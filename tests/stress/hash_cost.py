@@ -19,7 +19,7 @@ import torch
 
 import trajstore
 from trajstore import schema
-from trajstore.format.parquet import parquet_options
+from trajstore.format.file.parquet import parquet_options
 from trajstore.store import checksums, paths
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .._threads import PIECE_BYTES, balance, run_parallel
+from ..base.threads import PIECE_BYTES, balance, run_parallel
 from ..errors import BatchError, FormatError, foreign_errors
 from . import dtypes as dt
 from .spec import COMPANION_PREFIXES, RESERVED, STEP_COLUMN, where

@@ -13,8 +13,8 @@ pages hold, and that is bounded before anything is allocated: the Parquet row gr
 sizes (what pyarrow decompresses), padded outputs and their ``[B, T]`` masks, inline tensors,
 fixed-width strings, one Python object per row of every per-trajectory node, the description's
 JSON. Over it: ``FormatError`` naming the file and this knob (``over``). ``check_pages`` bounds
-what pyarrow decompresses and ``load_doc`` the description's JSON; ``format/validate.py`` the rest
-of what the description says, ``format/decoder.py`` (``Decoder.charge``) a layout conversion's.
+what pyarrow decompresses and ``load_doc`` the description's JSON; ``format/file/validate.py`` the rest
+of what the description says, ``format/codec/decoder.py`` (``Decoder.charge``) a layout conversion's.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ metadata (docs/FORMAT.md sections 3.6 and 3.7), the step envelope around it, the
 the column-name rules, and the predicates other modules ask of spec nodes.
 
 Nodes are plain dicts (they are read from files as JSON); the ``TypedDict`` classes below name their
-keys and types. ``format/validate.py`` checks a stored spec against these before anything decodes it.
+keys and types. ``format/file/validate.py`` checks a stored spec against these before anything decodes it.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ SHAPE_PREFIX = "__shape__"  # per-row shapes of a cell column
 PAD_PREFIX = "__pad__"  # the values at padded positions of a token column
 START_PREFIX = "__start__"  # per-row first valid positions of a mask group padded on both sides
 RUNS_PREFIX = "__runs__"  # per-row runs of a list batch's groups stored unpadded
-RUNS_COL = RUNS_PREFIX + "attention_mask"  # the runs column of a list batch (format/grouped.py)
+RUNS_COL = RUNS_PREFIX + "attention_mask"  # the runs column of a list batch (format/codec/grouped.py)
 RUNS_ACTION = RUNS_COL + "__action"  # OpenRLHF's [g, T-1] action cells: the runs of the mask's columns 1..T-1
 LEN_PREFIX = "__len__"  # per-row valid token counts of a mask group, for readers without trajstore
 COMPANION_PREFIXES = (SHAPE_PREFIX, PAD_PREFIX, START_PREFIX, RUNS_PREFIX, LEN_PREFIX)
@@ -166,7 +166,7 @@ class BatchNode(TypedDict):
     T: NotRequired[int]
     side: NotRequired[Literal["right", "left"] | None]
     keys: list[list]  # [[name, FieldNode], ...], in the batch's order
-    wrapper: NotRequired[dict]  # the container the batch came in (format/containers.py)
+    wrapper: NotRequired[dict]  # the container the batch came in (format/batch/containers.py)
 
 
 class StepDoc(TypedDict):

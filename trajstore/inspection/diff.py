@@ -41,12 +41,12 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from .._text import format_ranges, parse_steps, runs
+from ..base.text import format_ranges, parse_steps, runs
 from ..errors import ChecksumError, ConfigError, StepNotFoundError
-from ..format import containers
-from ..format.rows import rows
+from ..format.batch import containers
+from ..format.codec.rows import rows
 from ..format.spec import is_dict_batch
-from ..reader import Reader
+from ..read.reader import Reader
 from ..store import checksums
 from . import diff_arrow, diff_ids
 from .diff_field import OK, FieldDiff, _Field

@@ -26,9 +26,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..format.spec import is_dict_batch
-from .. import shard_read
-from ..format.parquet import read_columns as read_file_columns
-from ..reader import Reader
+from ..read import shards as shard_read
+from ..format.file.parquet import read_columns as read_file_columns
+from ..read.reader import Reader
 from ..store import checksums
 
 __all__ = ["field_names", "fast_step", "plan", "read_columns", "same_file", "strings", "values"]

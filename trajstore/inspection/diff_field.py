@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..format.rows import row_mask
+from ..format.codec.rows import row_mask
 from . import diff_arrow
 
 __all__ = ["FieldDiff", "OK"]

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from ..format import ids as idcol
-from ..reader import Reader
+from ..format.shard import ids as idcol
+from ..read.reader import Reader
 
 __all__ = ["align", "id_mismatch", "finish", "meta_entries"]
 

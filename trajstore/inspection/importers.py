@@ -28,11 +28,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._text import format_ranges, human_bytes, runs
+from ..base.text import format_ranges, human_bytes, runs
 from ..errors import BatchError, ConfigError, DumpNotFoundError, FormatError, TrajstoreError, WriterError
 from ..store import commit, paths
-from ..reader import Reader
-from ..writer import Committed, Writer
+from ..read.reader import Reader
+from ..write.writer import Committed, Writer
 from .legacy_load import NeedsTrust, PickledDataProto, load_weights_only, unpickle_trusted
 
 __all__ = ["import_dump", "ImportReport", "Imported", "Skipped", "KINDS"]

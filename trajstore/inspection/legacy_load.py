@@ -9,7 +9,7 @@ pickle-based file.
   for files they made themselves. It is the only function of the package that unpickles; it
   never imports verl or ROLL: their ``DataProto`` classes are read into :class:`PickledDataProto`
   stand-ins (``STAND_INS``) that keep the class's name, so the imported step comes back as the
-  real class where that class is loaded (``trajstore/format/containers.py``).
+  real class where that class is loaded (``trajstore/format/batch/containers.py``).
 """
 
 from __future__ import annotations

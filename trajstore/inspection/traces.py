@@ -43,8 +43,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, MissingDependencyError
-from ..format.rows import row_mask
-from ..tables import step_rows
+from ..format.codec.rows import row_mask
+from ..read.tables import step_rows
 from .describe import plain
 
 __all__ = ["traces", "load_tokenizer", "trace_rows", "to_json", "dumps", "decode_ids", "FIELD_NAMES",

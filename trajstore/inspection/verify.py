@@ -74,7 +74,7 @@ def verify(path: str | Path, split: str | None = None, *, deep: bool = False) ->
                             + (", not a step" if what == paths.TOO_LARGE else ", not a regular file") + " (not read)"
                             for n, what in listing.odd.items()})  # a FIFO, a device... named as a step
         if deep:  # decoding needs the reader (and torch); the checksums alone do not (`trajstore verify`)
-            from ..reader import Reader
+            from ..read.reader import Reader
 
             reader = Reader(root, s, verify=True)
         for step in steps:

@@ -16,6 +16,8 @@ them.
 
 Each module says what it adapts and where the format stores it (docs/frameworks/<name>.md has the
 user-facing side).
+
+May import: ``trajstore.errors`` only (and a framework, by a fixed name, when installed).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ a dump of the batch the engines see after ``RTensor.localize``, and replay hands
 
 When and how, so that ``Writer.append`` stays cheap and never waits for the network:
 
-* ``Writer.append`` checks the batch (``format/check.py``); one refused there is checked again on
+* ``Writer.append`` checks the batch (``format/batch/check.py``); one refused there is checked again on
   ``check_view(batch)``, where each remote RTensor stands in as a one-element tensor expanded to
   its shape and dtype (so batches without RTensors pay nothing). Nothing is fetched.
 * The snapshot taken at ``append`` (``snapshot.py``) starts one batched fetch of all the batch's

@@ -10,9 +10,9 @@ shifted by one), per-sample ``rewards`` / ``scores`` / lengths ``[B]``, the list
 values.
 
 An ``Experience`` (or a list of them) is stored as the dict of its dataclass fields (a list batch
-of such dicts), with a container tag naming the class (``format/classes.py``); replay builds the
+of such dicts), with a container tag naming the class (``format/batch/classes.py``); replay builds the
 class again with those fields. The action-width fields are per-token fields of the shifted mask
-(``format/layout.py``, ``SHIFTED``).
+(``format/batch/layout.py``, ``SHIFTED``).
 
 openrlhf is never imported here; the class is imported on replay only when the package is
 installed (``integrations.load``).
@@ -24,7 +24,7 @@ __all__ = ["EXPERIENCE", "CLASSES", "ACTION_FIELDS"]
 
 EXPERIENCE = "openrlhf.trainer.ppo_utils.experience:Experience"
 
-# class path -> how it is stored (format/classes.py): every dataclass field, nothing else
+# class path -> how it is stored (format/batch/classes.py): every dataclass field, nothing else
 CLASSES = {EXPERIENCE: {"kind": "dataclass"}}
 
 # the [B, T-1] fields of an Experience: one value per token after the first

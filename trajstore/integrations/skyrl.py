@@ -17,7 +17,7 @@ the generator's output.
 
 The ``[B, R]`` response fields of a training batch (``response_mask``, ``loss_mask``,
 ``rollout_logprobs``, ``rewards``, ``advantages``...) are the last ``R`` columns of the ``[B, T]``
-``attention_mask``; ``format/layout.py`` stores them per token (``TAIL``).
+``attention_mask``; ``format/batch/layout.py`` stores them per token (``TAIL``).
 
 skyrl_train is never imported here; its classes are imported on replay only when the package is
 installed (``integrations.load``).
@@ -36,7 +36,7 @@ TRAJECTORY_ID = "skyrl_train.generators.base:TrajectoryID"
 # what TensorBatch.__init__ sets from the tensors it is given: recomputed on replay, not stored
 _DERIVED = ("_batch_size", "_device")
 
-# class path -> how it is stored (format/classes.py)
+# class path -> how it is stored (format/batch/classes.py)
 CLASSES = {
     TRAINING_INPUT: {"kind": "dict", "keep": ("metadata",), "derived": _DERIVED},
     TRAINING_OUTPUT: {"kind": "dict", "keep": ("metadata",), "derived": _DERIVED},

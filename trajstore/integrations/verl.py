@@ -1,6 +1,6 @@
 """verl (and ROLL, whose ``DataProto`` is verl's shape).
 
-A ``DataProto`` is stored by ``format/containers.py`` as its tensors and non-tensor arrays side by
+A ``DataProto`` is stored by ``format/batch/containers.py`` as its tensors and non-tensor arrays side by
 side plus a container tag naming its class. On replay the class comes back when it is one of
 ``DATAPROTO_CLASSES`` and its package is installed (imported here if needed, whatever the import
 order of the reading process); any other class a file names is used only if the reading process

@@ -23,7 +23,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from ..format.columns import fit, type_name
+from ..format.file.columns import fit, type_name
 from ..format.spec import STEP_COLUMN
 from . import paths
 from .files import fsync, fsync_dir, stale_temps

@@ -14,8 +14,18 @@ from ..errors import FormatError
 from . import checksums, remote
 from .files import fsync, fsync_dir, stale_temps, write_durable
 from .fs import is_remote
-from .paths import (SUM_RE, TMP_PREFIX, TMP_SUM_RE, check_real_dirs, places, side_dir, skipped_name, skipped_of,
-                    skipped_record, step_name)
+from .paths import (
+    SUM_RE,
+    TMP_PREFIX,
+    TMP_SUM_RE,
+    check_real_dirs,
+    places,
+    side_dir,
+    skipped_name,
+    skipped_of,
+    skipped_record,
+    step_name,
+)
 
 __all__ = ["commit", "clean_temp", "record_skipped"]
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .. import fingerprint
+from ..base import fingerprint
 from .._version import __version__
 from ..errors import ConfigError, DumpNotFoundError, FormatError, WriterError
 from ..format.spec import MANIFEST_VERSION, check_version

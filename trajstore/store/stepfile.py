@@ -14,7 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import FormatError, foreign_errors
-from ..format import limits, validate
+from ..format import limits
+from ..format.file import validate
 from ..format.spec import check_version
 from . import checksums, paths
 from .fs import source

@@ -14,6 +14,8 @@
 
 Each module imports its framework at the top: import it only where the framework is installed. They
 sit above the Recorder (``trajstore.recorder``); docs/frameworks/<name>.md is each one's page.
+
+May import: ``trajstore.record`` and every layer below, and its framework.
 """
 
 __all__: list[str] = []

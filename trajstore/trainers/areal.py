@@ -39,7 +39,7 @@ from typing import Any
 from areal.api import cli_args
 
 from ..errors import ConfigError
-from ..recorder import Recorder
+from ..record.recorder import Recorder
 
 __all__ = ["DebugConfig", "RecordedRollout", "NoEngine", "Switch", "recorder", "PPOConfig", "GRPOConfig"]
 

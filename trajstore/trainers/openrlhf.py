@@ -34,9 +34,9 @@ from typing import Any
 import ray
 from openrlhf.trainer import ppo_trainer
 
-from ..config import DumpReplayConfig
+from ..record.config import DumpReplayConfig
 from ..errors import ConfigError
-from ..recorder import Recorder
+from ..record.recorder import Recorder
 
 __all__ = ["Switch", "RecordedPPOTrainer", "PPOTrainer", "ReplaySamples", "META_KEY"]
 

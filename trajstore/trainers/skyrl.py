@@ -39,9 +39,9 @@ from omegaconf import DictConfig, OmegaConf
 from skyrl_train import trainer as _trainer
 from skyrl_train.entrypoints import main_base
 
-from ..config import DumpReplayConfig
+from ..record.config import DumpReplayConfig
 from ..errors import ConfigError
-from ..recorder import Recorder
+from ..record.recorder import Recorder
 
 __all__ = ["config", "NoEngine", "Switch", "RayPPOTrainer", "Exp"]
 

@@ -27,8 +27,8 @@ import torch
 from trl import GRPOTrainer as _GRPOTrainer
 from trl import RLOOTrainer as _RLOOTrainer
 
-from ..config import DumpReplayConfig
-from ..recorder import Recorder
+from ..record.config import DumpReplayConfig
+from ..record.recorder import Recorder
 
 __all__ = ["GRPOTrainer", "RLOOTrainer", "recorded", "RNG_KEY"]
 

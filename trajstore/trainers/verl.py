@@ -50,7 +50,7 @@ from verl.utils.skip.skip_manager import SkipManager
 from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.llm_server import LLMServerManager as _LLMServerManager
 
-from ..recorder import Recorder
+from ..record.recorder import Recorder
 from ..store import paths
 
 __all__ = ["RolloutSkip", "AgentLoopManager", "LLMServerManager", "CheckpointEngineManager", "NoServers",

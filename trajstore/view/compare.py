@@ -18,12 +18,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, StepNotFoundError
-from ..format import containers
-from ..format.rows import rows
+from ..format.batch import containers
+from ..format.codec.rows import rows
 from ..inspection.diff import diff
 from ..inspection.diff_field import OK
 from ..inspection.traces import decode_ids
-from ..reader import Reader
+from ..read.reader import Reader
 from .pages import _f, dump_name
 
 __all__ = ["curves", "diverging", "aligned", "TOKEN_FIELDS"]

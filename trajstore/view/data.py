@@ -36,7 +36,7 @@ from ..format.spec import is_dict_batch, is_plain_sample, is_token
 from ..store.digest import MASKS, PAIRS, VERSIONS, absdiff, count, extremes, keep_of, seg
 from ..store.digest import fast as _fast
 from ..store.digest import lists as _lists
-from ..tables import step_rows
+from ..read.tables import step_rows
 
 REWARDS = ("rewards", "reward", "scores")
 TOKENS = ("input_ids", "tokens", "token_ids", "sequences")

@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, StepNotFoundError, TrajstoreError
-from .._text import format_ranges, runs
+from ..base.text import format_ranges, runs
 from ..inspection.diff import diff
 from ..inspection.diff_field import OK
 from ..inspection.traces import load_tokenizer
-from ..reader import Reader
+from ..read.reader import Reader
 from . import data
 from .tokens import number, token_texts
 

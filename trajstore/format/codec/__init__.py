@@ -1,0 +1,11 @@
+"""Codecs: one encode/decode pair per node kind, and the walks that dispatch to them.
+
+* ``tensors`` - tensor fields (per token, per sample, padding values, inline tensors);
+* ``sequences`` - per-trajectory lists, their cells, values and structs;
+* ``grouped`` - a list batch's ``[g, T]`` groups and OpenRLHF's ``[g, T-1]`` action cells;
+* ``encoder`` / ``decoder`` - the walks over a batch's plan and over a spec, and layout conversion;
+* ``rows`` - one decoded step as one dict per trajectory (traces, diff, ``to_pandas``).
+
+May import: the format's shared modules, ``format/batch``, ``trajstore.errors``, ``trajstore.base``.
+Never a shard or file module.
+"""

@@ -1,0 +1,83 @@
+"""Batch -> Arrow table: the walk that turns a classified batch (``format.check.plan``) into one
+column set per field and the spec that rebuilds it (each node kind's encoder: ``format/codec/tensors.py``,
+``format/codec/sequences.py``), wrapped in the step envelope (``format.spec.step_doc``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from ..batch import containers, layout
+from . import grouped, sequences, tensors
+from .. import typed
+from ..arrow import TableBuilder
+from ..batch.check import Group, Json, Plan, Seq, Tensor, TValue, plan
+from ..batch.layout import Layout
+from ..spec import BatchNode, FieldNode, SeqNode, step_doc
+
+__all__ = ["encode_plain"]
+
+
+def _field(enc: TableBuilder, lay: Layout, f: Any) -> FieldNode:
+    if isinstance(f, Tensor):
+        return tensors.encode(enc, lay, f)
+    if isinstance(f, Group):
+        return {"t": "group", "keys": [[k, _field(enc, lay, child)] for k, child in f.keys]}
+    if isinstance(f, Seq):
+        return sequences.encode_seq(enc, f)
+    if isinstance(f, TValue):  # format/typed.py; older readers refuse the node type
+        doc = typed.encode(f.value)
+        enc.needs(typed.version(doc))
+        return {"t": "tvalue", "v": doc}
+    assert isinstance(f, Json)
+    return {"t": "json", "v": f.value}
+
+
+def _dict_batch(enc: TableBuilder, p: Plan, batch: Any) -> BatchNode:
+    lay = p.layout
+    assert lay is not None
+    if lay.form in ("padded", "masked"):
+        layout.read_groups(lay, batch)  # the masks' values: 0/1, which side, the row lengths
+        if lay.form == "padded" and (len(lay.groups) > 1 or lay.side == "span"):
+            lay.form = "masked"  # several masks, or a span: docs/FORMAT.md 3.4, format version 2
+    spec: Any = {"t": "batch", "form": lay.form, "B": lay.B}
+    if lay.form == "padded":
+        spec.update(T=lay.T, side=lay.side)
+    lens = [tensors.encode_lengths(enc, g) if lay.form in ("padded", "masked") else None
+            for g in lay.groups]  # per-row token counts as plain columns (docs/FORMAT.md 3.4)
+    if lay.form == "padded" and lens and lens[0]:
+        spec["len_col"] = lens[0]
+    if lay.form == "masked":
+        enc.needs(5 if any(g.holes for g in lay.groups) else 2)  # holes inside runs: version 5 (3.4)
+        spec["masks"] = [g.node() | ({"len_col": c} if c else {}) for g, c in zip(lay.groups, lens)]
+        for g in lay.groups:
+            if g.side == "span":
+                tensors.encode_starts(enc, g)
+    spec["keys"] = [[k, _field(enc, lay, f)] for k, f in p.keys]
+    return spec
+
+
+def _list_batch(enc: TableBuilder, p: Plan, batch: list | tuple) -> SeqNode:
+    runs = grouped.plan(p.elem)  # groups [g, T] with padding: their token cells unpadded (version 3)
+    elem: Any = sequences.encode_elems(enc, p.elem)
+    if runs is not None:
+        grouped.encode_runs(enc, runs)
+    sequences.mark_list_tokens(elem, batch)
+    return {"t": "seq", "container": p.container, "elem": elem}  # type: ignore[typeddict-item]
+
+
+def encode_plain(batch: Any, container: dict | None, *, step: int, split: str, meta: dict | None = None,
+                 extra: dict | None = None, masks: dict | None = None) -> pa.Table:
+    """``encode`` of a batch already unwrapped by ``containers.unwrap`` (``container`` is its tag).
+    The batch is first walked by ``format.check.plan``, the walk ``Writer.append`` runs: a batch
+    that cannot be stored fails there with the same error. ``masks``: which fields follow which
+    mask, as declared to ``Writer`` (docs/FORMAT.md 3.4)."""
+    p = plan(batch, read=True, masks=masks)
+    enc = TableBuilder(p.n, p.names)
+    spec: BatchNode | SeqNode = _dict_batch(enc, p, batch) if p.layout is not None else _list_batch(enc, p, batch)
+    if container is not None:
+        spec["wrapper"] = container
+        enc.needs(containers.version(container))
+    return enc.table(step, step_doc(step, split, enc.n, meta, spec, extra, enc.version))

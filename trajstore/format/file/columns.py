@@ -1,0 +1,93 @@
+"""One column type per field per split (docs/FORMAT.md 3.11): a step's table fitted to the column
+types its split already holds.
+
+``fit(table, known)`` keeps every column whose name is new to the split or whose Arrow type is the
+one the split recorded for that name (``known``: name -> ``str`` of the Arrow type); a column whose
+type differs is stored under another name, ``<name>__<type tag>`` (``__2``... if taken), with the
+spec's references to it (``col``, ``pad_col``, ``shape_col``, ``start_col``) rewritten, so that
+no reader of a glob of the split casts one step's values to another step's type: the field's
+regular column is absent in that step (a schema union gives NULL there) and the spec maps the
+field to its column, so trajstore reads it exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+
+import pyarrow as pa
+
+from ..spec import STEP_COLUMN
+from ..values import dumps
+
+__all__ = ["type_name", "fit", "SPEC_COLUMN_KEYS"]
+
+SPEC_COLUMN_KEYS = ("col", "pad_col", "shape_col", "start_col", "len_col")  # the keys of spec nodes naming columns
+
+
+def type_name(t: pa.DataType) -> str:
+    """The Arrow type as the split's record keeps it (and ``trajstore info`` shows it)."""
+    return str(t)
+
+
+def _tag(t: pa.DataType) -> str:
+    """A short, portable spelling of an Arrow type for a column name: ``float``, ``int64``,
+    ``string``, ``large_list_float``."""
+    s = re.sub(r"(item|element): |not null", "", str(t))
+    return re.sub(r"[^0-9A-Za-z]+", "_", s).strip("_")
+
+
+def fit(table: pa.Table, known: Mapping[str, str]) -> tuple[pa.Table, dict[str, str], dict[str, str]]:
+    """``(table, moved, types)``: the table with every column whose type differs from ``known``
+    moved to a name of its own (``moved``: old name -> new name), and the type of each of its
+    columns (by its name in the returned table), for the split's record."""
+    taken = set(table.column_names)
+    moved: dict[str, str] = {}
+    for f in table.schema:
+        have = type_name(f.type)
+        if f.name == STEP_COLUMN or known.get(f.name, have) == have:
+            continue
+        base = f"{f.name}__{_tag(f.type)}"
+        new, k = base, 1
+        while new in taken or known.get(new, have) != have:
+            k += 1
+            new = f"{base}__{k}"
+        moved[f.name] = new
+        taken.add(new)
+    if moved:
+        table = _rename(table, moved)
+    return table, moved, {f.name: type_name(f.type) for f in table.schema if f.name != STEP_COLUMN}
+
+
+def _rename(table: pa.Table, moved: dict[str, str]) -> pa.Table:
+    meta = dict(table.schema.metadata or {})
+    doc = json.loads(meta[b"trajstore"])
+    _walk(doc.get("batch"), moved)
+    meta[b"trajstore"] = dumps(doc).encode()
+    fields = []
+    for f in table.schema:
+        if f.name in moved:  # the field's own name stays in its metadata (readers without the spec)
+            f = f.with_name(moved[f.name]).with_metadata({**(f.metadata or {}), b"trajstore.column": f.name.encode()})
+        fields.append(f)
+    return pa.Table.from_arrays(table.columns, schema=pa.schema(fields, metadata=meta))
+
+
+def _walk(node, moved: dict[str, str]) -> None:
+    """Rewrite the column names of the spec's nodes (never the values a node holds: ``json``,
+    ``tvalue``, ``gtensor`` and wrappers are not walked)."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if type(n) is not dict:
+            continue
+        for k in SPEC_COLUMN_KEYS:
+            if type(n.get(k)) is str and n[k] in moved:
+                n[k] = moved[n[k]]
+        t = n.get("t")
+        if t == "batch":
+            stack.extend(n.get("masks", []))
+        if t in ("batch", "group", "struct"):
+            stack.extend(child for _, child in n.get("keys", []))
+        elif t == "seq":
+            stack.append(n.get("elem"))

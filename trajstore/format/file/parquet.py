@@ -1,0 +1,186 @@
+"""How a step's Arrow table is laid out in Parquet: encodings, compression and row groups
+(docs/FORMAT.md section 3.5). The choices were measured by the encoding benchmark
+(benchmarks/encodings.py; figures in benchmarks/RESULTS.md)."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ...base import threads as _threads
+from ...errors import ConfigError, FormatError
+from .. import dtypes as dt
+from .. import limits
+
+__all__ = ["parquet_options", "check_compression", "COMPRESSIONS", "read_sample", "read_columns", "PARALLEL_READ_BYTES", "ENCODINGS", "ROW_GROUPS", "ROW_GROUP_BYTES", "ZSTD_LEVEL"]
+
+ROW_GROUPS = 16  # at most this many row groups per step file: a reader decodes them on several cores
+ROW_GROUP_BYTES = 4 << 20  # ...of at least this much Arrow data each (a small step is one row group)
+ZSTD_LEVEL = 3
+# "portable": encodings every Parquet reader decodes (PLAIN, dictionary; docs/FORMAT.md 3.5);
+# "compact": BYTE_STREAM_SPLIT for 16/32/64-bit tensor values, which fastparquet and older
+# parquet-mr engines cannot read (tests/test_readers.py::test_cell_compact)
+ENCODINGS = ("portable", "compact")
+_TENSOR_KINDS = (b"token", b"sample", b"cell", b"pad", b"segment")
+
+
+COMPRESSIONS = ("zstd", "zstd:<level>", "lz4_raw")
+
+
+def check_compression(compression: Any, what: str) -> tuple[str, int | None]:
+    """``(codec, level)`` of a writer's ``compression``: "zstd" (level ``ZSTD_LEVEL``, the default),
+    "zstd:<level>" (an int from -7 to 22: negative levels are faster and larger) or "lz4_raw"
+    (docs/FORMAT.md 3.5: every reader of tests/test_readers.py reads both codecs)."""
+    c = compression if isinstance(compression, str) else None
+    if c == "zstd":
+        return "zstd", ZSTD_LEVEL
+    if c == "lz4_raw":
+        return "lz4", None  # pyarrow's "lz4" is Parquet's LZ4_RAW codec
+    lvl = c.split(":", 1)[1] if c and c.startswith("zstd:") else ""
+    if lvl.lstrip("-").isdigit() and -7 <= int(lvl) <= 22:
+        return "zstd", int(lvl)
+    raise ConfigError(f"{what}: compression={compression!r}; use one of {', '.join(COMPRESSIONS)} "
+                      "(a zstd level from -7 to 22; docs/FORMAT.md 3.5)")
+
+
+def check_encodings(encodings: Any, what: str) -> str:
+    if encodings not in ENCODINGS:
+        raise ConfigError(f"{what}: encodings must be one of {ENCODINGS}, got {encodings!r}")
+    return encodings
+
+
+def parquet_options(table: pa.Table, encodings: str = "portable",
+                    compression: tuple[str, int | None] = ("zstd", ZSTD_LEVEL)) -> dict[str, Any]:
+    """The Parquet options of a step's table, zstd at ``ZSTD_LEVEL`` for every column (``compression``:
+    another codec and level, ``check_compression``) and up to
+    ``ROW_GROUPS`` row groups of at least ``ROW_GROUP_BYTES``, so a reader decodes a large step on
+    several cores while a small step stays one row group (a smaller footer and one page per
+    column, which keeps reading one column of many steps cheap). Every page carries its CRC32,
+    which trajstore's readers verify (``page_checksum_verification``), so a flipped bit fails a
+    plain read.
+
+    ``encodings`` "portable" (the default): float32 / float64 tensor values PLAIN (a dictionary of
+    distinct log-probs only grows the file), everything else dictionary-encoded (token ids, masks,
+    half-precision values, strings, JSON) -- encodings every reader of tests/test_readers.py decodes. "compact": BYTE_STREAM_SPLIT
+    for 16/32/64-bit tensor values (smaller float columns, faster writes), for readers that
+    decode it. The measurements behind each choice are in benchmarks/RESULTS.md (encoding
+    benchmark)."""
+    check_encodings(encodings, "parquet_options")
+    bss, dic = [], []
+    for f in table.schema:
+        t = f.type.value_type if hasattr(f.type, "value_type") else f.type
+        # Parquet options name leaf columns: a list column's values are "<name>.list.element"
+        names = [f.name, f"{f.name}.list.element"] if hasattr(f.type, "value_type") else [f.name]
+        tensor = (f.metadata or {}).get(b"trajstore.kind") in _TENSOR_KINDS
+        if tensor and encodings == "compact" and t.bit_width in (16, 32, 64) and not pa.types.is_boolean(t):
+            bss += names
+        elif not (tensor and (f.metadata or {}).get(b"trajstore.dtype") in (b"float32", b"float64")):
+            dic += names  # (half-precision values have at most 65536 distinct values: a small dictionary)
+    return {
+        "compression": compression[0],
+        "compression_level": compression[1],
+        "use_dictionary": dic,
+        "use_byte_stream_split": bss,
+        "write_statistics": ["step"],
+        "write_page_checksum": True,  # CRC32 per page, verified on every read (docs/RELIABILITY.md)
+        "row_group_size": max(1, -(-table.num_rows // max(1, min(ROW_GROUPS, table.nbytes // ROW_GROUP_BYTES)))),
+    }
+
+
+def read_sample(pf: pq.ParquetFile, node: dict, doc: dict, f: Path) -> Any:
+    """Decode a plain per-trajectory tensor field from its column alone, checking that one node."""
+    col, dtype = node["col"], node["dtype"]
+    schema_ = pf.schema_arrow
+    idx = schema_.get_field_index(col)
+    if idx < 0:
+        raise FormatError(f"{f}: column {col!r} named in the spec is missing from the file")
+    v = doc.get("format_version")
+    want = dt.arrow_type(dtype, v if type(v) is int else 1)
+    if schema_.field(idx).type != want:
+        raise FormatError(f"{f}: column {col!r} has Arrow type {schema_.field(idx).type}, "
+                          f"the spec says {dtype} (stored as {want})")
+    arr = pf.reader.read_column(idx)
+    n = doc.get("num_rows")
+    if len(arr) != pf.metadata.num_rows or len(arr) != n or arr.null_count:
+        raise FormatError(f"{f}: column {col!r} holds {len(arr)} values ({arr.null_count} null) for "
+                          f"{n} rows; the step is damaged")
+    a = arr.chunk(0) if arr.num_chunks == 1 else arr.combine_chunks()
+    return dt.as_value(a.to_numpy(zero_copy_only=False), node)
+
+
+def read_columns(pf: pq.ParquetFile, src: Any, cols: list[str] | None,
+                 rows: tuple[int, int] | None = None) -> pa.Table:
+    """Large reads of a local file decode its row groups on trajstore's thread pool, as many at once
+    as the reader's thread budget (``_row_groups``), where Arrow's own pool has fewer threads than that
+    budget: Arrow sizes it from ``OMP_NUM_THREADS``, which torchrun sets to 1 (README, Threads).
+    Otherwise, and for a remote file, they go through the dataset reader (``pq.read_table``), which
+    decodes row groups and columns in parallel on Arrow's pool (even with ``use_threads=False``),
+    faster per thread than row groups read from Python threads (benchmarks/RESULTS.md, "Thread budget").
+    Small reads (a column of per-trajectory values) read the file on the calling thread.
+    ``rows=(start, stop)``: those rows only, from the row groups that hold them (``_row_groups``).
+    ``schema.decode`` then joins the row-group chunks of each column in parallel. ``src`` is what
+    ``pf`` reads from."""
+    md = pf.metadata
+    sch = pq.ParquetSchema(md)  # not md.schema: FileMetaData would keep it, a cycle freed only by the collector
+    leaves = [sch.column(j).path for j in range(md.num_columns)]
+    want = [j for j, p in enumerate(leaves)  # an estimate: it only picks the faster path
+            if cols is None or any(p == c or p.startswith(c + ".") for c in cols)]
+    # row-group totals, not md.row_group(i).column(j): pyarrow aborts the process (instead of
+    # raising) on some damaged column-chunk metadata when it is accessed from Python
+    groups = list(range(md.num_row_groups))
+    if rows is not None:
+        ends = list(itertools.accumulate(md.row_group(i).num_rows for i in groups))
+        groups = [i for i in groups if ends[i] > rows[0] and ends[i] - md.row_group(i).num_rows < rows[1]]
+    size = sum(md.row_group(i).total_byte_size for i in groups) * len(want) // max(1, len(leaves))
+    if rows is not None:
+        first = ends[groups[0]] - md.row_group(groups[0]).num_rows if groups else 0
+        return _row_groups(pf, src, cols, size, groups).slice(rows[0] - first, rows[1] - rows[0])
+    if (size > PARALLEL_READ_BYTES and isinstance(src, pa.OSFile | pa.BufferReader) and md.num_row_groups
+            and pa.cpu_count() < _threads.threads()):
+        return _row_groups(pf, src, cols, size)
+    threads = not _threads.is_serial()
+    if size > PARALLEL_READ_BYTES:
+        # pre_buffer=False: the column chunks are read as they are decoded, not gathered first,
+        # which is faster on a step of many row groups (benchmarks/RESULTS.md)
+        return pq.read_table(src, columns=cols, use_threads=threads, pre_buffer=False,
+                             page_checksum_verification=True, **limits.THRIFT_LIMITS)
+    return pf.read(columns=cols, use_threads=threads)
+
+
+def _reader(pf: pq.ParquetFile, src: Any) -> pq.ParquetFile:
+    """A Parquet reader of its own for one task, on ``pf``'s source and parsed footer: one reader is
+    not safe to read from on several threads at once (pyarrow crashes)."""
+    return pq.ParquetFile(src, metadata=pf.metadata, memory_map=False, page_checksum_verification=True,
+                          **limits.THRIFT_LIMITS)
+
+
+def _row_groups(pf: pq.ParquetFile, src: Any, cols: list[str] | None, size: int,
+                groups: list[int] | None = None) -> pa.Table:
+    """Row groups ``groups`` (default all) of ``pf``, columns ``cols``, each read with
+    ``use_threads=False``: on trajstore's pool, one task per column of each row group (the pool
+    balances the column chunks of unequal sizes as Arrow's own pool does); on the calling thread,
+    one read per row group. Pages are checked (the file was opened with ``page_checksum_verification``)."""
+    groups = list(range(pf.metadata.num_row_groups)) if groups is None else groups
+    names = list(pf.schema_arrow.names if cols is None else cols)
+    if not groups:
+        return pf.schema_arrow.empty_table().select(names)
+    parts = [[c] for c in names] if _threads.parallel(size) and names else [names]
+    per = len(parts)
+    got = _threads.map_parallel(lambda t: _reader(pf, src).read_row_group(t[0], columns=t[1], use_threads=False),
+                                [(i, p) for i in groups for p in parts], size)
+    if per > 1:  # each row group's columns side by side again, in ``names`` order
+        got = [_side_by_side(got[k:k + per]) for k in range(0, len(got), per)]
+    return got[0] if len(got) == 1 else pa.concat_tables(got)
+
+
+def _side_by_side(tables: list[pa.Table]) -> pa.Table:
+    fields = [f for t in tables for f in t.schema]
+    return pa.Table.from_arrays([c for t in tables for c in t.columns],
+                                schema=pa.schema(fields, metadata=tables[0].schema.metadata))
+
+
+PARALLEL_READ_BYTES = 4 << 20
