@@ -2,8 +2,8 @@
 --debug), CTRL-C as exit 130 with one line, `export -o` never leaving a partial file under its name, a
 split folder or step file understood as PATH, `--help` / info / sql / verify without torch, and
 --tokenizer finding a model of the local Hugging Face cache, each command in its group's module of
-trajstore/cli/. Subprocesses where the process matters
-(imports, tracebacks, signals); the rest through ``trajstore.cli.run``."""
+trajstore/cli/. Subprocesses where the process matters (imports, tracebacks, signals); the rest through
+``trajstore.cli.run``."""
 
 import json
 import os
