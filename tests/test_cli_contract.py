@@ -1,8 +1,9 @@
 """What docs/CLI.md promises of every command: errors as one line on stderr (exit 2, no traceback unless
 --debug), CTRL-C as exit 130 with one line, `export -o` never leaving a partial file under its name, a
 split folder or step file understood as PATH, `--help` / info / sql / verify without torch, and
---tokenizer finding a model of the local Hugging Face cache. Subprocesses where the process matters
-(imports, tracebacks, signals); the rest through ``trajstore.cli.run``."""
+--tokenizer finding a model of the local Hugging Face cache, each command in its group's module of
+trajstore/cli/. Subprocesses where the process matters (imports, tracebacks, signals); the rest through
+``trajstore.cli.run``."""
 
 import json
 import os
@@ -204,3 +205,17 @@ def test_tokenizer_name_found_in_the_local_hugging_face_cache(data, tmp_path):
     p = python(code, d / "a", env={"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"})
     assert CONVERSATIONS[0][0][1] in p.stdout and p.stdout.splitlines()[-1] == "0 2"
     assert "Hugging Face cache" in one_line(p.stderr)
+
+
+# ----------------------------------------------------------------------------- one module per command group
+def test_each_command_is_in_its_group_module_which_names_it():
+    """``--help`` lists the commands in their order (the command modules' import order in ``cli.main``), and
+    each command lives in a module of its group, not in ``cli.main``, whose docstring names it."""
+    from trajstore.cli import registry
+
+    assert [c[0] for c in registry.COMMANDS] == ["info", "show", "diff", "sql", "export", "view", "verify",
+                                                 "upgrade", "import"]
+    for name, _, _, fn in registry.COMMANDS:
+        mod = sys.modules[fn.__module__]
+        assert mod.__name__ != "trajstore.cli.main" and f"``trajstore {name}``" in mod.__doc__, (name, mod.__name__)
+    assert len({fn.__module__ for *_, fn in registry.COMMANDS}) == 6

@@ -179,7 +179,8 @@ def test_the_checker_sees_edges():
 OPTIONAL = {"tensordict", "pandas", "duckdb", "polars", "tokenizers", "rich", "trackio", "safetensors", "ray",
             "fsspec", "uvicorn", "huggingface_hub"}
 # the CLI loads a command's modules when the command runs, so `trajstore --help` starts at once
-LAZY = {"trajstore.cli.main", "trajstore.cli.support"}
+LAZY = {"trajstore.cli.main", "trajstore.cli.support", *(f"trajstore.cli.{m}" for m in
+        ("inspect", "compare", "query", "export", "serve", "data"))}
 
 
 def _function_imports(f: Path) -> list[tuple[int, str]]:
