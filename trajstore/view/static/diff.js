@@ -75,12 +75,12 @@
         var toks = d["tokens_" + side];
         if (!toks) return;
         app.appendChild(el("h2", null, "trajectory " + f.trajectory + " of step " + f.step + " in dump " + side.toUpperCase() + " (" + d[side] + ")"));
-        var v = tokenView({tokens: toks}, "-" + side, f.token === undefined ? null : f.token);
+        var v = V.tokenView({tokens: toks}, "-" + side, f.token === undefined ? null : f.token);
         var fs = d["token_fields_" + side] || {}, mode = fs.logprob ? "logprob" : "none";
         var key = el("div", {id: "legend-" + side, "class": "legend"});
         app.appendChild(key);
         app.appendChild(v.box);
-        legend(key, mode, v.paint(mode), fs, toks);
+        V.legend(key, mode, v.paint(mode), fs, toks);
       });
       ready();
     }).catch(fail);
