@@ -32,7 +32,7 @@ from trajstore.inspection.traces import decode_ids, load_tokenizer  # noqa: E402
 from trajstore.store import commit  # noqa: E402
 from trajstore.read.tables import step_rows  # noqa: E402
 from trajstore.view import data  # noqa: E402
-from trajstore.view.app import PLOTLY_JS, STATIC, make_app  # noqa: E402
+from trajstore.view.app import PLOTLY_JS, SCRIPTS, STATIC, VIEW_SCRIPTS, make_app, shell  # noqa: E402
 from trajstore.view.export import export  # noqa: E402
 from trajstore.view.pages import View  # noqa: E402
 
@@ -258,10 +258,24 @@ def test_dump_text_is_escaped_everywhere(xss_dump, tmp_path):
     out = export(v, tmp_path / "x.html", [1])
     page = out.read_text()
     assert "<script>alert" not in page and "\\u003cscript\\u003ealert(1)" in page
-    js = (STATIC / "view.js").read_text()
-    assert "textContent" in js
-    for bad in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
-        assert bad not in js, bad
+    assert "textContent" in (STATIC / "common.js").read_text()  # el(): the one way the pages set text
+    for name in SCRIPTS:
+        js = (STATIC / name).read_text()
+        for bad in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
+            assert bad not in js, (name, bad)
+
+
+def test_pages_and_export_load_every_script_in_order(dumps, tmp_path):
+    """The shell loads plotly then SCRIPTS, the export inlines plotly then VIEW_SCRIPTS in the same order
+    (compare.js, two runs only, is left out of it), and every script of static/ is one of them."""
+    assert {p.name for p in STATIC.glob("*.js")} == set(SCRIPTS) and SCRIPTS[:len(VIEW_SCRIPTS)] == VIEW_SCRIPTS
+    assert VIEW_SCRIPTS[:2] == ("plotly_text.js", "common.js") and VIEW_SCRIPTS[-1] == "view.js"
+    page = shell("run", "t")
+    assert re.findall(r'<script src="/static/([^"]+)"></script>', page) == ["plotly.min.js", *SCRIPTS]
+    exported = export(View(dumps["padded"]), tmp_path / "run.html", [1]).read_text(encoding="utf-8")
+    at = [exported.index(f"<script>{(STATIC / n).read_text(encoding='utf-8')}</script>") for n in VIEW_SCRIPTS]
+    assert at == sorted(at) and exported.index(PLOTLY_JS.read_text(encoding="utf-8")[:200]) < at[0]
+    assert (STATIC / "compare.js").read_text(encoding="utf-8") not in exported
 
 
 def test_export_is_self_contained(dumps, tmp_path):

@@ -3,10 +3,12 @@
 Routes: ``/`` (run), ``/step/{split}/{step}``, ``/traj/{split}/{step}/{index}``, ``/diff``; their data as
 JSON under ``/api/run``, ``/api/step``, ``/api/traj``, ``/api/diff``; ``/static/{name}`` serves only the
 files of this package's ``static`` folder and plotly's own bundle (``plotly/package_data/plotly.min.js``),
-never a path taken from the request. ``static/plotly_text.js``, loaded between plotly and the page
-script, hands plotly every title and trace name with ``& < >`` as entities: plotly reads tags in
-them, and a field name is dump data. Every page is a small HTML shell (its title escaped) whose script
-fetches the JSON and builds the page with ``textContent`` (dump data never reaches ``innerHTML``).
+never a path taken from the request. Every page is a small HTML shell (its title escaped) loading plotly,
+then ``SCRIPTS`` in order: ``plotly_text.js`` hands plotly every title and trace name with ``& < >`` as
+entities (plotly reads tags in them, and a field name is dump data); ``common.js`` the helpers the page
+scripts share; ``run.js``, ``step.js``, ``tokens.js``, ``diff.js`` build the pages, ``view.js`` picks the
+page; ``compare.js`` (shell only) adds the sections of two runs. They fetch the JSON and build the page
+with ``textContent`` (dump data never reaches ``innerHTML``).
 
 Every request is answered only if its ``Host`` header names the address and port the server is bound
 to (``HostCheck``; a web page whose domain an attacker points at 127.0.0.1, DNS rebinding, cannot read
@@ -43,6 +45,8 @@ STATIC = Path(__file__).resolve().parent / "static"
 PLOTLY_JS = Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
+VIEW_SCRIPTS = ("plotly_text.js", "common.js", "run.js", "step.js", "tokens.js", "diff.js", "view.js")
+SCRIPTS = VIEW_SCRIPTS + ("compare.js",)  # a page's scripts, in order, after plotly (the export: VIEW_SCRIPTS)
 HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY"}
 
 
@@ -54,15 +58,15 @@ def static_files() -> dict[str, Path]:
 
 
 def shell(page: str, title: str, attrs: dict[str, Any] | None = None) -> str:
-    """The HTML of a page: ``<body data-page=...>``, an escaped ``<h1>``, the page's script."""
+    """The HTML of a page: ``<body data-page=...>``, an escaped ``<h1>``, plotly and ``SCRIPTS``."""
     a = "".join(f' data-{k}="{html.escape(str(v), quote=True)}"' for k, v in (attrs or {}).items())
     t = html.escape(title)
     return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>{t}</title>'
             f'<meta name="viewport" content="width=device-width, initial-scale=1"><link rel="icon" href="data:,">'
             f'<link rel="stylesheet" href="/static/view.css"></head>\n'
             f'<body data-page="{page}"{a}><nav><a href="/">run</a></nav><h1>{t}</h1><div id="app"></div>\n'
-            f'<script src="/static/plotly.min.js"></script><script src="/static/plotly_text.js"></script>'
-            f'<script src="/static/view.js"></script><script src="/static/compare.js"></script>\n</body></html>\n')
+            + "".join(f'<script src="/static/{n}"></script>' for n in ("plotly.min.js",) + SCRIPTS)
+            + "\n</body></html>\n")
 
 
 def _int(req: Request, name: str) -> int:

@@ -1,9 +1,10 @@
 """``trajstore view PATH --export FILE.html``: one self-contained HTML file (no network needed to open it).
 
-The file holds plotly's bundle (from the ``plotly`` package), the page script and style of
-``static/``, and the data as JSON in ``<script id="trajstore-data" type="application/json">`` with
-``<``, ``>`` and ``&`` written as ``\\u003c``... (a ``</script>`` in a completion cannot end the block;
-the script reads it with ``JSON.parse`` and sets every text with ``textContent``). Content: the run
+The file holds plotly's bundle (from the ``plotly`` package), the page scripts (``app.VIEW_SCRIPTS``, in
+the order the server's pages load them) and style of ``static/``, and the data as JSON in
+``<script id="trajstore-data" type="application/json">`` with ``<``, ``>`` and ``&`` written as
+``\\u003c``... (a ``</script>`` in a completion cannot end the block; the script reads it with
+``JSON.parse`` and sets every text with ``textContent``). Content: the run
 curves of every split, and for each chosen step (``steps``, default: the last step of the split) its
 trajectory table and its first ``per_step`` trajectories with their tokens. Element ids in the file:
 ``curve-<metric>`` (default split) / ``curve-<split>-<metric>`` as on the run page,
@@ -17,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .app import PLOTLY_JS, STATIC
+from .app import PLOTLY_JS, STATIC, VIEW_SCRIPTS
 from .pages import View
 
 
@@ -48,9 +49,9 @@ def export(view: View, out: str | Path, steps: list[int] | None = None, per_step
             f'<body data-page="run" data-export="1" data-split="{html.escape(view.split, quote=True)}">'
             f'<h1>{title}</h1><div id="app"></div>\n'
             f'<script id="trajstore-data" type="application/json">{_safe_json(data)}</script>\n'
-            f'<script>{_inline_js(PLOTLY_JS.read_text(encoding="utf-8"))}</script>\n'
-            f'<script>{_inline_js((STATIC / "plotly_text.js").read_text())}</script>\n'
-            f'<script>{_inline_js((STATIC / "view.js").read_text())}</script>\n</body></html>\n')
+            + "".join(f'<script>{_inline_js(p.read_text(encoding="utf-8"))}</script>\n'
+                      for p in [PLOTLY_JS] + [STATIC / n for n in VIEW_SCRIPTS])
+            + '</body></html>\n')
     out = Path(out)
     out.write_text(page, encoding="utf-8")
     return out

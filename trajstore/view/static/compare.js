@@ -2,34 +2,18 @@
    page, both runs' curves overlaid (a legend names the runs); on the diff page, every field beyond
    tolerance per step, each opening its worst trajectory of both runs aligned by its id; on the aligned
    page, one field token by token in both runs, coloured by |a - b| on a scale fitted to the data, with
-   its legend. Dump data is only ever set with textContent or setAttribute. */
-(function () {
+   its legend. Loaded last, it uses the helpers of common.js. Dump data is only ever set with textContent or
+   setAttribute. */
+(function (V) {
   "use strict";
-  var body = document.body, app = document.getElementById("app");
+  var body = V.body, app = V.app, el = V.el, get = V.get, enc = V.enc, PLOT = V.PLOT;
   if (!app || document.getElementById("trajstore-data")) return;  // an exported file: one run
-  var PLOT = {displayModeBar: false, responsive: true};
   var COLOURS = ["rgb(31, 119, 180)", "rgb(255, 127, 14)"];
   var LOW = [255, 255, 255], HIGH = [203, 24, 29];  // |a - b| = 0 .. the largest difference shown
 
-  function el(tag, attrs, text) {
-    var e = document.createElement(tag);
-    if (attrs) Object.keys(attrs).forEach(function (k) { e.setAttribute(k, attrs[k]); });
-    if (text !== undefined && text !== null) e.textContent = String(text);
-    return e;
-  }
-  function get(url) {
-    return fetch(url).then(function (r) {
-      return r.json().then(function (j) { if (!r.ok) throw new Error(j.error || ("HTTP " + r.status)); return j; });
-    });
-  }
-  function enc(s) { return encodeURIComponent(s); }
-  function num(v) {
-    if (v === null || v === undefined) return "-";
-    if (typeof v === "number" && !Number.isInteger(v)) return String(Number(v.toPrecision(4)));
-    return String(v);
-  }
+  function num(v) { return V.prec(v, 4, "-"); }
   function done(sec, e) {
-    if (e) sec.appendChild(el("p", {"class": "error", id: "compare-error"}, String(e && e.message || e)));
+    if (e) V.error(sec, "compare-error", e);
     body.setAttribute("data-compare-ready", "1");
   }
   function idText(id) { return id ? "(" + id[0] + ", " + id[1] + ")" : "-"; }
@@ -151,12 +135,12 @@
         app.appendChild(box);
       });
       done(app);
-      body.setAttribute("data-ready", "1");
-    }).catch(function (e) { done(app, e); body.setAttribute("data-ready", "1"); });
+      V.ready();
+    }).catch(function (e) { done(app, e); V.ready(); });
   }
 
   var page = body.getAttribute("data-page");
   if (page === "run" && body.getAttribute("data-diff") === "1") overlay();
   else if (page === "diff" && body.getAttribute("data-diff") === "1") diverging();
   else if (page === "aligned") alignedPage();
-})();
+})(window.trajstoreView);
