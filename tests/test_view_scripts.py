@@ -16,7 +16,10 @@ import pytest
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 pytest.importorskip("plotly")
-pytestmark = pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the page scripts")
+from _provision import ensure_apt  # noqa: E402
+
+_why = None if shutil.which("node") else ensure_apt("nodejs")  # installed by the test itself on a fresh machine
+pytestmark = pytest.mark.skipif(shutil.which("node") is None, reason=_why or "needs node to run the page scripts")
 
 from trajstore.view.export import export  # noqa: E402
 from trajstore.view.pages import View  # noqa: E402
