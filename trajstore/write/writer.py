@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base import threads as _threads
-from ..device import bridge as torch_bridge
+from ..device.pinned import PinnedPool
 from ..format.batch import check
 from ..format.batch import containers
 from ..format.file.parquet import check_compression, check_encodings
@@ -183,8 +183,8 @@ class Writer:
         self._stats = {"appended": 0, "written": 0, "failed": 0, "append_s": 0.0, "max_append_s": 0.0,
                        "wait_s": 0.0, "waits": 0, "max_wait_s": 0.0, "write_s": 0.0,
                        "bytes_in": 0, "bytes_written": 0}
-        self._pool = torch_bridge.PinnedPool(max_cached_bytes=max_pending_bytes)  # CUDA copies: pinned
-        self._staging = torch_bridge.PinnedPool(max_cached_bytes=max_pending_bytes, pin=False)  # CPU copies
+        self._pool = PinnedPool(max_cached_bytes=max_pending_bytes)  # CUDA copies: pinned
+        self._staging = PinnedPool(max_cached_bytes=max_pending_bytes, pin=False)  # CPU copies
         self._steps = Steps(self.dir, self.split, self.shard, self.masks, self.encodings, self._columns, self._index,
                             self.compression)
         self.workers = workers
