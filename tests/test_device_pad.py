@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 import trajstore
 from trajstore.device import pad as device_pad, bridge as torch_bridge, plan as pad_plan
 from trajstore.format.file import parquet
+from trajstore.read.decode import read_table
 from trajstore.testing import (
     assert_batch_equal,
     batches,
@@ -276,8 +277,8 @@ def test_joined_values_are_staged_where_they_were_decoded(tmp_path, side, monkey
         w.append(0, b)
     r = trajstore.Reader(tmp_path)
     sf = r._open(0)
-    assert "attention_mask" not in r._table(sf, 0, None, None).column_names
-    assert "attention_mask" in r._table(sf, 0, ["attention_mask"], None).column_names
+    assert "attention_mask" not in read_table(sf, 0, None, None).column_names
+    assert "attention_mask" in read_table(sf, 0, ["attention_mask"], None).column_names
     got, plan = device_read(r, 0)
     assert_batch_equal(r.read(0), got)
     assert_batch_equal(b, got)
