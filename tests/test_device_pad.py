@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import trajstore
-from trajstore.device import pad as device_pad, bridge as torch_bridge
+from trajstore.device import pad as device_pad, bridge as torch_bridge, plan as pad_plan
 from trajstore.format.file import parquet
+from trajstore.read.decode import read_table
 from trajstore.testing import (
     assert_batch_equal,
     batches,
@@ -62,7 +63,7 @@ def padded_batch(B=5, T=11, side="right", seed=0, pads="zero"):
        st.sampled_from([None, "padded", "packed"]), st.booleans(), st.booleans())
 def test_device_builder_on_cpu_equals_the_padded_decode(batch, layout, many_groups, flat):
     mp = pytest.MonkeyPatch()
-    mp.setattr(device_pad, "FLAT_BYTES", 1 << 30 if flat else 0)  # small outputs built together, or one by one
+    mp.setattr(pad_plan, "FLAT_BYTES", 1 << 30 if flat else 0)  # small outputs built together, or one by one
     if many_groups:  # several row groups: one fill job per chunk
         many_row_groups(mp)
     try:
@@ -177,7 +178,7 @@ def test_last_axis_and_masked_fields(tmp_path):
 def test_areal_groups_are_built_on_the_device(tmp_path, flat, monkeypatch):
     """A list batch of AReaL [g, T] groups: each group's token cells are built from their runs, all
     groups of a dtype by one gather (``flat``), or one by one."""
-    monkeypatch.setattr(device_pad, "FLAT_BYTES", device_pad.FLAT_BYTES if flat else 0)
+    monkeypatch.setattr(pad_plan, "FLAT_BYTES", pad_plan.FLAT_BYTES if flat else 0)
     groups = []
     for i, side in enumerate(["right", "left", "right"]):
         b = padded_batch(B=3 + i, T=7 + i, side=side, seed=i, pads="garbage" if i else "zero")
@@ -265,7 +266,7 @@ def test_joined_values_are_staged_where_they_were_decoded(tmp_path, side, monkey
     """A large output padded with one value, its column joined into the arena: its table is the
     arena's values and the pad row written after them (nothing copied into the plan's buffer);
     the mask of ones is built from the lengths, its column not read."""
-    monkeypatch.setattr(device_pad, "FLAT_BYTES", 0)  # every output one by one, as large ones are
+    monkeypatch.setattr(pad_plan, "FLAT_BYTES", 0)  # every output one by one, as large ones are
     monkeypatch.setattr(parquet, "ROW_GROUP_BYTES", 256)  # several chunks: joined into the arena
     monkeypatch.setattr("trajstore.format.file.parquet.PARALLEL_READ_BYTES", 0)
     b = padded_batch(B=40, T=50, side=side)
@@ -276,8 +277,8 @@ def test_joined_values_are_staged_where_they_were_decoded(tmp_path, side, monkey
         w.append(0, b)
     r = trajstore.Reader(tmp_path)
     sf = r._open(0)
-    assert "attention_mask" not in r._table(sf, 0, None, None).column_names
-    assert "attention_mask" in r._table(sf, 0, ["attention_mask"], None).column_names
+    assert "attention_mask" not in read_table(sf, 0, None, None).column_names
+    assert "attention_mask" in read_table(sf, 0, ["attention_mask"], None).column_names
     got, plan = device_read(r, 0)
     assert_batch_equal(r.read(0), got)
     assert_batch_equal(b, got)

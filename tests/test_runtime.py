@@ -15,7 +15,7 @@ from _dumps import small_batch
 import trajstore
 from trajstore import WriterError
 from trajstore.read import prefetch
-from trajstore.device import bridge as torch_bridge
+from trajstore.device import bridge as torch_bridge, tree
 from trajstore.write import pool as pool_mod
 from trajstore.write import writer as writer_mod
 from trajstore.record.config import DumpReplayConfig, location
@@ -186,26 +186,26 @@ def test_config_steps_use_the_shared_step_parser_and_location():
 def test_map_tree_rebuilds_containers_and_passes_paths():
     obj = {"a": [1, (2, {"b": 3})], "c": np.zeros(2)}
     seen = []
-    out = torch_bridge.map_tree(obj, lambda v, p: seen.append(p) or v, ())
+    out = tree.map_tree(obj, lambda v, p: seen.append(p) or v, ())
     assert seen == [("a", 0), ("a", 1, 0), ("a", 1, 1, "b"), ("c",)]
     assert out == {**obj, "c": out["c"]} and out is not obj and out["a"] is not obj["a"]
     assert isinstance(out["a"][1], tuple) and out["c"] is obj["c"]
     none = []
-    torch_bridge.map_tree(obj, lambda v, p: none.append(p) or v)
+    tree.map_tree(obj, lambda v, p: none.append(p) or v)
     assert none == [None] * 4
 
 
 def test_snapshot_and_map_tensors_share_the_walker(monkeypatch):
     calls = []
-    real = torch_bridge.map_tree
+    real = tree.map_tree
 
     def spy(obj, leaf, path=None):
         calls.append(path)
         return real(obj, leaf, path)
 
     b = small_batch()
-    monkeypatch.setattr(torch_bridge, "map_tree", spy)
-    torch_bridge.map_tensors(b, lambda t: t)
+    monkeypatch.setattr(tree, "map_tree", spy)
+    tree.map_tensors(b, lambda t: t)
     assert calls
     monkeypatch.setattr(trajstore.write.snapshot, "map_tree", spy)
     calls.clear()

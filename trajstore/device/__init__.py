@@ -1,8 +1,12 @@
 """The GPU path: pinned host memory, CUDA streams and events, device moves (the torch bridge layer).
 
-* ``bridge`` - pinned pools, staging arenas, side-stream copies, the one tensor-tree walker
-  (``map_tree``); front door ``trajstore.torch_bridge``;
-* ``pad`` - a padded step replayed to a GPU, its ``[B, T]`` fields built on the device;
+* ``tree`` - the one tensor-tree walker (``map_tree``, ``map_tensors``);
+* ``pinned`` - pinned pools, the per-device copy stream, the writer's device -> host copies
+  (``snapshot_cuda``);
+* ``bridge`` - the reader's staging arenas and side-stream host -> device copies (``stage``,
+  ``launch``, ``to_device``); front door ``trajstore.torch_bridge`` (with ``pinned`` and ``tree``);
+* ``plan`` - what a padded step stages, on the host, for its ``[B, T]`` fields to be built on the device;
+* ``pad`` - those outputs (``Pad``, ``Flat``, ``Plan``) and the torch ops that build them;
 * ``index`` - the index tensors of those scatters and gathers.
 
 May import: ``trajstore.format``, ``trajstore.store``, ``trajstore.base``, ``trajstore.errors``.

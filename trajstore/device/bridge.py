@@ -1,222 +1,34 @@
-"""Host <-> GPU data movement: reused pinned staging memory, side-stream copies ordered by events.
+"""Host -> GPU data movement for the reader: pinned staging arenas a step is decoded into, one
+side-stream copy of a staged batch ordered by events, its padded fields built on the device.
 
-Rules kept everywhere in this module (so callers never need ``record_stream``):
-
-* Device memory handed to a caller is allocated on the *caller's* stream. Before a side stream
-  writes into it, the side stream waits on the caller's stream (the block may have been freed by
-  work still queued there), and the caller's stream waits on an event recorded after the copy.
-* A pinned staging buffer goes back to its pool together with the event of the last copy that
-  reads or writes it; whoever takes it next synchronizes that event first. Pools cache a bounded
-  number of bytes, so pinned memory does not grow without bound.
-
-``snapshot_cuda`` (device -> pinned host, for the writer), ``to_device`` (one batch, for
-``Reader.read``), and ``stage``/``launch`` (the two halves of a copy, which the reader's
-prefetching replay in ``trajstore/read/prefetch.py`` overlaps with the caller's work) are the entry
-points. ``map_tree`` is the one walk of a batch's dict/list/tuple structure.
+``to_device`` (one batch, for ``Reader.read``) and ``stage``/``launch`` (the two halves of a copy,
+which the reader's prefetching replay in ``trajstore/read/prefetch.py`` overlaps with the caller's
+work) are the entry points; they keep the rules of ``pinned.py`` (device memory allocated on the
+caller's stream, staging buffers given back with the event of their last copy). The front door
+``trajstore.torch_bridge`` names these with the pinned pools and the writer's ``snapshot_cuda``
+(``pinned.py``) and the tree walker (``tree.py``).
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
 from . import pad as device_pad
+from . import plan as pad_plan
 from ..errors import ConfigError
-from ..format.batch import containers
 from ..format.codec.decoder import fill
+from .pinned import PinnedPool, aligned, side_stream
+from .tree import leaves as _leaves, map_tensors
+from ..format.batch import containers
 
-__all__ = ["PinnedPool", "Arena", "Staged", "snapshot_cuda", "host_arena", "stage", "launch", "to_device",
-           "as_device", "on_device", "map_tree", "map_tensors"]
+__all__ = ["Arena", "Staged", "host_arena", "stage", "launch", "to_device", "as_device", "on_device"]
 
-ALIGN = 256  # byte alignment of each tensor carved out of a staging buffer
-
-
-def _round(n: int, a: int = ALIGN) -> int:
-    return (n + a - 1) // a * a
+_read_pool = PinnedPool()  # the reader's staging memory
 
 
-def map_tree(obj: Any, leaf: Callable[[Any, tuple | None], Any], path: tuple | None = None) -> Any:
-    """Rebuild the dict/list/tuple structure of ``obj`` (one new container per container) with
-    ``leaf(value, path)`` in place of every other value. ``path`` is the value's key/index path
-    from ``obj`` when a starting path is given (``()``), else None (no tuples are built, and a
-    tensor, the most common value, goes to ``leaf`` without a call of its own)."""
-    if isinstance(obj, dict):
-        if path is None:
-            return {k: leaf(v, None) if isinstance(v, torch.Tensor) else map_tree(v, leaf) for k, v in obj.items()}
-        return {k: map_tree(v, leaf, path + (k,)) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        if path is None:
-            out = [leaf(v, None) if isinstance(v, torch.Tensor) else map_tree(v, leaf) for v in obj]
-        else:
-            out = [map_tree(v, leaf, path + (i,)) for i, v in enumerate(obj)]
-        return out if isinstance(obj, list) else tuple(out)
-    return leaf(obj, path)
-
-
-def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
-    """Rebuild dict/list/tuple structure with ``fn`` applied to every torch tensor; a TensorDict or
-    DataProto-like batch comes back as the same kind of container (``adapters``)."""
-    return map_tree(obj, _TensorLeaf(fn))
-
-
-class _TensorLeaf:
-    """``map_tensors``' leaf: ``fn`` on a tensor, containers rebuilt around it. A class, not a
-    closure that calls itself: such a closure is a reference cycle holding ``fn`` and all it holds
-    (a step's tensors, its device batch) until Python's cycle collector runs, whose pauses then
-    free whole steps with every thread stopped (``tests/test_torch_bridge.py``)."""
-
-    __slots__ = ("fn",)
-
-    def __init__(self, fn: Callable[[torch.Tensor], Any]):
-        self.fn = fn
-
-    def __call__(self, x: Any, _path: tuple | None) -> Any:
-        if isinstance(x, torch.Tensor):
-            return self.fn(x)
-        if x is None or isinstance(x, str | int | float | bool | np.ndarray | np.generic):
-            return x
-        plain, tag = containers.unwrap(x)
-        if tag is not None:
-            return containers.wrap(map_tree(plain, self), tag)
-        if isinstance(x, Mapping):
-            return {k: map_tree(v, self) for k, v in x.items()}
-        return x
-
-
-def _leaves(obj: Any) -> list[torch.Tensor]:
-    out: list[torch.Tensor] = []
-    map_tensors(obj, lambda t: out.append(t) or t)
-    return out
-
-
-class PinnedPool:
-    """Reused page-locked host buffers (``uint8`` tensors).
-
-    ``take(n)`` returns a buffer of at least ``n`` bytes, reusing a cached one when one fits
-    (after synchronizing the event it was given back with); ``give(buf, event)`` returns it.
-    At most ``max_cached_bytes`` are kept cached; the rest is released.
-    """
-
-    def __init__(self, max_cached_bytes: int = 4 << 30, pin: bool | None = None):
-        self.max_cached_bytes = max_cached_bytes
-        self.pin = pin  # None: page-locked where CUDA is present (False: plain host memory, the writer's CPU copies)
-        self._lock = threading.Lock()
-        self._free: list[tuple[torch.Tensor, Any]] = []
-        self.in_use = 0       # buffers handed out and not given back
-        self.allocated = 0    # buffers ever allocated (a reuse does not count)
-
-    @property
-    def cached_bytes(self) -> int:
-        with self._lock:
-            return sum(b.numel() for b, _ in self._free)
-
-    def take(self, nbytes: int) -> torch.Tensor:
-        with self._lock:
-            best = None
-            for i, (b, _) in enumerate(self._free):
-                if nbytes <= b.numel() <= 2 * nbytes + (2 << 20) and (
-                        best is None or b.numel() < self._free[best][0].numel()):
-                    best = i
-            if best is not None:
-                buf, ev = self._free.pop(best)
-            else:
-                buf, ev = None, None
-            self.in_use += 1
-        if ev is not None:
-            ev.synchronize()
-        if buf is None:
-            pin = torch.cuda.is_available() if self.pin is None else self.pin
-            # 25% headroom: step sizes vary with the sampled lengths, so the next step can reuse it
-            buf = torch.empty(_round(max(nbytes + nbytes // 4, 1), 1 << 20), dtype=torch.uint8, pin_memory=pin)
-            with self._lock:
-                self.allocated += 1
-        return buf
-
-    def give(self, buf: torch.Tensor, event: Any = None) -> None:
-        with self._lock:
-            self.in_use -= 1
-            self._free.append((buf, event))
-            total = sum(b.numel() for b, _ in self._free)
-            while total > self.max_cached_bytes and self._free:
-                b, ev = self._free.pop(0)
-                if ev is not None:
-                    ev.synchronize()
-                total -= b.numel()
-
-
-_read_pool = PinnedPool()
-_side: dict[int, torch.cuda.Stream] = {}
-_side_lock = threading.Lock()
-
-
-def side_stream(device: torch.device) -> torch.cuda.Stream:
-    """The module's copy stream for ``device`` (one per device, shared by all threads)."""
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    with _side_lock:
-        s = _side.get(idx)
-        if s is None:
-            s = _side[idx] = torch.cuda.Stream(device=idx)
-        return s
-
-
-# ----------------------------------------------------------------------------- GPU -> host (writer)
-class CudaSnapshot:
-    """Pinned host copies of CUDA tensors, valid once ``wait()`` returns."""
-
-    def __init__(self, buf: torch.Tensor, pool: PinnedPool, event, sources: list):
-        self.buf, self.pool, self.event, self._sources = buf, pool, event, sources
-
-    def wait(self) -> None:
-        self.event.synchronize()
-        self._sources = []  # the device tensors may be freed now
-
-    def release(self) -> None:
-        if self.buf is not None:
-            self.pool.give(self.buf, None)
-            self.buf = None
-
-
-def snapshot_cuda(tensors: list[torch.Tensor], pool: PinnedPool) -> tuple[list[torch.Tensor], list[CudaSnapshot]]:
-    """Start copying CUDA ``tensors`` into pinned host memory; returns the host tensors (valid
-    after each snapshot's ``wait()``) and the snapshots (one per device).
-
-    The copies run on a side stream that first waits on the caller's current stream, so they see
-    every write queued before ``append``. The caller's stream then waits on the copies' event,
-    so a later in-place update or a reuse of freed memory on that stream cannot race them; the
-    calling thread itself never blocks.
-    """
-    hosts: list[torch.Tensor | None] = [None] * len(tensors)
-    snaps = []
-    by_dev: dict[torch.device, list[int]] = {}
-    for i, t in enumerate(tensors):
-        by_dev.setdefault(t.device, []).append(i)
-    for dev, idx in by_dev.items():
-        total = sum(_round(tensors[i].numel() * tensors[i].element_size()) for i in idx)
-        buf = pool.take(total)
-        cur = torch.cuda.current_stream(dev)
-        side = side_stream(dev)
-        side.wait_stream(cur)
-        off = 0
-        with torch.cuda.stream(side):
-            for i in idx:
-                t = tensors[i]
-                n = t.numel() * t.element_size()
-                dst = buf[off:off + n].view(t.dtype).view(t.shape)
-                dst.copy_(t.detach(), non_blocking=True)
-                hosts[i] = dst
-                off += _round(n)
-            ev = torch.cuda.Event()
-            ev.record(side)
-        cur.wait_event(ev)
-        snaps.append(CudaSnapshot(buf, pool, ev, [tensors[i] for i in idx]))
-    return hosts, snaps  # type: ignore[return-value]
-
-
-# ----------------------------------------------------------------------------- host -> GPU (reader)
 class Staged:
     """A decoded batch whose torch tensors live in one pinned staging buffer (its padded fields to
     build on the device, ``plan``: ``meta`` tensors in ``obj``)."""
@@ -244,8 +56,8 @@ class Arena:
     a column's row-group chunks is the only host copy on the way to the GPU (``stage`` finds the
     tensors already in place). ``defer``: padded fields are left for the device to build (their
     fill jobs collect in ``jobs``, handed to ``format.decoder.decode``; ``stage`` plans them).
-    Each array carved out is followed by ``device_pad.SPARE`` unused bytes: room for the pad row
-    of a padded field's table, next to its values (``device_pad.plan``)."""
+    Each array carved out is followed by ``pad_plan.SPARE`` unused bytes: room for the pad row
+    of a padded field's table, next to its values (``plan.plan``)."""
 
     def __init__(self, pool: PinnedPool = _read_pool, defer: bool = False):
         self.pool, self.buf, self.used = pool, None, 0
@@ -259,10 +71,10 @@ class Arena:
     def alloc(self, n: int, dtype: Any) -> np.ndarray:
         dtype = np.dtype(dtype)
         nbytes = n * dtype.itemsize
-        if self.buf is None or self.used + nbytes + device_pad.SPARE > self.buf.numel():
+        if self.buf is None or self.used + nbytes + pad_plan.SPARE > self.buf.numel():
             return np.empty(n, dtype)
         out = self._np[self.used:self.used + nbytes].view(dtype)
-        self.used = _round(self.used + nbytes + device_pad.SPARE)
+        self.used = aligned(self.used + nbytes + pad_plan.SPARE)
         return out
 
     def holds(self, t: torch.Tensor) -> bool:
@@ -292,7 +104,7 @@ def host_arena(device: Any) -> Arena | None:
 def stage(obj: Any, pool: PinnedPool = _read_pool, arena: Arena | None = None) -> Staged:
     """Gather every torch tensor of ``obj`` into one pinned buffer: tensors decoded into ``arena``
     stay where they are, the others are copied after them (CPU memcpy, off the GPU). Padded fields
-    the arena deferred are planned for the device instead (``device_pad.plan``: their values used
+    the arena deferred are planned for the device instead (``plan.plan``: their values used
     where the decode joined them in the arena, the rest of their tables in a second pinned buffer),
     a ``meta`` tensor in their place."""
     leaves = _leaves(obj)
@@ -304,12 +116,12 @@ def stage(obj: Any, pool: PinnedPool = _read_pool, arena: Arena | None = None) -
         a = arena
 
         def take(n: int) -> torch.Tensor:  # the plan's tables: after the values in the arena where they fit
-            if a.buf is not None and a.used + n + device_pad.SPARE <= a.buf.numel():
+            if a.buf is not None and a.used + n + pad_plan.SPARE <= a.buf.numel():
                 return torch.from_numpy(a.alloc(n, np.uint8))
             return pool.take(n)
 
-        ks = [device_pad.key(t) for t in leaves]
-        index, plan = device_pad.plan(arena.jobs, leaves, take, None if arena.buf is None else (arena.buf, arena.used), ks)
+        ks = [pad_plan.key(t) for t in leaves]
+        index, plan = pad_plan.plan(arena.jobs, leaves, take, None if arena.buf is None else (arena.buf, arena.used), ks)
         arena.jobs = []
         if plan.buf is not None and arena.holds(plan.buf):  # one buffer, one copy to the device
             plan.inside = plan.buf.data_ptr() - arena.buf.data_ptr()  # type: ignore[union-attr]
@@ -326,11 +138,11 @@ def stage(obj: Any, pool: PinnedPool = _read_pool, arena: Arena | None = None) -
             return Staged(obj, None, 0, pool)
         buf, end = None, 0
     elif arena is not None and arena.buf is not None and \
-            arena.used + sum(_round(n) for n, h in zip(size, held) if not h) <= arena.buf.numel():
+            arena.used + sum(aligned(n) for n, h in zip(size, held) if not h) <= arena.buf.numel():
         buf, end = arena.buf, arena.used
         arena.buf = None  # the Staged batch owns it now
     else:  # a new buffer: the arena's bytes the plan uses first, at the same offsets, then the tensors
-        buf, end = pool.take(_round(home) + sum(_round(n) for n in size)), _round(home)
+        buf, end = pool.take(aligned(home) + sum(aligned(n) for n in size)), aligned(home)
         if home:
             buf[:home].copy_(arena.buf[:home])  # type: ignore[union-attr]
         if arena is not None:
@@ -353,7 +165,7 @@ def stage(obj: Any, pool: PinnedPool = _read_pool, arena: Arena | None = None) -
         dst = buf[end:end + n].view(t.dtype).view(t.shape)
         dst.copy_(t)
         offsets.append(end)
-        end = _round(end + n)
+        end = aligned(end + n)
         return dst
 
     out = map_tensors(obj, put)
@@ -365,7 +177,7 @@ def stage(obj: Any, pool: PinnedPool = _read_pool, arena: Arena | None = None) -
 
 def launch(staged: Staged, device: torch.device, consumer: torch.cuda.Stream | None) -> tuple[Any, Any]:
     """Start copying a staged batch to ``device``: one H2D copy on the side stream into memory
-    allocated on ``consumer``, and its padded fields built there (``device_pad.run``). Returns
+    allocated on ``consumer``, and its padded fields built there (``pad.run``). Returns
     (device batch, event); ``consumer`` must wait on the event before it uses (or frees) the batch.
     The staging buffers go back to their pool with the event. On the CPU (tests): done at once."""
     p = staged.plan

@@ -1,5 +1,5 @@
 """The index tensors ``device_pad.build`` gathers and scatters with, computed on the device from
-the few integers per row ``device_pad.plan`` staged (torch ops only: on CPU tensors too, where the
+the few integers per row ``plan.plan`` staged (torch ops only: on CPU tensors too, where the
 tests compare them with the CPU decode)."""
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ import torch
 
 from ..base import threads as _threads
 from ..errors import ConfigError
-from ..device.bridge import Arena, as_device, launch, map_tensors, on_device, stage
+from ..device.bridge import Arena, as_device, launch, on_device, stage
+from ..device.tree import map_tensors
 
 __all__ = ["iterate", "ReadAhead", "SERIAL_PREFETCH"]
 

@@ -9,21 +9,18 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..base import threads as _threads
-from .. import schema
 from . import shards as shard_read, tables
+from .decode import decode, decode_file
 from ..device import bridge as torch_bridge
 from ..format.batch import containers
 from ..format import typed
 from ..format import limits
 from ..format.file import validate
-from ..format.arrow import flat_nbytes
-from ..format.file.parquet import read_columns, read_sample
-from ..format.spec import STEP_COLUMN, is_dict_batch, is_plain_sample, is_token
-from ..format.codec.tensors import ones_source
+from ..format.file.parquet import read_sample
+from ..format.spec import is_dict_batch, is_plain_sample
 from .prefetch import iterate
 from ..store import paths, remote, stepfile
 from ..store.fs import is_remote, resolve, source
@@ -260,57 +257,12 @@ class Reader:
     def _read_step(self, step: int, columns: list[str] | None, layout: str | None, arena: Any = None) -> Any:
         if not self._sharded(step):
             try:
-                return self._decode(self._open(step), step, columns, layout, arena)
+                return decode_file(self._open(step), step, columns, layout, arena)
             except ConfigError:
                 if step not in self._listing.shards:  # else its last shard was committed since the listing
                     raise
         doc, table, where = shard_read.logical(self, step, columns, layout)
-        return self._finish(doc, table, where, columns, layout, arena)
-
-    def _decode(self, sf: _StepFile, step: int, columns: list[str] | None, layout: str | None,
-                arena: Any = None) -> Any:
-        return self._finish(sf.doc, self._table(sf, step, columns, layout), sf.path, columns, layout, arena)
-
-    def _table(self, sf: _StepFile, step: int, columns: list[str] | None, layout: str | None,
-               rows: tuple[int, int] | None = None) -> pa.Table:
-        """The columns of the opened step file that decoding ``columns`` in ``layout`` needs (``rows``:
-        of those rows only, ``(start, stop)``)."""
-        doc, f = sf.doc, sf.path
-        spec = doc["batch"]
-        try:
-            cols = schema.columns_for(spec, columns)
-        except ConfigError as e:
-            raise ConfigError(f"{f}: {e}") from None
-        if layout and cols is not None and is_dict_batch(spec):
-            cols = cols + [c for c in _token_cols(spec) if c not in cols][:1]
-        if (cols is None and layout == "packed" and is_dict_batch(spec) and spec.get("form") == "padded"
-                and spec.get("side")):
-            # the attention mask is dropped by the conversion: decode it only if it is the one
-            # per-token field (its lengths are then needed)
-            keep = [k for k, n in spec["keys"] if k != "attention_mask"]
-            cols = schema.columns_for(spec, keep)
-            if not any(c in cols for c in _token_cols(spec)):
-                cols = None
-        if cols is None and layout != "packed" and ones_source(spec) is not None:
-            # a padded batch's attention mask holds ones on its tokens (docs/FORMAT.md 3.4): built
-            # from the lengths of another token column (format/codec/tensors.py ``mask_of_ones``)
-            # (nor the step column kept for outside readers)
-            skip = {dict(spec["keys"])["attention_mask"]["col"], STEP_COLUMN}
-            cols = [c for c in sf.pf.schema_arrow.names if c not in skip]
-        with foreign_errors(f, "reading step {}", step, then="the step is damaged"):
-            table = read_columns(sf.pf, sf.src, cols, rows)
-        if rows is None and table.num_rows != doc.get("num_rows", table.num_rows):
-            raise FormatError(f"{f}: holds {table.num_rows} rows, its metadata says {doc.get('num_rows')}")
-        return table
-
-    def _finish(self, doc: dict, table: pa.Table, f: Any, columns: list[str] | None, layout: str | None,
-                arena: Any = None) -> Any:
-        spec = doc["batch"]
-        if arena is not None:
-            arena.reserve(flat_nbytes(table))  # the flat fields are joined straight into pinned memory
-        return schema.decode(table, spec, where=str(f), columns=columns, layout=layout,
-                             alloc=None if arena is None else arena.alloc,
-                             defer=None if arena is None else arena.jobs)  # padded: built on the device
+        return decode(doc, table, where, columns, layout, arena)
 
     def column(self, name: str, steps: list[int] | None = None, *, workers: int | None = None) -> dict[int, Any]:
         """One field of many steps: ``{step: value}`` for ``steps`` (default: all, in order), where
@@ -360,7 +312,7 @@ class Reader:
         with foreign_errors(f, "reading its Arrow schema", then="the step is damaged"):
             arrow_schema = pf.schema_arrow
         validate.check(doc, arrow_schema, pf.metadata.num_rows, str(f))
-        batch = self._decode(sf, step, [name], None)
+        batch = decode_file(sf, step, [name], None)
         if isinstance(batch, list | tuple):
             return [None if e is None else e.get(name) for e in batch]
         plain = containers.unwrap(batch)[0] if "wrapper" in spec else batch
@@ -397,9 +349,3 @@ class Reader:
     def duckdb(self) -> Any:
         """A DuckDB connection with one view per split (``train``, ``val``...), each row with its ``step``."""
         return tables.duckdb_connect(self)
-
-
-
-
-def _token_cols(spec: dict) -> list[str]:
-    return [n["col"] for _, n in spec["keys"] if is_token(n)]

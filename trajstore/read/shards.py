@@ -29,6 +29,7 @@ from ..format import typed
 from ..format.shard import ids as idcol
 from ..format.shard.join import Joiner, merge_meta
 from ..store import paths
+from .decode import decode, read_table
 
 
 __all__ = ["BALANCES", "check_slice", "files", "logical", "shard", "column", "meta", "incomplete",
@@ -90,7 +91,7 @@ def _part(r: Any, step: int, fs: list[Path], k: int, columns: list[str] | None,
           layout: str | None) -> tuple[dict, pa.Table, Path]:
     """Shard ``k`` of ``fs`` (or the one step file): its checked description and the table to decode."""
     sf = _opened(r, step, fs, k)
-    return sf.doc, r._table(sf, step, columns, layout), sf.path
+    return sf.doc, read_table(sf, step, columns, layout), sf.path
 
 
 def _cut(r: Any, step: int, fs: list[Path], columns: list[str] | None, layout: str | None) -> tuple | None:
@@ -108,7 +109,7 @@ def _cut(r: Any, step: int, fs: list[Path], columns: list[str] | None, layout: s
     for sf, rows in zip(opened, n):
         a, b = max(lo, off), min(hi, off + rows)
         if a < b:
-            parts.append((sf.doc, r._table(sf, step, columns, layout, (a - off, b - off))))
+            parts.append((sf.doc, read_table(sf, step, columns, layout, (a - off, b - off))))
         off += rows
     doc, table = shards.join(parts, every=docs)
     doc, table = shards.take(doc, table, list(range(table.num_rows)))
@@ -205,13 +206,13 @@ def shard(r: Any, step: int, rank: Any, columns: list[str] | None, layout: str |
                                 + (f"it was written by {n} ranks (0..{n - 1})" if n else "it is one whole step file"),
                                 step=step)
     doc, table, where = _part(r, step, fs, rank, columns, layout)
-    return r._finish(doc, table, where, columns, layout)
+    return decode(doc, table, where, columns, layout)
 
 
 def column(r: Any, step: int, name: str) -> Any:
     """``Reader.column``'s value of one step read through the shards (or a slice)."""
     doc, table, where = logical(r, step, [name], None)
-    batch = r._finish(doc, table, where, [name], None)
+    batch = decode(doc, table, where, [name], None)
     if isinstance(batch, list | tuple):
         return [None if e is None else e.get(name) for e in batch]
     return containers.unwrap(batch)[0][name] if "wrapper" in doc["batch"] else batch[name]

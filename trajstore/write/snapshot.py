@@ -45,7 +45,8 @@ from ..format.shard.shards import RANK_COLUMN
 from ..format.spec import where
 from ..integrations import areal
 from ..base.threads import PIECE_BYTES, run_parallel, threads
-from ..device.bridge import CudaSnapshot, PinnedPool, map_tree, snapshot_cuda
+from ..device.pinned import CudaSnapshot, PinnedPool, snapshot_cuda
+from ..device.tree import map_tree
 
 MAX_META_BYTES = 1 << 20
 
@@ -185,7 +186,7 @@ def nbytes_of(obj: Any) -> int:
 
 class _ByteCount:
     """``nbytes_of``'s leaf. A class, not a closure calling itself (a reference cycle the cycle
-    collector would have to free: ``torch_bridge._TensorLeaf``)."""
+    collector would have to free: ``device/tree.py`` ``_TensorLeaf``)."""
 
     __slots__ = ("n",)
 

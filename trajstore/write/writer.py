@@ -19,7 +19,8 @@ Memory is bounded: at ``max_pending_steps`` steps or ``max_pending_bytes`` bytes
 not yet on disk, ``append`` waits; the time waited is logged (logger ``trajstore.writer``) and
 counted in ``writer.stats``. A failure in the background is raised, as ``WriterError`` naming the
 step, by the next ``append``, ``flush()`` or ``close()``; other steps keep being written.
-``flush()`` waits for every pending step; an interpreter exit flushes open writers.
+``flush()`` waits for every pending step; an interpreter exit flushes open writers. What a writer
+reports (``on_commit`` records, failures, waits, counters) is built in ``trajstore/write/reports.py``.
 """
 
 from __future__ import annotations
@@ -29,12 +30,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..base import threads as _threads
-from ..device import bridge as torch_bridge
+from ..device.pinned import PinnedPool
 from ..format.batch import check
 from ..format.batch import containers
 from ..format.file.parquet import check_compression, check_encodings
@@ -44,28 +44,16 @@ from ..store import index
 from ..store import paths
 from ..store import remote
 from ..store.fs import is_remote, resolve
-from ..errors import BatchError, BatchWriteError, ConfigError, StepExistsError, TrajstoreError, WriterError
+from ..errors import ConfigError, StepExistsError, TrajstoreError, WriterError
 from ..format.shard import ids as idcol
 from .snapshot import Snapshot, check_meta, check_rank_field, nbytes_of
 from .pool import Job, Pool, Steps
+from . import reports
+from .reports import Committed
 
 __all__ = ["Writer", "Committed"]
 
 log = logging.getLogger("trajstore.writer")
-LOG_EVERY_S = 60.0  # at most one 'append waited' warning a minute per writer
-
-
-@dataclass(frozen=True)
-class Committed:
-    """A step the writer committed, as given to ``Writer(on_commit=...)``: its ``step``, its file
-    ``path``, the file's ``bytes``, the batch's ``rows`` (trajectories) and the background
-    ``seconds`` it took (encode, write, commit)."""
-
-    step: int
-    path: Path
-    bytes: int
-    rows: int
-    seconds: float
 
 
 _live: set[Writer] = set()
@@ -179,12 +167,10 @@ class Writer:
         self._pending: dict[int, int] = {}     # step -> jobs queued or being written
         self._pending_bytes = 0
         self._errors: list[WriterError] = []
-        self._last_log = -LOG_EVERY_S
-        self._stats = {"appended": 0, "written": 0, "failed": 0, "append_s": 0.0, "max_append_s": 0.0,
-                       "wait_s": 0.0, "waits": 0, "max_wait_s": 0.0, "write_s": 0.0,
-                       "bytes_in": 0, "bytes_written": 0}
-        self._pool = torch_bridge.PinnedPool(max_cached_bytes=max_pending_bytes)  # CUDA copies: pinned
-        self._staging = torch_bridge.PinnedPool(max_cached_bytes=max_pending_bytes, pin=False)  # CPU copies
+        self._last_log = -reports.LOG_EVERY_S
+        self._stats = reports.counters()
+        self._pool = PinnedPool(max_cached_bytes=max_pending_bytes)  # CUDA copies: pinned
+        self._staging = PinnedPool(max_cached_bytes=max_pending_bytes, pin=False)  # CPU copies
         self._steps = Steps(self.dir, self.split, self.shard, self.masks, self.encodings, self._columns, self._index,
                             self.compression)
         self.workers = workers
@@ -214,7 +200,7 @@ class Writer:
             if self._closed:
                 raise WriterError(f"append(step={step}) on a closed Writer for {self.dir}; open a new Writer")
             step = paths.check_step(step)
-            self._raise_errors(f"; step {step} was not appended, call append again to record it")
+            reports.raise_errors(self, f"; step {step} was not appended, call append again to record it")
             meta = check_meta(meta, step)
             ow = self.overwrite if overwrite is None else overwrite
             final = self.final(step)
@@ -270,19 +256,7 @@ class Writer:
                 t0 = time.perf_counter()
                 while full():
                     self._cond.wait()
-                w = time.perf_counter() - t0
-                s = self._stats
-                s["wait_s"] += w
-                s["waits"] += 1
-                s["max_wait_s"] = max(s["max_wait_s"], w)
-                now = time.monotonic()
-                if now - self._last_log >= LOG_EVERY_S:  # the first wait, then at most once a minute
-                    self._last_log = now
-                    log.warning("append(step=%d) waited %.1f ms for the background writer of %s (limits: "
-                                "%d steps, %d bytes pending; %d waits, %.3f s in all so far); raise "
-                                "max_pending_steps/max_pending_bytes or workers, or dump less often",
-                                step, w * 1e3, self.dir, self.max_pending_steps, self.max_pending_bytes,
-                                s["waits"], s["wait_s"])
+                reports.waited(self, step, time.perf_counter() - t0)
             self._pending[step] = self._pending.get(step, 0) + 1
             self._pending_bytes += n
             self._stats["bytes_in"] += n
@@ -316,7 +290,7 @@ class Writer:
                                       f"{len(self._pending)} step(s) pending: {sorted(self._pending)}")
                 self._cond.wait(1.0)
         self._index.flush()  # best effort, never raises
-        self._raise_errors()
+        reports.raise_errors(self)
 
     def close(self) -> None:
         """Flush, then stop the background threads. Idempotent."""
@@ -333,55 +307,9 @@ class Writer:
                     with _live_lock:
                         _live.discard(self)
 
-    def _raise_errors(self, suffix: str = "") -> None:
-        with self._cond:
-            errs, self._errors = self._errors, []
-        if not errs:
-            return
-        steps = [e.step for e in errs]
-        msg = f"{errs[0]}{suffix}" if len(errs) == 1 else \
-            f"{len(errs)} steps failed in the background: {steps}; the first: {errs[0]}{suffix}"
-        cls = BatchWriteError if all(isinstance(e, BatchError) for e in errs) else WriterError
-        raise cls(msg, step=steps[0], steps=steps) from (errs[0].__cause__ or errs[0])
-
     # -- background side (trajstore/write/pool.py runs the steps; this is called in append order)
     def _finish(self, job: Job, nbytes: int, rows: int, err: BaseException | None, dt: float) -> None:
-        recorded = False  # best effort: readers then say why the step is missing (none if it is there)
-        if err is not None:
-            try:
-                recorded = commit.record_skipped(self.dir, job.step, f"{type(err).__name__}: {err}",
-                                                 self.final(job.step).name)
-            except Exception as e:  # noqa: BLE001 - a record that cannot be written is said below
-                log.debug("trajstore: skipped record of step %d not written: %s", job.step, e)
-        with self._cond:
-            s = self._stats
-            s["write_s"] += dt
-            if err is None:
-                s["written"] += 1
-                s["bytes_written"] += nbytes
-            else:
-                s["failed"] += 1
-                if self.on_error == "raise":
-                    self._errors.append(_as_writer_error(err, job.step))
-                    log.error("trajstore: step %d was not written: %s", job.step, err)
-                else:
-                    log.error("trajstore: step %d was not written (on_error='warn', the run goes on; %s): %s",
-                              job.step, f"the step is recorded as skipped in {self.dir}" if recorded else
-                              "no skipped record was written: " + ("its step file is there (another writer "
-                              "committed it)" if self.final(job.step).exists() else "the record could not be "
-                              "written"), err)
-        try:
-            if err is None and self.on_commit is not None:
-                self._report(Committed(job.step, self.final(job.step), nbytes, rows, dt))
-        finally:
-            self._done(job.step, job.nbytes)
-
-    def _report(self, rec: Committed) -> None:
-        try:
-            self.on_commit(rec)
-        except BaseException as e:  # noqa: BLE001 - a callback must never stop the writer thread
-            log.error("trajstore: on_commit(%r) of %r raised %s: %s; the step is written, the writer goes on",
-                      rec, self, type(e).__name__, e, exc_info=True)
+        reports.finish(self, job, nbytes, rows, err, dt)
 
     def final(self, step: int) -> Path:
         """The file step ``step`` is committed as: its step file, or this rank's shard file."""
@@ -403,12 +331,3 @@ class Writer:
         sh = "" if self.shard is None else f", rank={self.shard[0]}, world_size={self.shard[1]}"
         return f"Writer({str(self.path)!r}, split={self.split!r}{sh})"
 
-
-def _as_writer_error(e: BaseException, step: int) -> WriterError:
-    cls = BatchWriteError if isinstance(e, BatchError) else WriterError  # except BatchError catches it
-    if isinstance(e, WriterError) and f"step {step}" in str(e):
-        out = cls(str(e), step=step)
-    else:
-        out = cls(f"step {step} was not written: {type(e).__name__}: {e}", step=step)
-    out.__cause__ = e
-    return out
