@@ -138,7 +138,7 @@ class Decoder:
     def join_deferred(self, chosen: list) -> None:
         """Padded fields built elsewhere (``defer``): their token columns joined in one parallel
         round into the decode's memory (pinned staging: ``torch_bridge.Arena``), so the device
-        copies their values from there (``device_pad.plan``), as it does a packed batch's."""
+        copies their values from there (``device/plan.py``), as it does a packed batch's."""
         self.c.join([(n["col"], n["dtype"]) for n in _tensor_nodes(chosen) if is_token(n) and "pad_col" not in n
                      and n.get("axis") is None and self.c.has(n["col"])])
 
