@@ -1,11 +1,13 @@
 """The one walk over a batch's structure, shared by ``Writer.append`` and the encoder.
 
-``plan(batch)`` classifies every field (which node kind it becomes, which columns it takes) and
-raises every error that types, dtypes, keys, shapes, lengths and Python values can show; it never
+``plan(batch)`` asks ``layout.structure`` once what a dict batch is (its form, its mask groups, what
+each tensor field follows) and walks down from there: every field is classified from that answer
+(which node kind it becomes, which columns it takes; value checks are leaves in ``format/values.py``),
+and every error that types, dtypes, keys, shapes, lengths and Python values can show is raised; it never
 syncs a GPU, and reads only the few integers that give row counts (a packed batch's ``cu_seqlens``,
-a VLM batch's ``image_grid_thw``, ``integrations.trl``) when they are in CPU memory. ``check(batch)`` is that walk alone, run by
-``Writer.append`` on the caller's thread so a batch that cannot be stored fails at its own
-``append``; the encoder (``format/codec/encoder.py``) runs the same walk first and encodes from its
+a VLM batch's ``image_grid_thw``, ``integrations.trl``) when they are in CPU memory. ``check(batch)``
+is that walk alone, run by ``Writer.append`` on the caller's thread so a batch that cannot be stored
+fails at its own ``append``; the encoder (``format/codec/encoder.py``) runs the same walk first and encodes from its
 result, so the same batch gives the same error on both paths. What only values can show (an
 attention mask of other values than 0/1, a ``cu_seqlens`` on the GPU that decreases) is found by the
 encoder afterwards, in the background (raised as ``BatchWriteError``, a ``WriterError`` and a
@@ -321,8 +323,9 @@ def _list_batch_error(batch: list | tuple) -> UnsupportedTypeError:
 
 def plan(batch: Any, read: bool = True, masks: Mapping | None = None) -> Plan:
     """Classify ``batch``; raise BatchError / UnsupportedTypeError for what cannot be stored.
-    ``read``: read a packed batch's ``cu_seqlens`` wherever it is (the encoder); False reads it
-    only from CPU memory (``check``): on a GPU its values are the encoder's to check. ``masks``
+    ``read``: read a packed batch's ``cu_seqlens`` and the masks' values wherever they are (the
+    encoder: the plan it encodes from holds every mask's side and row lengths); False reads only a
+    ``cu_seqlens`` in CPU memory (``check``): on a GPU its values are the encoder's to check. ``masks``
     declares which fields follow which mask (``layout.structure``)."""
     if isinstance(batch, Mapping):
         for k in batch:
