@@ -288,14 +288,15 @@ def structure(batch: Mapping, masks: Mapping[str, Any] | None = None, read: bool
 
 def _follows(batch: Mapping, lay: _Draft) -> dict[tuple, Follow]:
     """What each tensor field is, at every depth of the dicts the walk enters (a group of str keys;
-    cycles and depths over the limit are the walk's errors, not followed here)."""
+    cycles and depths over the limit are the walk's errors, not followed here). Shapes alone: every
+    array or tensor gets an answer, the walk asks only of those it finds tensor-like."""
     out: dict[tuple, Follow] = {}
     stack: list[tuple[Mapping, tuple, frozenset]] = [(batch, (), frozenset({id(batch)}))]
     while stack:
         d, at, open_ = stack.pop()
         for k, v in d.items():
             path = at + (k,)
-            if is_tensorlike(v):
+            if isinstance(v, torch.Tensor | np.ndarray | np.generic):
                 out[path] = _follow(lay, path, list(v.shape))
             elif (isinstance(v, Mapping) and id(v) not in open_ and len(path) < MAX_SPEC_DEPTH
                   and all(type(x) is str for x in v)):
