@@ -240,7 +240,7 @@ def _lens_from_sql(d) -> dict:
 def test_each_mask_groups_token_counts_are_a_plain_column(tmp_path_factory, batch):
     """docs/FORMAT.md 3.4: per-trajectory valid token counts of each mask group (``len_col``) are
     an int64 column SQL reads directly, equal to the mask's valid entries, holes included."""
-    from trajstore.format.batch.layout import token_mask
+    from trajstore.format.batch.masks import token_mask
 
     d = tmp_path_factory.mktemp("lens")
     with trajstore.Writer(d) as w:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from _shards import batch_rows, cuts, decode, encode, joined, select, shard
 from trajstore import schema
 from trajstore.format.batch.containers import DataProtoLike
-from trajstore.format.batch.layout import classify, token_mask
+from trajstore.format.batch.masks import classify, token_mask
 from trajstore.format.shard.shards import RANK_COLUMN, join, partition, take, token_counts
 from trajstore.format.spec import columns_for, fields
 from trajstore.testing import (

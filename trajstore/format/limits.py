@@ -66,7 +66,7 @@ THRIFT_LIMITS = {"thrift_string_size_limit": 256 << 20, "thrift_container_size_l
 
 def padded_bytes(n: int, T: int, elem: int, masks: int = 1) -> int:
     """What a ``[n, T]`` padded output of ``elem``-byte tokens allocates: itself, its ``masks`` ``[n, T]``
-    bool masks and their ``arange(T)`` (none for no rows: ``layout.padded_mask``)."""
+    bool masks and their ``arange(T)`` (none for no rows: ``masks.padded_mask``)."""
     return n * T * (elem + masks) + (8 * T if n else 0)
 
 

@@ -15,7 +15,7 @@ import torch
 
 from ..base.text import human_bytes
 from .config import DumpReplayConfig
-from ..format.batch.layout import count_tokens
+from ..format.batch.masks import count_tokens
 from ..write.writer import Committed
 
 __all__ = ["tokens_of", "log_step", "DumpLog"]
@@ -24,7 +24,7 @@ log = logging.getLogger("trajstore.recorder")
 
 
 def tokens_of(plain: Any) -> Callable[[], int | None]:
-    """The number of valid tokens of a plain batch (``format.layout.count_tokens``), read later: a
+    """The number of valid tokens of a plain batch (``format.batch.masks.count_tokens``), read later: a
     CUDA count is copied to host memory behind an event now, so neither this call nor the read
     blocks on the caller's GPU work."""
     n = count_tokens(plain)

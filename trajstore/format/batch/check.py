@@ -1,11 +1,13 @@
 """The one walk over a batch's structure, shared by ``Writer.append`` and the encoder.
 
-``plan(batch)`` classifies every field (which node kind it becomes, which columns it takes) and
-raises every error that types, dtypes, keys, shapes, lengths and Python values can show; it never
+``plan(batch)`` asks ``layout.structure`` once what a dict batch is (its form, its mask groups, what
+each tensor field follows) and walks down from there: every field is classified from that answer
+(which node kind it becomes, which columns it takes; value checks are leaves in ``format/values.py``),
+and every error that types, dtypes, keys, shapes, lengths and Python values can show is raised; it never
 syncs a GPU, and reads only the few integers that give row counts (a packed batch's ``cu_seqlens``,
-a VLM batch's ``image_grid_thw``, ``integrations.trl``) when they are in CPU memory. ``check(batch)`` is that walk alone, run by
-``Writer.append`` on the caller's thread so a batch that cannot be stored fails at its own
-``append``; the encoder (``format/codec/encoder.py``) runs the same walk first and encodes from its
+a VLM batch's ``image_grid_thw``, ``integrations.trl``) when they are in CPU memory. ``check(batch)``
+is that walk alone, run by ``Writer.append`` on the caller's thread so a batch that cannot be stored
+fails at its own ``append``; the encoder (``format/codec/encoder.py``) runs the same walk first and encodes from its
 result, so the same batch gives the same error on both paths. What only values can show (an
 attention mask of other values than 0/1, a ``cu_seqlens`` on the GPU that decreases) is found by the
 encoder afterwards, in the background (raised as ``BatchWriteError``, a ``WriterError`` and a
@@ -15,7 +17,6 @@ encoder afterwards, in the background (raised as ``BatchWriteError``, a ``Writer
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +29,7 @@ from ...integrations import areal
 from ...integrations import trl
 from . import classes, layout
 from ..arrow import ColumnNames
-from .layout import Layout
+from .layout import FLAT, GLOBAL, SAMPLE, SEGMENTS, TOKENS, Layout, length_error
 from ..limits import MAX_DIMS, MAX_SPEC_DEPTH
 from ..spec import SHAPE_PREFIX, where
 from ..typed import check_np_dtype, needs_typed
@@ -40,13 +41,6 @@ __all__ = ["check", "plan", "Plan", "Tensor", "Json", "TValue", "Group", "Seq", 
 MISSING = object()  # a key absent from one element of a sequence of dicts
 EXACT = 2**53  # Python ints up to this magnitude are exact in a float64 column (the "num" value type)
 
-# what a tensor field becomes
-GLOBAL = "global"  # 0-d, or a packed batch's cu_seqlens: inline in the spec (gtensor)
-TOKENS = "tokens"  # [B, W, ...] following a mask group: a token column, or stored whole where the mask has holes
-FLAT = "flat"  # leading dimension N of a packed batch: a token column
-SAMPLE = "sample"  # leading dimension B: a sample column
-SEGMENTS = "segments"  # rows of the leading dimension per trajectory given by counts (segtensor, version 3)
-
 
 # ----------------------------------------------------------------------------- the plan
 @dataclass
@@ -56,7 +50,7 @@ class Tensor:
     lib: str
     dtype: str
     role: str | None  # GLOBAL, TOKENS, FLAT, SAMPLE; None: a packed batch's N is not known yet
-    group: int | None = None  # TOKENS: the index of the mask group it follows (layout.MaskGroup)
+    group: int | None = None  # TOKENS: the index of the mask group it follows (masks.MaskGroup)
     counts: list[int] | None = None  # SEGMENTS: leading-dimension rows per trajectory, once read
     last: bool = False  # TOKENS: the token axis is the last dimension ([B, C, T]: mrope position_ids)
 
@@ -141,20 +135,6 @@ class Plan:
 
 
 # ----------------------------------------------------------------------------- errors
-def length_error(path: tuple, shape: list, lay: Layout) -> BatchError:
-    """A tensor whose leading dimension fits neither the batch size nor the token layout."""
-    B = lay.B
-    expect = f"{B} (the batch size)"
-    if lay.form == "padded":
-        expect += f", or [{B}, {lay.T}] per-token"
-    if lay.form == "packed":
-        expect += f", or {lay.N} (cu_seqlens[-1]) per-token"
-    return BatchError(
-        f"field {where(path)!r}: leading dimension is {shape[0]} (shape {shape}), expected "
-        f"{expect}; every field must have one entry per trajectory"
-    )
-
-
 def entries_error(path: tuple, n: int, B: int) -> BatchError:
     """A per-trajectory list whose length is not the batch size."""
     return BatchError(
@@ -227,19 +207,16 @@ class _Walk:
             self.segmented.append((t, self.splits[path[0]]))
             self.names.claim(t.col, path)
             return t
-        g = layout.group_of(lay, path, shape) if lay.form in ("padded", "masked") else None
-        if g is None and lay.form == "padded":
-            g = layout.last_axis_group(lay, shape)
-            t.last = g is not None
-        if g is not None:
-            t.role, t.group = TOKENS, g
+        f = lay.follows[path]  # what the structure decided of the field
+        if f.role == TOKENS:
+            t.role, t.group, t.last = TOKENS, f.group, f.last
         elif lay.form == "packed":
-            self.deferred.append(t)  # per-token if its leading dimension is N
-        elif shape[0] != lay.B:
-            raise length_error(path, shape, lay)
+            self.deferred.append(t)  # per-token if its leading dimension is N: checked once all fields are
+        elif f.error is not None:
+            raise f.error
         else:
             t.role = SAMPLE
-            if lay.form == "padded" and len(shape) >= 2 and shape[1] != lay.T and _TOKENISH.search(path[-1]):
+            if f.suspect:
                 self.suspects.append(where(path))
         self.names.claim(t.col, path)
         return t
@@ -247,13 +224,10 @@ class _Walk:
     def classify_packed(self) -> None:
         """The packed batch's tensors, once N is known: leading dimension N or B."""
         for t in self.deferred:
-            shape = list(t.value.shape)
-            if layout.is_flat(self.lay, t.path, shape):
-                t.role = FLAT
-            elif shape[0] != self.lay.B:
-                raise length_error(t.path, shape, self.lay)
-            else:
-                t.role = SAMPLE
+            f = self.lay.follows[t.path]
+            if f.error is not None:
+                raise f.error
+            t.role = f.role
 
     def count_segments(self, batch: Mapping, read: bool) -> None:
         """Rows per trajectory of each segmented field: read from the fields its split reads where
@@ -349,20 +323,21 @@ def _list_batch_error(batch: list | tuple) -> UnsupportedTypeError:
 
 def plan(batch: Any, read: bool = True, masks: Mapping | None = None) -> Plan:
     """Classify ``batch``; raise BatchError / UnsupportedTypeError for what cannot be stored.
-    ``read``: read a packed batch's ``cu_seqlens`` wherever it is (the encoder); False reads it
-    only from CPU memory (``check``): on a GPU its values are the encoder's to check. ``masks``
+    ``read``: read a packed batch's ``cu_seqlens`` and the masks' values wherever they are (the
+    encoder: the plan it encodes from holds every mask's side and row lengths); False reads only a
+    ``cu_seqlens`` in CPU memory (``check``): on a GPU its values are the encoder's to check. ``masks``
     declares which fields follow which mask (``layout.structure``)."""
     if isinstance(batch, Mapping):
         for k in batch:
             if type(k) is not str:
                 raise UnsupportedTypeError(f"batch key {k!r} is a {type(k).__name__}; keys must be str")
-        lay = layout.structure(batch, masks)
+        lay = layout.structure(batch, masks, read)
         w = _Walk(lay.B, lay, trl.splits(batch, lay.B))
         keys = [(k, w.field(v, (k,))) for k, v in batch.items()]
         w.count_segments(batch, read)
-        cu = lay.cu_seqlens
-        if lay.form == "packed" and (read or not isinstance(cu, torch.Tensor) or cu.device.type == "cpu"):
-            layout.read_cu_seqlens(lay)  # after every other field: the same first error either way
+        if lay.error is not None:  # what the values of cu_seqlens or a mask show: after every field
+            raise lay.error
+        if lay.N is not None:
             w.classify_packed()
         return Plan(lay.B, w.names, layout=lay, keys=keys, suspects=w.suspects)
     if isinstance(batch, list | tuple):
@@ -381,12 +356,6 @@ def plan(batch: Any, read: bool = True, masks: Mapping | None = None) -> Plan:
         f"batch of type {type(batch).__name__} is not supported; pass a dict of tensors, "
         "a list of per-trajectory dicts, a TensorDict or a DataProto-like object"
     )
-
-
-# names of fields that are per-token in every framework trajstore knows (input_ids, loss_mask,
-# old_logprobs, old_per_token_logps, position_ids, labels, versions, advantages...): stored per sample
-# because their width is not the attention mask's, they are probably a mistake (BatchWarning)
-_TOKENISH = re.compile(r"(^|_)(ids|mask|masks|logprobs|log_probs|logps|labels|versions?|advantages|returns|tokens)$")
 
 
 def check(batch: Any, masks: Mapping | None = None) -> None:

@@ -1,15 +1,20 @@
-"""How the tokens of a dict batch are laid out (docs/FORMAT.md section 3.4): the batch form
-(padded by ``attention_mask``, masked by several masks or a two-sided one, packed by ``cu_seqlens``,
-or plain), the mask groups per-token fields follow (``MaskGroup``, ``group_of``), which positions of
-a ``[B, T, ...]`` mask hold a token, and the ``[B, T]`` mask of given row lengths (and starts).
+"""What a dict batch *is*, decided once (docs/FORMAT.md section 3.4): ``structure(batch)`` answers every
+question of the batch's structure in one place and hands the answers on as a ``Layout``, which the
+per-field checks (``check``) and the encoder (``format/codec/encoder.py``) consume without asking
+again: the form (padded by ``attention_mask``, masked by several masks or a two-sided one, packed by
+``cu_seqlens``, or plain), the mask groups per-token fields follow (``MaskGroup``), and which tensor
+field follows which group or is per sample (``Layout.follows``: a ``Follow`` per field path).
 
-The form is decided in two steps: ``structure`` from names, dtypes and shapes alone (what
-``Writer.append`` may look at), then ``read_cu_seqlens`` / ``read_groups`` from the values (the
-encoder, which turns a padded batch into a masked one when a mask is a span or there are several).
+From names, dtypes and shapes alone (what ``Writer.append`` may look at); with ``read`` also from the
+values: a packed batch's ``cu_seqlens`` (``N``, row lengths) and each mask's sides and lengths (which
+turns a padded batch into a masked one when a mask is a span or there are several). What the values
+or a field's shape show is an error the walk raises in its turn (``Layout.error``, ``Follow.error``),
+so a batch gives the same first error whatever is read. The masks' geometry is ``masks``.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,27 +22,55 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...base.threads import run_parallel
 from ...errors import BatchError
-from ..spec import LEN_PREFIX, START_PREFIX
+from ..limits import MAX_SPEC_DEPTH
+from ..spec import where
 from ..values import as_cpu, describe, is_tensorlike
+from .masks import MaskGroup, classify, extent, token_mask
 
-__all__ = ["Layout", "MaskGroup", "token_mask", "structure", "batch_size", "read_cu_seqlens", "read_groups",
-           "padded_mask", "span_mask", "extent", "group_of", "len_col", "last_axis_group", "channel_major", "classify", "count_tokens",
-           "is_flat", "PER_TRAJECTORY"]
+__all__ = ["Layout", "MaskGroup", "Follow", "structure", "batch_size", "length_error",
+           "PER_TRAJECTORY", "GLOBAL", "TOKENS", "FLAT", "SAMPLE", "SEGMENTS"]
 
 # docs/FORMAT.md 3.4: in a packed batch with as many tokens as trajectories (N == B), fields of these
 # names stay per-trajectory (every other field of leading size N is per-token)
 PER_TRAJECTORY = ("rewards", "reward", "scores", "score", "seq_len", "seq_lens", "seqlen", "seqlens")
 
+# what a tensor field becomes
+GLOBAL = "global"  # 0-d, or a packed batch's cu_seqlens: inline in the spec (gtensor)
+TOKENS = "tokens"  # [B, W, ...] following a mask group: a token column, or stored whole where the mask has holes
+FLAT = "flat"  # leading dimension N of a packed batch: a token column
+SAMPLE = "sample"  # leading dimension B: a sample column
+SEGMENTS = "segments"  # rows of the leading dimension per trajectory given by counts (segtensor, version 3)
+
 _CU_SEQLENS = "field 'cu_seqlens': must be a non-empty 1-D integer tensor starting at 0 and non-decreasing"
 
+# names of fields that are per-token in every framework trajstore knows (input_ids, loss_mask,
+# old_logprobs, old_per_token_logps, position_ids, labels, versions, advantages...): stored per sample
+# because their width is not the attention mask's, they are probably a mistake (BatchWarning)
+_TOKENISH = re.compile(r"(^|_)(ids|mask|masks|logprobs|log_probs|logps|labels|versions?|advantages|returns|tokens)$")
 
-@dataclass
+
+@dataclass(frozen=True)
+class Follow:
+    """What one tensor field of a dict batch is: its ``role`` (``TOKENS`` with the index of the mask
+    ``group`` it follows, its token axis ``last`` or not; ``FLAT``; ``SAMPLE``, ``suspect`` when named
+    like a per-token field of another width than ``attention_mask``; None: a packed batch's ``N`` is
+    not read yet), or the ``error`` its shape is (raised by the walk when it comes to the field)."""
+
+    role: str | None
+    group: int | None = None
+    last: bool = False
+    suspect: bool = False
+    error: BatchError | None = None
+
+
+@dataclass(frozen=True, eq=False)
 class Layout:
-    """The form of a dict batch, filled in as far as it is known: ``form``, ``B`` and ``T`` from the
-    structure; ``N`` and ``lengths`` once ``cu_seqlens`` is read; ``side``, ``mask`` and ``lengths``
-    once the attention mask is read (``side`` None: the mask has holes)."""
+    """The structure of a dict batch, decided once by ``structure``: ``form``, ``B`` and ``T``; the
+    mask ``groups`` and the fields ``declared`` to follow them; what each tensor field is
+    (``follows``, by path). Where values were read: ``N`` and ``lengths`` of a packed batch; ``side``,
+    ``mask`` and ``lengths`` of the attention mask (``side`` None: holes) and each group's; ``error``,
+    what the values showed (raised after every field is checked)."""
 
     form: str  # "padded", "masked", "packed" or "plain"
     B: int
@@ -48,57 +81,25 @@ class Layout:
     side: str | None = None  # padded: "right", "left", "span", or None (holes: [B, T] fields stored whole)
     mask: torch.Tensor | None = None  # padded, side known: the [B, T] token mask
     lengths: torch.Tensor | None = None  # tokens per row
-    groups: list[MaskGroup] = field(default_factory=list)  # padded / masked: the masks fields follow
-    declared: dict[str, int] = field(default_factory=dict)  # field name -> group, from the user
+    groups: tuple[MaskGroup, ...] = ()  # padded / masked: the masks fields follow
+    declared: Mapping[str, int] = field(default_factory=dict)  # field name -> group, from the user
+    follows: Mapping[tuple, Follow] = field(default_factory=dict)  # tensor field path -> what it is
+    error: BatchError | None = None
 
 
 @dataclass
-class MaskGroup:
-    """Columns ``lo:lo+W`` of the mask field ``src``: the token mask a set of ``[B, W, ...]`` fields
-    follows (docs/FORMAT.md section 3.4). ``key`` names its ``<key>_cu_seqlens`` in packed output
-    ("" for the attention mask: plain ``cu_seqlens``); ``inferred`` groups whose mask is not 0/1
-    store their fields whole instead of failing."""
+class _Draft:
+    """A layout while ``structure`` builds it."""
 
-    key: str
-    src: str
-    lo: int
-    W: int
-    part: bool = False  # a part of the mask field (verl's prompt / response columns of attention_mask)
-    inferred: bool = True
-    side: str | None = None  # once read: "right", "left", "span", or None (holes: stored whole)
-    mask: torch.Tensor | None = None
-    lengths: torch.Tensor | None = None
-    starts: torch.Tensor | None = None  # side "span": first valid position per row
-    holes: bool = False  # a declared mask with holes: each row's run spans its first to last valid token
-
-    def node(self) -> dict:
-        """The group's spec node (docs/FORMAT.md section 3.7)."""
-        d = {"key": self.key, "src": self.src, "lo": self.lo, "W": self.W, "side": self.side}
-        if self.side == "span":
-            d["start_col"] = start_col(self)
-        if self.holes:
-            d["holes"] = True
-        return d
+    form: str
+    B: int
+    T: int | None = None
+    groups: list[MaskGroup] = field(default_factory=list)
+    declared: dict[str, int] = field(default_factory=dict)
+    N: int | None = None
 
 
-def start_col(g: MaskGroup) -> str:
-    """The column of a span group's per-row starts."""
-    return START_PREFIX + g.src + (f"__{g.key}" if g.part else "")
 
-
-def len_col(g: MaskGroup) -> str:
-    """The column of a mask group's per-row valid token counts (docs/FORMAT.md 3.4)."""
-    return LEN_PREFIX + g.src + (f"__{g.key}" if g.part else "")
-
-
-def token_mask(m: torch.Tensor | np.ndarray) -> torch.Tensor:
-    """The ``[B, T]`` bool mask of an attention mask of shape ``[B, T, ...]``: a token is valid where
-    every one of its entries is non-zero (the one rule the encoder, the recorder and the
-    inspection tools share)."""
-    t = torch.as_tensor(m) != 0
-    while t.ndim > 2:
-        t = t.all(dim=-1)
-    return t
 
 
 def batch_size(batch: Mapping) -> int | None:
@@ -115,33 +116,11 @@ def batch_size(batch: Mapping) -> int | None:
     return None
 
 
-def structure(batch: Mapping, masks: Mapping[str, Any] | None = None) -> Layout:
-    """The form, ``B``, ``T`` and mask groups of a dict batch from names, dtypes and shapes only (no
-    value is read). ``masks`` declares ``{mask field: [fields that follow it]}`` (top-level names)."""
-    cu = batch.get("cu_seqlens")
-    if is_tensorlike(cu) and not isinstance(cu, np.generic) and np.ndim(cu) == 1:
-        _, name = describe(cu, ("cu_seqlens",))
-        if not name.startswith(("int", "uint")) or cu.shape[0] == 0:
-            raise BatchError(_CU_SEQLENS)
-        return Layout("packed", int(cu.shape[0]) - 1, cu_seqlens=cu)
-    m = batch.get("attention_mask")
-    if is_tensorlike(m) and np.ndim(m) >= 2:
-        describe(m, ("attention_mask",))
-        lay = Layout("padded", int(m.shape[0]), int(m.shape[1]), attention_mask=m)
-        lay.groups.append(MaskGroup("", "attention_mask", 0, lay.T))
-    else:
-        lay = Layout("plain", batch_size(batch) or 0)
-    _infer_groups(batch, lay, masks or {})
-    if lay.form == "plain" and lay.groups:
-        lay.form = "masked"
-    return lay
-
-
 def _is_mask(v: Any, B: int) -> bool:
     return is_tensorlike(v) and np.ndim(v) >= 2 and int(v.shape[0]) == B
 
 
-def _add(lay: Layout, g: MaskGroup) -> int:
+def _add(lay: _Draft, g: MaskGroup) -> int:
     keys = {x.key for x in lay.groups}
     base, i = g.key, 2
     while g.key in keys:
@@ -150,7 +129,7 @@ def _add(lay: Layout, g: MaskGroup) -> int:
     return len(lay.groups) - 1
 
 
-def _infer_groups(batch: Mapping, lay: Layout, masks: Mapping[str, Any]) -> None:
+def _infer_groups(batch: Mapping, lay: _Draft, masks: Mapping[str, Any]) -> None:
     """The mask groups of docs/FORMAT.md section 3.4: verl's prompt / response parts of
     ``attention_mask``, ``X_mask`` next to ``X_ids``, and the masks the user declared."""
     B = lay.B
@@ -190,7 +169,7 @@ def _width(v: Any, B: int) -> int | None:
     return int(v.shape[1]) if _is_mask(v, B) and np.ndim(v) == 2 else None
 
 
-def _trainer_parts(batch: Mapping, lay: Layout) -> None:
+def _trainer_parts(batch: Mapping, lay: _Draft) -> None:
     """The parts of ``attention_mask`` [B, T] the per-token fields of OpenRLHF's and SkyRL's batches
     follow (docs/FORMAT.md 3.4), from names and shapes: OpenRLHF's ``Experience`` (``sequences`` and an
     ``action_mask`` [B, T-1]): its action-width fields are the tokens after the first, columns 1..T-1
@@ -213,7 +192,7 @@ def _prefix(src: str) -> str:
     return src[:-4] if src.endswith("_mask") else src + "_"
 
 
-def group_of(lay: Layout, path: tuple, shape: list[int]) -> int | None:
+def group_of(lay: _Draft, path: tuple, shape: list[int]) -> int | None:
     """The mask group a ``[B, W, ...]`` tensor field follows, None for a per-sample field."""
     col = ".".join(path)
     i = lay.declared.get(col)
@@ -244,7 +223,7 @@ def group_of(lay: Layout, path: tuple, shape: list[int]) -> int | None:
     return cands[0] if len(cands) == 1 else None
 
 
-def last_axis_group(lay: Layout, shape: list[int]) -> int | None:
+def last_axis_group(lay: _Draft, shape: list[int]) -> int | None:
     """The mask group of a field whose token axis is its LAST dimension (verl's Qwen2-VL mrope
     ``position_ids`` ``[B, 4, T]``): at least 3 dims, ``[B, ..., T]`` with ``T`` the width of
     ``attention_mask``. Asked only of a field ``group_of`` found per-sample, so dim 1 wins where
@@ -256,35 +235,6 @@ def last_axis_group(lay: Layout, shape: list[int]) -> int | None:
     return None
 
 
-def channel_major(lengths: Any, w: int) -> np.ndarray:
-    """For rows of ``lengths`` tokens of ``w`` channels each, laid out one after another: where each
-    value of the token-major order (row by row, token by token, channel by channel) goes in the
-    channel-major order (row by row, channel by channel, token by token), the order a field whose
-    token axis is last stores each row's ``[C..., n]`` block in (docs/FORMAT.md 3.4)."""
-    ln = np.asarray(lengths, dtype=np.int64).reshape(-1)
-    o = np.zeros(len(ln), dtype=np.int64)
-    np.cumsum(ln[:-1], out=o[1:])
-    r = np.repeat(np.arange(len(ln)), ln)
-    j = np.arange(int(ln.sum()), dtype=np.int64) - o[r]
-    return ((o[r] * w + j)[:, None] + np.arange(w, dtype=np.int64)[None, :] * ln[r][:, None]).reshape(-1)
-
-
-def is_flat(lay: Layout, path: tuple, shape: list[int]) -> bool:
-    """Whether a tensor of a packed batch (``N`` known) is per-token: its leading size is ``N``, and
-    when ``N == B`` its name is not one of ``PER_TRAJECTORY``."""
-    return shape[0] == lay.N and not (lay.N == lay.B and path[-1] in PER_TRAJECTORY)
-
-
-def read_cu_seqlens(lay: Layout) -> None:
-    """Read a packed batch's ``cu_seqlens`` (B + 1 values, copied from the GPU if there): check that
-    it starts at 0 and never decreases; set ``N`` and ``lengths``."""
-    _, _, c = as_cpu(lay.cu_seqlens, ("cu_seqlens",))
-    c = torch.as_tensor(c).to(torch.int64)
-    if int(c[0]) != 0 or bool((c[1:] < c[:-1]).any()):
-        raise BatchError(_CU_SEQLENS)
-    lay.N, lay.lengths = int(c[-1]), c[1:] - c[:-1]
-
-
 def _mask01(v: Any, src: str) -> torch.Tensor | None:
     """The ``[B, W]`` token mask of mask field ``src``; None if it holds other values than 0/1."""
     _, name, a = as_cpu(v, (src,))
@@ -294,31 +244,117 @@ def _mask01(v: Any, src: str) -> torch.Tensor | None:
     return token_mask(mb)
 
 
-def classify(mask: torch.Tensor) -> tuple[str | None, torch.Tensor, torch.Tensor | None]:
-    """``(side, lengths, starts)`` of a ``[B, W]`` token mask: right when every row's tokens are a
-    prefix, left when a suffix, span when one contiguous run anywhere (``starts`` its first
-    positions), None for holes."""
-    W = mask.shape[1]
-    lengths = mask.sum(1)
-    if mask.shape[0] == 0:  # no rows: every side fits (and no [W] positions are built for a wide empty batch)
-        return "right", lengths, None
-    ar = torch.arange(W)
-    if torch.equal(mask, ar[None, :] < lengths[:, None]):
-        return "right", lengths, None
-    if torch.equal(mask, ar[None, :] >= (W - lengths)[:, None]):
-        return "left", lengths, None
-    starts = torch.where(lengths > 0, mask.to(torch.uint8).argmax(1), 0)
-    if torch.equal(mask, (ar[None, :] >= starts[:, None]) & (ar[None, :] < (starts + lengths)[:, None])):
-        return "span", lengths, starts
-    return None, lengths, None
+def structure(batch: Mapping, masks: Mapping[str, Any] | None = None, read: bool = False) -> Layout:
+    """The ``Layout`` of a dict batch. ``masks`` declares ``{mask field: [fields that follow it]}``
+    (top-level names). ``read``: read the values of ``cu_seqlens`` and of the masks wherever they are
+    (the encoder); False reads only a ``cu_seqlens`` in CPU memory and no mask (``Writer.append``)."""
+    cu = batch.get("cu_seqlens")
+    if is_tensorlike(cu) and not isinstance(cu, np.generic) and np.ndim(cu) == 1:
+        _, name = describe(cu, ("cu_seqlens",))
+        if not name.startswith(("int", "uint")) or cu.shape[0] == 0:
+            raise BatchError(_CU_SEQLENS)
+        lay = _Draft("packed", int(cu.shape[0]) - 1)
+        lengths, error = None, None
+        if read or not isinstance(cu, torch.Tensor) or cu.device.type == "cpu":
+            try:
+                lay.N, lengths = _read_cu_seqlens(cu)
+            except BatchError as e:
+                error = e
+        return Layout("packed", lay.B, cu_seqlens=cu, N=lay.N, lengths=lengths,
+                      follows=_follows(batch, lay), error=error)
+    m = batch.get("attention_mask")
+    if is_tensorlike(m) and np.ndim(m) >= 2:
+        describe(m, ("attention_mask",))
+        lay = _Draft("padded", int(m.shape[0]), int(m.shape[1]))
+        lay.groups.append(MaskGroup("", "attention_mask", 0, lay.T))
+    else:
+        m, lay = None, _Draft("plain", batch_size(batch) or 0)
+    _infer_groups(batch, lay, masks or {})
+    if lay.form == "plain" and lay.groups:
+        lay.form = "masked"
+    follows, form, error = _follows(batch, lay), lay.form, None  # the fields follow the form of names and shapes
+    if read and lay.groups:
+        try:
+            _read_groups(lay.groups, batch)
+        except BatchError as e:
+            error = e
+        if form == "padded" and (len(lay.groups) > 1 or lay.groups[0].side == "span"):
+            form = "masked"  # several masks, or a span: docs/FORMAT.md 3.4, format version 2
+    g0 = lay.groups[0] if lay.form == "padded" else None
+    return Layout(form, lay.B, lay.T, attention_mask=m, side=g0 and g0.side, mask=g0 and g0.mask,
+                  lengths=g0 and g0.lengths, groups=tuple(lay.groups), declared=lay.declared, follows=follows,
+                  error=error)
 
 
-def read_groups(lay: Layout, batch: Mapping) -> None:
+def _follows(batch: Mapping, lay: _Draft) -> dict[tuple, Follow]:
+    """What each tensor field is, at every depth of the dicts the walk enters (a group of str keys;
+    cycles and depths over the limit are the walk's errors, not followed here). Shapes alone: every
+    array or tensor gets an answer, the walk asks only of those it finds tensor-like."""
+    out: dict[tuple, Follow] = {}
+    stack: list[tuple[Mapping, tuple, frozenset]] = [(batch, (), frozenset({id(batch)}))]
+    while stack:
+        d, at, open_ = stack.pop()
+        for k, v in d.items():
+            path = at + (k,)
+            if isinstance(v, torch.Tensor | np.ndarray | np.generic):
+                out[path] = _follow(lay, path, list(v.shape))
+            elif (isinstance(v, Mapping) and id(v) not in open_ and len(path) < MAX_SPEC_DEPTH
+                  and all(type(x) is str for x in v)):
+                stack.append((v, path, open_ | {id(v)}))
+    return out
+
+
+def _follow(lay: _Draft, path: tuple, shape: list[int]) -> Follow:
+    """What the tensor field at ``path`` of ``shape`` is (the walk decides 0-d and segmented fields)."""
+    if not shape:
+        return Follow(None)
+    try:
+        g = group_of(lay, path, shape) if lay.form in ("padded", "masked") else None
+    except BatchError as e:
+        return Follow(None, error=e)
+    last = g is None and lay.form == "padded" and (g := last_axis_group(lay, shape)) is not None
+    if g is not None:
+        return Follow(TOKENS, g, last)
+    if lay.form == "packed":
+        if lay.N is None:
+            return Follow(None)  # per-token if its leading dimension is N, once N is read
+        if shape[0] == lay.N and not (lay.N == lay.B and path[-1] in PER_TRAJECTORY):
+            return Follow(FLAT)
+    if shape[0] != lay.B:
+        return Follow(None, error=length_error(path, shape, lay))
+    return Follow(SAMPLE, suspect=lay.form == "padded" and len(shape) >= 2 and shape[1] != lay.T
+                  and bool(_TOKENISH.search(path[-1])))
+
+
+def length_error(path: tuple, shape: list, lay: Any) -> BatchError:
+    """A tensor whose leading dimension fits neither the batch size nor the token layout."""
+    B = lay.B
+    expect = f"{B} (the batch size)"
+    if lay.form == "padded":
+        expect += f", or [{B}, {lay.T}] per-token"
+    if lay.form == "packed":
+        expect += f", or {lay.N} (cu_seqlens[-1]) per-token"
+    return BatchError(
+        f"field {where(path)!r}: leading dimension is {shape[0]} (shape {shape}), expected "
+        f"{expect}; every field must have one entry per trajectory"
+    )
+
+
+def _read_cu_seqlens(cu: Any) -> tuple[int, torch.Tensor]:
+    """``N`` and the row lengths of a packed batch's ``cu_seqlens`` (B + 1 values, copied from the GPU
+    if there), checked to start at 0 and never decrease."""
+    _, _, c = as_cpu(cu, ("cu_seqlens",))
+    c = torch.as_tensor(c).to(torch.int64)
+    if int(c[0]) != 0 or bool((c[1:] < c[:-1]).any()):
+        raise BatchError(_CU_SEQLENS)
+    return int(c[-1]), c[1:] - c[:-1]
+
+
+def _read_groups(groups: list[MaskGroup], batch: Mapping) -> None:
     """Read every mask group's values (``attention_mask`` must be 0/1; another mask of other values
-    stores its fields whole, unless the user declared it); the first group also sets the layout's
-    ``side``, ``mask`` and ``lengths``."""
+    stores its fields whole, unless the user declared it): each group's side, mask and lengths."""
     full: dict[str, torch.Tensor | None] = {}
-    for g in lay.groups:
+    for g in groups:
         if g.src not in full:
             full[g.src] = _mask01(batch[g.src], g.src)
         m = full[g.src]
@@ -333,75 +369,3 @@ def read_groups(lay: Layout, batch: Mapping) -> None:
             g.side, g.lengths, g.starts = classify(g.mask)
         if g.side is None:
             g.mask = None
-    if lay.form == "padded":
-        g = lay.groups[0]
-        lay.side, lay.mask, lay.lengths = g.side, g.mask, g.lengths
-
-
-def extent(mask: torch.Tensor) -> torch.Tensor:
-    """The ``[B, W]`` mask of each row's positions from its first valid token to its last (holes
-    filled; an empty row stays empty): the run a mask with holes stores per row (docs/FORMAT.md 3.4)."""
-    W = mask.shape[1]
-    if not W:
-        return mask.clone()
-    m8 = mask.to(torch.uint8)
-    first = m8.argmax(1)
-    last = W - 1 - m8.flip(1).argmax(1)
-    ar = torch.arange(W)[None, :]
-    return (ar >= first[:, None]) & (ar <= last[:, None]) & mask.any(1, keepdim=True)
-
-
-def span_mask(starts: np.ndarray, lengths: np.ndarray, W: int) -> torch.Tensor:
-    """The [B, W] bool mask of rows holding ``lengths`` tokens from ``starts``."""
-    if len(lengths) == 0:  # no rows: no [W] positions (a wide empty batch)
-        return torch.zeros((0, W), dtype=torch.bool)
-    ar = np.arange(W)
-    s = np.asarray(starts, dtype=np.int64)[:, None]
-    return torch.from_numpy((ar[None, :] >= s) & (ar[None, :] < s + np.asarray(lengths, np.int64)[:, None]))
-
-
-def padded_mask(lengths: np.ndarray, T: int, side: str) -> torch.Tensor:
-    """The [B, T] bool mask of ``lengths`` right- or left-aligned, built by row ranges in parallel."""
-    L = np.asarray(lengths, dtype=np.int64).reshape(-1)
-    out = np.empty((len(L), T), np.bool_)
-    if not len(L):  # no rows: no [T] positions (a wide empty batch)
-        return torch.from_numpy(out)
-    ar = np.arange(T)
-
-    def rows(ab: tuple[int, int]) -> None:
-        a, b = ab
-        if side == "right":
-            np.less(ar[None, :], L[a:b, None], out=out[a:b])
-        else:
-            np.greater_equal(ar[None, :], (T - L[a:b])[:, None], out=out[a:b])
-
-    bounds = np.linspace(0, len(L), max(1, min(len(L), out.nbytes // (1 << 20))) + 1).astype(np.int64)
-    run_parallel(rows, [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a], out.nbytes)
-    return torch.from_numpy(out)
-
-
-def count_tokens(plain: Any) -> torch.Tensor | int | None:
-    """The valid tokens of a plain batch, without reading GPU memory: a (possibly CUDA) 0-d tensor or
-    an int; None where the batch does not say. A dict batch counts ``cu_seqlens[-1]`` or its
-    ``attention_mask``; a list batch each element's ``attention_mask`` (``[T]``, ``[1, T]`` or a
-    group's ``[g, T]``), else every ``input_ids`` entry."""
-    if isinstance(plain, Mapping):
-        cu, m = plain.get("cu_seqlens"), plain.get("attention_mask")
-        if isinstance(cu, torch.Tensor) and cu.ndim == 1 and cu.numel():
-            return cu[-1]
-        if isinstance(m, torch.Tensor) and m.ndim >= 2:
-            return token_mask(m).sum()
-        return None
-    if not isinstance(plain, list | tuple):
-        return None
-    n: torch.Tensor | int = 0
-    for e in plain:
-        if isinstance(e, Mapping):
-            m, ids = e.get("attention_mask"), e.get("input_ids")
-            if isinstance(m, torch.Tensor | np.ndarray):
-                n = n + token_mask(m).sum()
-            elif isinstance(ids, torch.Tensor | np.ndarray):  # no mask: every token counts
-                n = n + (ids.size if isinstance(ids, np.ndarray) else ids.numel())
-            else:
-                return None
-    return n

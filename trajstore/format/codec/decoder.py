@@ -25,7 +25,7 @@ from .. import dtypes as dt
 from . import sequences, tensors
 from .. import typed
 from ..arrow import Alloc, Columns
-from ..batch.layout import padded_mask, span_mask
+from ..batch.masks import padded_mask, span_mask
 from ..spec import BatchNode, SeqNode, is_flat, is_token
 from .tensors import FillJob
 from ..values import bits

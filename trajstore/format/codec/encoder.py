@@ -9,7 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..batch import containers, layout
+from ..batch import containers
 from . import grouped, sequences, tensors
 from .. import typed
 from ..arrow import TableBuilder
@@ -35,13 +35,9 @@ def _field(enc: TableBuilder, lay: Layout, f: Any) -> FieldNode:
     return {"t": "json", "v": f.value}
 
 
-def _dict_batch(enc: TableBuilder, p: Plan, batch: Any) -> BatchNode:
-    lay = p.layout
+def _dict_batch(enc: TableBuilder, p: Plan) -> BatchNode:
+    lay = p.layout  # read: the masks' sides and row lengths, the form they make (format/batch/layout.py)
     assert lay is not None
-    if lay.form in ("padded", "masked"):
-        layout.read_groups(lay, batch)  # the masks' values: 0/1, which side, the row lengths
-        if lay.form == "padded" and (len(lay.groups) > 1 or lay.side == "span"):
-            lay.form = "masked"  # several masks, or a span: docs/FORMAT.md 3.4, format version 2
     spec: Any = {"t": "batch", "form": lay.form, "B": lay.B}
     if lay.form == "padded":
         spec.update(T=lay.T, side=lay.side)
@@ -76,7 +72,7 @@ def encode_plain(batch: Any, container: dict | None, *, step: int, split: str, m
     mask, as declared to ``Writer`` (docs/FORMAT.md 3.4)."""
     p = plan(batch, read=True, masks=masks)
     enc = TableBuilder(p.n, p.names)
-    spec: BatchNode | SeqNode = _dict_batch(enc, p, batch) if p.layout is not None else _list_batch(enc, p, batch)
+    spec: BatchNode | SeqNode = _dict_batch(enc, p) if p.layout is not None else _list_batch(enc, p, batch)
     if container is not None:
         spec["wrapper"] = container
         enc.needs(containers.version(container))

@@ -29,7 +29,7 @@ from ...errors import FormatError
 from .. import dtypes as dt
 from ..arrow import Columns, TableBuilder, list_array
 from ..batch.check import MISSING, Cells, Struct
-from ..batch.layout import classify, span_mask, token_mask
+from ..batch.masks import classify, span_mask, token_mask
 from ..spec import PAD_PREFIX, RUNS_ACTION, RUNS_COL, SHAPE_PREFIX
 from .. import limits
 from .tensors import FillJob

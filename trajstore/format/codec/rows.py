@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..batch.layout import extent, token_mask
+from ..batch.masks import extent, token_mask
 from ..spec import is_tokenlike
 
 __all__ = ["rows", "row_mask", "to_numpy"]

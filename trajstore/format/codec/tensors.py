@@ -28,7 +28,8 @@ from ...errors import FormatError
 from .. import dtypes as dt
 from ..arrow import Columns, TableBuilder, empty, list_array
 from ..batch.check import FLAT, GLOBAL, SEGMENTS, TOKENS, Tensor
-from ..batch.layout import Layout, MaskGroup, channel_major, len_col, start_col
+from ..batch.layout import Layout
+from ..batch.masks import MaskGroup, channel_major, len_col, start_col
 from ..limits import padded_bytes
 from ..spec import PAD_PREFIX, GTensorNode, SegTensorNode, TensorNode
 from ..values import as_cpu, bits, dumps, storage
@@ -155,7 +156,7 @@ def _encode_token(enc: TableBuilder, node: dict, path: tuple, vals: Any, lengths
 
 def _stored_order(node: dict, values: np.ndarray, lengths: Any, w: int) -> np.ndarray:
     """Token-major values as stored: unchanged, or each row's ``[C..., n]`` block for a field
-    whose token axis is last (``layout.channel_major``)."""
+    whose token axis is last (``masks.channel_major``)."""
     if node.get("axis") != "last":
         return values
     out = np.empty_like(values)

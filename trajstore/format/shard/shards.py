@@ -28,7 +28,7 @@ from .. import dtypes as dt
 from .. import typed
 from ..arrow import Columns
 from ..codec.sequences import decode_elems
-from ..batch.layout import token_mask
+from ..batch.masks import token_mask
 from .join import Joiner, merge_meta
 from ..spec import FORMAT_VERSION, RUNS_PREFIX, STEP_COLUMN, counted_masks, is_token, node_columns
 from ..values import dumps

@@ -1,0 +1,174 @@
+"""Mask groups and the geometry of token masks, shared by the encoder, the decoder, the shard join,
+the recorder and the inspection tools: a mask group (``MaskGroup``: the columns of a mask field a set
+of fields follows) and the names of its columns (``len_col``, ``start_col``); the ``[B, T]`` bool mask
+of an attention mask (``token_mask``), a mask's side (``classify``: right, left, one span, or holes),
+the run from each row's first to last valid token (``extent``), the ``[B, W]`` masks of given row
+lengths and starts (``padded_mask``, ``span_mask``), the channel-major order of a field whose token
+axis is last (``channel_major``), and a plain batch's valid token count (``count_tokens``). No batch
+structure is decided here (``layout``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ...base.threads import run_parallel
+from ..spec import LEN_PREFIX, START_PREFIX
+
+__all__ = ["MaskGroup", "start_col", "len_col", "token_mask", "classify", "extent", "span_mask", "padded_mask",
+           "channel_major", "count_tokens"]
+
+
+@dataclass
+class MaskGroup:
+    """Columns ``lo:lo+W`` of the mask field ``src``: the token mask a set of ``[B, W, ...]`` fields
+    follows (docs/FORMAT.md section 3.4). ``key`` names its ``<key>_cu_seqlens`` in packed output
+    ("" for the attention mask: plain ``cu_seqlens``); ``inferred`` groups whose mask is not 0/1
+    store their fields whole instead of failing."""
+
+    key: str
+    src: str
+    lo: int
+    W: int
+    part: bool = False  # a part of the mask field (verl's prompt / response columns of attention_mask)
+    inferred: bool = True
+    side: str | None = None  # once read: "right", "left", "span", or None (holes: stored whole)
+    mask: torch.Tensor | None = None
+    lengths: torch.Tensor | None = None
+    starts: torch.Tensor | None = None  # side "span": first valid position per row
+    holes: bool = False  # a declared mask with holes: each row's run spans its first to last valid token
+
+    def node(self) -> dict:
+        """The group's spec node (docs/FORMAT.md section 3.7)."""
+        d = {"key": self.key, "src": self.src, "lo": self.lo, "W": self.W, "side": self.side}
+        if self.side == "span":
+            d["start_col"] = start_col(self)
+        if self.holes:
+            d["holes"] = True
+        return d
+
+
+def start_col(g: MaskGroup) -> str:
+    """The column of a span group's per-row starts."""
+    return START_PREFIX + g.src + (f"__{g.key}" if g.part else "")
+
+
+def len_col(g: MaskGroup) -> str:
+    """The column of a mask group's per-row valid token counts (docs/FORMAT.md 3.4)."""
+    return LEN_PREFIX + g.src + (f"__{g.key}" if g.part else "")
+
+
+def token_mask(m: torch.Tensor | np.ndarray) -> torch.Tensor:
+    """The ``[B, T]`` bool mask of an attention mask of shape ``[B, T, ...]``: a token is valid where
+    every one of its entries is non-zero (the one rule the encoder, the recorder and the
+    inspection tools share)."""
+    t = torch.as_tensor(m) != 0
+    while t.ndim > 2:
+        t = t.all(dim=-1)
+    return t
+
+
+def channel_major(lengths: Any, w: int) -> np.ndarray:
+    """For rows of ``lengths`` tokens of ``w`` channels each, laid out one after another: where each
+    value of the token-major order (row by row, token by token, channel by channel) goes in the
+    channel-major order (row by row, channel by channel, token by token), the order a field whose
+    token axis is last stores each row's ``[C..., n]`` block in (docs/FORMAT.md 3.4)."""
+    ln = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    o = np.zeros(len(ln), dtype=np.int64)
+    np.cumsum(ln[:-1], out=o[1:])
+    r = np.repeat(np.arange(len(ln)), ln)
+    j = np.arange(int(ln.sum()), dtype=np.int64) - o[r]
+    return ((o[r] * w + j)[:, None] + np.arange(w, dtype=np.int64)[None, :] * ln[r][:, None]).reshape(-1)
+
+
+def classify(mask: torch.Tensor) -> tuple[str | None, torch.Tensor, torch.Tensor | None]:
+    """``(side, lengths, starts)`` of a ``[B, W]`` token mask: right when every row's tokens are a
+    prefix, left when a suffix, span when one contiguous run anywhere (``starts`` its first
+    positions), None for holes."""
+    W = mask.shape[1]
+    lengths = mask.sum(1)
+    if mask.shape[0] == 0:  # no rows: every side fits (and no [W] positions are built for a wide empty batch)
+        return "right", lengths, None
+    ar = torch.arange(W)
+    if torch.equal(mask, ar[None, :] < lengths[:, None]):
+        return "right", lengths, None
+    if torch.equal(mask, ar[None, :] >= (W - lengths)[:, None]):
+        return "left", lengths, None
+    starts = torch.where(lengths > 0, mask.to(torch.uint8).argmax(1), 0)
+    if torch.equal(mask, (ar[None, :] >= starts[:, None]) & (ar[None, :] < (starts + lengths)[:, None])):
+        return "span", lengths, starts
+    return None, lengths, None
+
+
+def extent(mask: torch.Tensor) -> torch.Tensor:
+    """The ``[B, W]`` mask of each row's positions from its first valid token to its last (holes
+    filled; an empty row stays empty): the run a mask with holes stores per row (docs/FORMAT.md 3.4)."""
+    W = mask.shape[1]
+    if not W:
+        return mask.clone()
+    m8 = mask.to(torch.uint8)
+    first = m8.argmax(1)
+    last = W - 1 - m8.flip(1).argmax(1)
+    ar = torch.arange(W)[None, :]
+    return (ar >= first[:, None]) & (ar <= last[:, None]) & mask.any(1, keepdim=True)
+
+
+def span_mask(starts: np.ndarray, lengths: np.ndarray, W: int) -> torch.Tensor:
+    """The [B, W] bool mask of rows holding ``lengths`` tokens from ``starts``."""
+    if len(lengths) == 0:  # no rows: no [W] positions (a wide empty batch)
+        return torch.zeros((0, W), dtype=torch.bool)
+    ar = np.arange(W)
+    s = np.asarray(starts, dtype=np.int64)[:, None]
+    return torch.from_numpy((ar[None, :] >= s) & (ar[None, :] < s + np.asarray(lengths, np.int64)[:, None]))
+
+
+def padded_mask(lengths: np.ndarray, T: int, side: str) -> torch.Tensor:
+    """The [B, T] bool mask of ``lengths`` right- or left-aligned, built by row ranges in parallel."""
+    L = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    out = np.empty((len(L), T), np.bool_)
+    if not len(L):  # no rows: no [T] positions (a wide empty batch)
+        return torch.from_numpy(out)
+    ar = np.arange(T)
+
+    def rows(ab: tuple[int, int]) -> None:
+        a, b = ab
+        if side == "right":
+            np.less(ar[None, :], L[a:b, None], out=out[a:b])
+        else:
+            np.greater_equal(ar[None, :], (T - L[a:b])[:, None], out=out[a:b])
+
+    bounds = np.linspace(0, len(L), max(1, min(len(L), out.nbytes // (1 << 20))) + 1).astype(np.int64)
+    run_parallel(rows, [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a], out.nbytes)
+    return torch.from_numpy(out)
+
+
+def count_tokens(plain: Any) -> torch.Tensor | int | None:
+    """The valid tokens of a plain batch, without reading GPU memory: a (possibly CUDA) 0-d tensor or
+    an int; None where the batch does not say. A dict batch counts ``cu_seqlens[-1]`` or its
+    ``attention_mask``; a list batch each element's ``attention_mask`` (``[T]``, ``[1, T]`` or a
+    group's ``[g, T]``), else every ``input_ids`` entry."""
+    if isinstance(plain, Mapping):
+        cu, m = plain.get("cu_seqlens"), plain.get("attention_mask")
+        if isinstance(cu, torch.Tensor) and cu.ndim == 1 and cu.numel():
+            return cu[-1]
+        if isinstance(m, torch.Tensor) and m.ndim >= 2:
+            return token_mask(m).sum()
+        return None
+    if not isinstance(plain, list | tuple):
+        return None
+    n: torch.Tensor | int = 0
+    for e in plain:
+        if isinstance(e, Mapping):
+            m, ids = e.get("attention_mask"), e.get("input_ids")
+            if isinstance(m, torch.Tensor | np.ndarray):
+                n = n + token_mask(m).sum()
+            elif isinstance(ids, torch.Tensor | np.ndarray):  # no mask: every token counts
+                n = n + (ids.size if isinstance(ids, np.ndarray) else ids.numel())
+            else:
+                return None
+    return n
