@@ -77,7 +77,7 @@ def _fields(args: argparse.Namespace) -> dict:
          arg("--all-steps", action="store_true", help="list every step (default: the first and last 10)"), JSON)
 def cmd_info(args: argparse.Namespace) -> int:
     from ..inspection.describe import describe, short
-    from ..store.paths import ranks_text
+    from ..store.listing import ranks_text
 
     d = describe(args.path, args.split, progress=lambda s, name: out.progress(s, f"reading {name}"))
     if args.json:
@@ -254,7 +254,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     from ..inspection.diff import diff
 
     from ..store.fs import resolve
-    from ..store.paths import default_split
+    from ..store.listing import default_split
 
     fields = [f.strip() for f in args.fields.split(",") if f.strip()] if args.fields else None
     split = args.split if args.split is not None else default_split(resolve(args.a, "diff"))  # B: the split of A's name
