@@ -20,7 +20,7 @@ import torch
 
 import trajstore
 from trajstore.inspection.describe import describe
-from trajstore.store import checksums, paths
+from trajstore.store import checksums, listing, paths
 
 
 def small_batch(B: int = 8, T: int = 16, seed: int = 0) -> dict:
@@ -85,7 +85,7 @@ def run(tmp: Path, n: int = 10_000, keep: int = 100) -> list[tuple[str, float]]:
         rec.record(n, small_batch())
         rows.append((f"Recorder max_keep={keep}: first record after resume ({n} -> {keep} steps)",
                      time.perf_counter() - t0))
-    assert len(paths.list_steps(dump / "train")) == keep
+    assert len(listing.list_steps(dump / "train")) == keep
     shutil.rmtree(dump, ignore_errors=True)
     return rows
 

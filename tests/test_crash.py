@@ -48,9 +48,9 @@ def test_check_dump_catches_a_torn_step(tmp_path):
 
 def test_check_dump_of_a_writer_killed_before_its_first_temporary(tmp_path):
     """The side folder of a split is made with its first temporary: a dump killed just before has none."""
-    from trajstore.store import paths
+    from trajstore.store import manifest, paths
 
-    paths.create_manifest(tmp_path / "dump")
+    manifest.create_manifest(tmp_path / "dump")
     (tmp_path / "dump" / "train").mkdir()
     assert not (tmp_path / "dump" / paths.SIDE / "train").exists()
     assert check_dump(tmp_path / "dump", {})["steps"] == 0

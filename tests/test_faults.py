@@ -10,7 +10,7 @@ import torch
 from stress.faults import inject
 
 import trajstore
-from trajstore.store import checksums, commit, paths
+from trajstore.store import checksums, commit, listing, paths
 from trajstore.errors import TrajstoreError
 from trajstore.testing import assert_batch_equal
 
@@ -153,9 +153,9 @@ def test_record_skipped_under_a_full_disk(tmp_path):
     d = tmp_path / "train"
     with inject(tmp_path, "write", errno.ENOSPC, nth=1, persist=True):
         assert commit.record_skipped(d, 5, "No space left on device") is False
-    assert _leftovers(d) == [] and paths.list_skipped(d) == {}
+    assert _leftovers(d) == [] and listing.list_skipped(d) == {}
     assert commit.record_skipped(d, 5, "No space left on device") is True
-    assert paths.list_skipped(d) == {5: "No space left on device"}
+    assert listing.list_skipped(d) == {5: "No space left on device"}
 
 
 def test_on_error_warn_keeps_the_run_going(tmp_path, caplog):

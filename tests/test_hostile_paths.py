@@ -178,7 +178,7 @@ _CHILD = textwrap.dedent("""
 
     cell("steps", lambda: trajstore.Reader(dump).steps)
     def incomplete():
-        from trajstore.store.paths import ranks_text
+        from trajstore.store.listing import ranks_text
         inc = trajstore.Reader(dump)._listing.incomplete
         return [len(inc), ranks_text(inc[100][1])]
     cell("incomplete", incomplete)

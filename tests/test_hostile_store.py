@@ -20,7 +20,7 @@ from _dumps import small_batch, write
 
 import trajstore
 from trajstore.errors import ConfigError, FormatError, StepExistsError, WriterError
-from trajstore.store import checksums, commit, paths, regular, upgrade
+from trajstore.store import checksums, commit, listing, paths, regular, upgrade
 from trajstore.testing import assert_batch_equal
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -391,7 +391,7 @@ def test_racing_writers_leave_no_false_skip_records(tmp_path):
 def test_record_skipped_of_a_committed_step_writes_none(tmp_path, caplog, monkeypatch):
     d = _dump(tmp_path / "d")
     assert commit.record_skipped(d / "train", 1, "lost the race") is False
-    assert paths.list_skipped(d / "train") == {}
+    assert listing.list_skipped(d / "train") == {}
     assert commit.record_skipped(d / "train", 2, "disk full") is True
     real = commit.commit
 
@@ -406,4 +406,4 @@ def test_record_skipped_of_a_committed_step_writes_none(tmp_path, caplog, monkey
         w.close()
     assert "step 5 was not written" in caplog.text
     assert "no skipped record was written: its step file is there" in caplog.text
-    assert set(paths.list_skipped(d / "train")) == {2}
+    assert set(listing.list_skipped(d / "train")) == {2}

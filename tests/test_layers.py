@@ -31,15 +31,15 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("writer / reader", ["trajstore.write", "trajstore.write.*", "trajstore.writer",
                          "trajstore.read", "trajstore.read.*", "trajstore.reader"]),
     ("recorder / inspection", ["trajstore.record", "trajstore.record.*", "trajstore.recorder", "trajstore.config",
-                               "trajstore.inspection", "trajstore.inspection.*", "trajstore.testing", "trajstore.ray",
-                               "trajstore.view", "trajstore.view.*"]),
+                               "trajstore.inspection", "trajstore.inspection.*", "trajstore.testing",
+                               "trajstore.testing.*", "trajstore.ray", "trajstore.view", "trajstore.view.*"]),
     ("trainer switches", ["trajstore.trainers", "trajstore.trainers.*"]),
     ("cli", ["trajstore.cli", "trajstore.cli.*"]),
     ("package root", ["trajstore"]),
 ]
 # the rooms: a module of a room may import the room's other modules
 ROOMS = ["base", "integrations", "format.file", "format.batch", "format.codec", "format.shard", "store", "device",
-         "write", "read", "record", "inspection", "view", "trainers", "cli"]
+         "write", "read", "record", "inspection", "testing", "view", "trainers", "cli"]
 # the front doors at the package's top, each on its room (trajstore.schema is the format's)
 FRONT_DOORS = {"trajstore.writer": "write", "trajstore.reader": "read", "trajstore.torch_bridge": "device",
                "trajstore.recorder": "record", "trajstore.config": "record"}
@@ -57,8 +57,8 @@ SAME_LAYER = [
 # the writer's room and the reader's room never meet below the recorder, not even through a third module
 APART = ("trajstore.write", "trajstore.read")
 # the package's top holds only the public entry points and the lowest modules; everything else is in a room
-ROOT = {"trajstore", "trajstore._version", "trajstore._moved", "trajstore.errors", "trajstore.schema",
-        "trajstore.testing", "trajstore.ray", *FRONT_DOORS}
+ROOT = {"trajstore", "trajstore._version", "trajstore._moved", "trajstore.errors", "trajstore.schema", "trajstore.ray",
+        *FRONT_DOORS}
 
 
 def _match(name: str, pattern: str) -> bool:
@@ -226,8 +226,8 @@ def test_every_module_is_in_a_room():
 
 
 @pytest.mark.parametrize("room", ["base", "format", "format.batch", "format.codec", "format.shard", "format.file", "store",
-                                  "device", "write", "read", "record", "inspection", "view", "integrations",
-                                  "trainers", "cli"])
+                                  "device", "write", "read", "record", "inspection", "testing", "view",
+                                  "integrations", "trainers", "cli"])
 def test_each_room_says_what_it_owns_and_may_import(room):
     f = PKG.joinpath(*room.split("."), "__init__.py")
     doc = ast.get_docstring(ast.parse(f.read_text())) or ""

@@ -31,3 +31,22 @@ def test_errors_subclass_builtins():
             assert issubclass(obj, trajstore.TrajstoreError)
     # KeyError's repr-quoting is undone: the message reads as written
     assert str(trajstore.StepNotFoundError("step 3 is not in dump x")) == "step 3 is not in dump x"
+
+
+def test_testing_exports():
+    """``trajstore.testing`` keeps its public names, each the strategy or function itself (never one of the
+    package's modules of the same name), importable from the package."""
+    import types
+
+    import trajstore.testing as testing
+
+    assert testing.__all__ == [
+        "TORCH_DTYPES", "tensors", "padded_batches", "trajectory_lists", "group_lists", "packed_batches",
+        "multimodal_batches", "non_tensor_values", "non_tensor_batches", "typed_values", "typed_batches",
+        "two_sided_batches", "prompt_completion_batches", "image_batches", "batches", "assert_batch_equal",
+    ]
+    for name in testing.__all__:
+        obj = getattr(testing, name)
+        assert not isinstance(obj, types.ModuleType), name
+        assert name == "TORCH_DTYPES" or callable(obj), name
+    assert all(isinstance(d, type(testing.TORCH_DTYPES[0])) for d in testing.TORCH_DTYPES)

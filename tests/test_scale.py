@@ -12,7 +12,7 @@ import torch
 import trajstore
 from benchmarks.scale import clone, small_batch
 from trajstore import cli
-from trajstore.store import paths
+from trajstore.store import listing
 
 N = 2000
 # 8-digit names (step_99999999.parquet) and longer ones (step_100000000.parquet) side by side: a
@@ -34,7 +34,7 @@ def test_listing_is_numeric_across_the_8_digit_boundary(dump):
     r = trajstore.Reader(dump)
     assert r.steps == STEPS == sorted(STEPS)
     assert len(r) == N and 99_999_999 in r and 100_000_000 in r and 10**12 in r and 5000 not in r
-    assert paths.list_steps(dump / "train") == STEPS
+    assert listing.list_steps(dump / "train") == STEPS
     assert r.skipped == {}
 
 

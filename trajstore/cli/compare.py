@@ -81,7 +81,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     from ..inspection.diff import diff
 
     from ..store.fs import resolve
-    from ..store.paths import default_split
+    from ..store.listing import default_split
 
     fields = [f.strip() for f in args.fields.split(",") if f.strip()] if args.fields else None
     split = args.split if args.split is not None else default_split(resolve(args.a, "diff"))  # B: the split of A's name

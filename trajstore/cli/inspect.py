@@ -23,7 +23,7 @@ __all__ = ["cmd_info", "cmd_show"]
          arg("--all-steps", action="store_true", help="list every step (default: the first and last 10)"), JSON)
 def cmd_info(args: argparse.Namespace) -> int:
     from ..inspection.describe import describe, short
-    from ..store.paths import ranks_text
+    from ..store.listing import ranks_text
 
     d = describe(args.path, args.split, progress=lambda s, name: out.progress(s, f"reading {name}"))
     if args.json:

@@ -133,9 +133,9 @@ def _no_step_file(p: Path, step: int) -> None:
     """StepNotFoundError for a step file of a dump's split that is not there, naming the split's steps."""
     from ..base.text import format_ranges, runs
     from ..errors import StepNotFoundError
-    from ..store import paths
+    from ..store import listing
 
-    have = paths.list_steps(p.parent) if p.parent.is_dir() else []
+    have = listing.list_steps(p.parent) if p.parent.is_dir() else []
     raise StepNotFoundError(f"{p}: step {step} is not in split {p.parent.name!r} of dump {p.parent.parent} "
                             f"(its steps: {format_ranges(runs(have)) if have else 'none'}); "
                             f"trajstore info {p.parent.parent} lists them", step=step)

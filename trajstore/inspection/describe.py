@@ -22,7 +22,7 @@ from ..errors import DumpNotFoundError, foreign_errors
 from ..format import typed
 from ..format.spec import counted_masks, is_dict_batch, is_token, is_token_cell, is_tokenlike
 from ..format.values import is_tensor
-from ..store import columns, paths, stepfile
+from ..store import columns, listing, manifest, paths, stepfile
 from ..store.fs import resolve
 
 __all__ = ["describe", "fields_of", "gaps", "jsonable", "short"]
@@ -165,26 +165,26 @@ def describe(path: str | Path, split: str | None = None,
              progress: Callable[[Iterable], Iterable] | None = None) -> dict:
     """A JSON-able description of the dump at ``path`` (every split, or only ``split``)."""
     root = resolve(path, "describe")
-    manifest = paths.read_manifest(root)
-    splits = [paths.check_split(split)] if split else paths.list_splits(root)
+    info = manifest.read_manifest(root)
+    splits = [paths.check_split(split)] if split else listing.list_splits(root)
     if split and not (root / split).is_dir():
         raise DumpNotFoundError(f"dump {root} has no split {split!r}; splits present: "
-                                f"{paths.list_splits(root) or 'none'}")
+                                f"{listing.list_splits(root) or 'none'}")
     out: dict[str, Any] = {
         "path": str(root),
-        "format_version": manifest.get("format_version"),
-        "library_version": manifest.get("library_version"),
-        "created": manifest.get("created"),
-        "environment": manifest.get("environment", {}),
+        "format_version": info.get("format_version"),
+        "library_version": info.get("library_version"),
+        "created": info.get("created"),
+        "environment": info.get("environment", {}),
         "splits": {},
     }
     for sp in splits:
-        listing = paths.scan(root / sp)  # what a Reader lists
-        steps = [s for s in listing.steps if s not in listing.ambiguous]  # listed apart: reading one is an error
+        listed = listing.scan(root / sp)  # what a Reader lists
+        steps = [s for s in listed.steps if s not in listed.ambiguous]  # listed apart: reading one is an error
         per_step, fields = [], {}
         it = progress(steps, f"{sp}") if progress else steps
         for s in it:
-            fs = paths.step_files(root / sp, listing, s)  # one file, or the shards of N ranks
+            fs = listing.step_files(root / sp, listed, s)  # one file, or the shards of N ranks
             p = {"step": s, "format": 0, "rows": 0, "tokens": None, "bytes": 0}
             for f in fs:
                 sf = stepfile.open_step(f, s)  # footer only (`trajstore verify` checks the bytes), parsed once
@@ -213,7 +213,7 @@ def describe(path: str | Path, split: str | None = None,
             "per_step": per_step,
             "fields": list(fields.values()),
             "columns": columns.read(root / sp),  # the split's column types (docs/FORMAT.md 3.11), or None
-            "incomplete": [{"step": k, "ranks": n, "missing": miss} for k, (n, miss) in listing.incomplete.items()],
-            "ambiguous": [{"step": k, "files": names} for k, names in sorted(listing.ambiguous.items())],
+            "incomplete": [{"step": k, "ranks": n, "missing": miss} for k, (n, miss) in listed.incomplete.items()],
+            "ambiguous": [{"step": k, "files": names} for k, names in sorted(listed.ambiguous.items())],
         }
     return out

@@ -30,7 +30,7 @@ from typing import Any
 
 from ..base.text import format_ranges, human_bytes, runs
 from ..errors import BatchError, ConfigError, DumpNotFoundError, FormatError, TrajstoreError, WriterError
-from ..store import commit, paths
+from ..store import commit, listing, paths
 from ..read.reader import Reader
 from ..write.writer import Committed, Writer
 from .legacy_load import NeedsTrust, PickledDataProto, load_weights_only, unpickle_trusted
@@ -296,7 +296,7 @@ def _run(items: list[_Item], kind: str, trust_pickle: bool, strict: bool, overwr
 def _prior(dst: Path, split: str, step: int) -> dict | None:
     """None if ``dst`` has no step ``step`` in ``split``; else where it was imported from (``{}``: not
     by ``import``)."""
-    if not (dst / paths.MANIFEST).is_file() or step not in paths.list_steps(dst / split):
+    if not (dst / paths.MANIFEST).is_file() or step not in listing.list_steps(dst / split):
         return None
     try:
         got = Reader(dst, split).meta(step).get("imported_from")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import DumpNotFoundError, TrajstoreError
 from ..format.spec import MANIFEST_VERSION
-from ..store import checksums, paths, stepfile
+from ..store import checksums, listing, manifest, paths, stepfile
 from ..store.fs import resolve
 
 __all__ = ["verify", "VerifyReport"]
@@ -55,24 +55,24 @@ def verify(path: str | Path, split: str | None = None, *, deep: bool = False) ->
     Returns a :class:`VerifyReport`; ``report.damaged`` maps ``(split, step)`` to the reason.
     """
     root = resolve(path, "verify")
-    layout = paths.read_manifest(root)["format_version"]
-    splits = [paths.check_split(split)] if split is not None else paths.list_splits(root)
+    layout = manifest.read_manifest(root)["format_version"]
+    splits = [paths.check_split(split)] if split is not None else listing.list_splits(root)
     if split is not None and not (root / split).is_dir():
         raise DumpNotFoundError(f"dump {root} has no split {split!r}; splits present: "
-                                f"{paths.list_splits(root) or 'none'}")
+                                f"{listing.list_splits(root) or 'none'}")
     rep = VerifyReport(root, layout=layout)
     for s in splits:
         d = root / s
-        listing = paths.scan(d)
-        steps = listing.steps
+        listed = listing.scan(d)
+        steps = listed.steps
         rep.checked[s] = len(steps)
-        rep.skipped.update({(s, k): why for k, why in paths.list_skipped(d).items()})
-        rep.incomplete.update({(s, k): f"written by {n} ranks; the shard(s) of rank(s) {paths.ranks_text(miss)} "
+        rep.skipped.update({(s, k): why for k, why in listing.list_skipped(d).items()})
+        rep.incomplete.update({(s, k): f"written by {n} ranks; the shard(s) of rank(s) {listing.ranks_text(miss)} "
                                "are not committed (a rank still writing, or stopped): the step is not readable"
-                               for k, (n, miss) in listing.incomplete.items()})
+                               for k, (n, miss) in listed.incomplete.items()})
         rep.damaged.update({(s, paths.step_of(Path(n))): f"{d / n}: {what}"
                             + (", not a step" if what == paths.TOO_LARGE else ", not a regular file") + " (not read)"
-                            for n, what in listing.odd.items()})  # a FIFO, a device... named as a step
+                            for n, what in listed.odd.items()})  # a FIFO, a device... named as a step
         if deep:  # decoding needs the reader (and torch); the checksums alone do not (`trajstore verify`)
             from ..read.reader import Reader
 
@@ -80,7 +80,7 @@ def verify(path: str | Path, split: str | None = None, *, deep: bool = False) ->
         for step in steps:
             f = d / paths.step_name(step)
             try:
-                fs = paths.step_files(d, listing, step)  # its shards in rank order; FormatError if ambiguous
+                fs = listing.step_files(d, listed, step)  # its shards in rank order; FormatError if ambiguous
                 if deep:
                     reader.read(step)
                 else:

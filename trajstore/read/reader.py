@@ -22,7 +22,7 @@ from ..format.file import validate
 from ..format.file.parquet import read_sample
 from ..format.spec import is_dict_batch, is_plain_sample
 from .prefetch import iterate
-from ..store import paths, remote, stepfile
+from ..store import listing, manifest, paths, remote, stepfile
 from ..store.fs import is_remote, resolve, source
 from ..store.segments import Index
 from ..errors import ConfigError, DumpNotFoundError, FormatError, StepNotFoundError, foreign_errors
@@ -56,7 +56,7 @@ class Reader:
     ``<name>.sha256`` beside it (``sha256sum`` format). Without ``split``: ``train``, else the dump's
     only split; ``path`` may be a URL (``s3://bucket/run1``..., ``fs``: the file system to use, as for
     :class:`trajstore.Writer`). Several splits and no ``train`` (rank splits ``train-rank0``... included) is a
-    ConfigError naming them (``store.paths.default_split``).
+    ConfigError naming them (``store.listing.default_split``).
 
     A step of N ranks is their shards joined; ``rank``/``world_size``/``balance``: a replaying rank's slice
     of each step; ``shard(s, k)``: rank k's shard as dumped (``trajstore/read/shards.py``).
@@ -79,11 +79,11 @@ class Reader:
         if self.path.is_file():
             self._open_lone()
             return
-        self.split = paths.check_split(paths.default_split(self.path) if split is None else split)
-        self.manifest = paths.read_manifest(self.path)
+        self.split = paths.check_split(listing.default_split(self.path) if split is None else split)
+        self.manifest = manifest.read_manifest(self.path)
         self.dir = self.path / self.split
         if not self.dir.is_dir():
-            others = paths.list_splits(self.path)
+            others = listing.list_splits(self.path)
             raise DumpNotFoundError(
                 f"dump {self.path} has no split {self.split!r}; splits present: {others or 'none'}"
             )
@@ -110,9 +110,9 @@ class Reader:
         """Re-scan the split for steps committed since the reader was opened."""
         if self._lone is not None:
             self._steps = [self._lone] if self.path.exists() else []
-            self._listing = paths.Listing(self._steps, {}, {}, {}, {})
+            self._listing = listing.Listing(self._steps, {}, {}, {}, {})
             return self._steps
-        self._listing = paths.scan(self.dir)
+        self._listing = listing.scan(self.dir)
         self._steps = self._listing.steps
         # index segments are read again on demand; object storage keeps none (store/remote.py)
         self._index = remote.NoIndex() if is_remote(self.dir) else Index(self.dir, self.split)
@@ -127,9 +127,9 @@ class Reader:
             return
         end = None if timeout is None else time.monotonic() + timeout
         f = self.dir / paths.step_name(step)
-        while not f.exists() and step not in paths.scan(self.dir).shards:
-            if paths.is_skipped(self.dir, step):
-                why = paths.list_skipped(self.dir).get(step, "")
+        while not f.exists() and step not in listing.scan(self.dir).shards:
+            if listing.is_skipped(self.dir, step):
+                why = listing.list_skipped(self.dir).get(step, "")
                 raise StepNotFoundError(f"step {step} will not appear in dump {self.path} split {self.split!r}: "
                                         f"the writer recorded it as skipped: {why}", step=step)
             if end is not None and time.monotonic() >= end:
@@ -143,7 +143,7 @@ class Reader:
     @property
     def skipped(self) -> dict[int, str]:
         """Steps the writer recorded as skipped (e.g. disk full), with the reason."""
-        return {} if self._lone is not None else paths.list_skipped(self.dir)
+        return {} if self._lone is not None else listing.list_skipped(self.dir)
 
     @property
     def steps(self) -> list[int]:
@@ -151,7 +151,7 @@ class Reader:
 
     @property
     def splits(self) -> list[str]:
-        return [self.split] if self._lone is not None else paths.list_splits(self.path)
+        return [self.split] if self._lone is not None else listing.list_splits(self.path)
 
     def __len__(self) -> int:
         return len(self._steps)
@@ -184,7 +184,7 @@ class Reader:
             elsewhere = [s for s in self.splits if s != self.split
                          and (self.path / s / paths.step_name(step)).exists()]
             hint = f"; split(s) {elsewhere} hold step {step}" if elsewhere else ""
-            why = paths.list_skipped(self.dir).get(step)
+            why = listing.list_skipped(self.dir).get(step)
             hint += f"; the writer recorded it as skipped: {why}" if why is not None else ""
             hint += shard_read.incomplete(self, step)
             raise StepNotFoundError(

@@ -28,7 +28,7 @@ from ..format.shard import shards
 from ..format import typed
 from ..format.shard import ids as idcol
 from ..format.shard.join import Joiner, merge_meta
-from ..store import paths
+from ..store import listing, paths
 from .decode import decode, read_table
 
 
@@ -51,7 +51,7 @@ def check_slice(rank: Any, world_size: Any, balance: Any, who: str) -> tuple[int
 def check_whole(r: Any, step: int) -> None:
     """For ``Reader.file``: raise for a step that has no one file (ambiguous, or written by several ranks)."""
     if step in r._listing.ambiguous:
-        raise paths.ambiguous_error(r.dir, step, r._listing.ambiguous[step])
+        raise listing.ambiguous_error(r.dir, step, r._listing.ambiguous[step])
     n = r._listing.shards.get(step)
     if n is not None:
         raise ConfigError(f"step {step} of dump {r.path} split {r.split!r} was written by {n} ranks, one shard "
@@ -64,7 +64,7 @@ def incomplete(r: Any, step: int) -> str:
     if got is None:
         return ""
     n, missing = got
-    return (f"; it was written by {n} ranks and the shard(s) of rank(s) {paths.ranks_text(missing)} are not "
+    return (f"; it was written by {n} ranks and the shard(s) of rank(s) {listing.ranks_text(missing)} are not "
             "committed (still being written, or that rank stopped): a step is readable once all its shards "
             "are (`trajstore verify` lists incomplete steps)")
 
@@ -77,7 +77,7 @@ def files(r: Any, step: int) -> list[Path]:
     if step not in r._listing.shards and not (r.dir / paths.step_name(step)).exists():
         r.refresh()
     if step in r._listing.shards or step in r._listing.ambiguous:
-        return paths.step_files(r.dir, r._listing, step)
+        return listing.step_files(r.dir, r._listing, step)
     return [r.file(step)]
 
 

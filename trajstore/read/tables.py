@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, FormatError, MissingDependencyError, TrajstoreError, TrajstoreWarning, warn
 from ..format.spec import RUNS_ACTION, RUNS_COL
-from ..store import paths, remote, stepfile
+from ..store import listing, manifest, paths, remote, stepfile
 from ..store.fs import is_remote, resolve
 from ..store.regular import open_checked
 
@@ -104,8 +104,8 @@ def duckdb_connect(path: Any, con: Any = None) -> duckdb.DuckDBPyConnection:
     if root.is_file() and getattr(path, "steps", None) is not None:  # a Reader of one step file
         groups = {path.split: _opened(root.parent, [(s, [root]) for s in path.steps])}
     else:
-        paths.read_manifest(root)
-        groups = {split: _files(root / split) for split in paths.list_splits(root)}
+        manifest.read_manifest(root)
+        groups = {split: _files(root / split) for split in listing.list_splits(root)}
     con = con if con is not None else duckdb.connect()
     groups = {split: files for split, files in groups.items() if files}
     for split, files in groups.items():
@@ -213,8 +213,8 @@ def _check_footer(f: str) -> None:
 def _files(d: Any) -> list[tuple[Any, dict]]:
     """The files of the split's readable steps (whole step files, and the shards of complete steps) with
     their descriptions: those of ``_opened``."""
-    ls = paths.scan(d)
-    return _opened(d, [(s, paths.step_files(d, ls, s)) for s in ls.steps if s not in ls.ambiguous])
+    ls = listing.scan(d)
+    return _opened(d, [(s, listing.step_files(d, ls, s)) for s in ls.steps if s not in ls.ambiguous])
 
 
 def _opened(d: Any, steps: list[tuple[int, list]]) -> list[tuple[Any, dict]]:

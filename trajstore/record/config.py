@@ -26,7 +26,7 @@ import torch
 from ..base.text import parse_steps
 from ..errors import ConfigError, ConfigWarning, warn
 from ..format.file.parquet import check_encodings
-from ..store import fs, paths
+from ..store import fs, manifest, paths
 from ..store.fs import resolve
 
 __all__ = ["DumpReplayConfig", "default_run_id", "location", "ENV_VARIABLES", "check_env"]
@@ -268,7 +268,7 @@ def location(cfg: DumpReplayConfig, world_size: int, rank: int) -> tuple[Path, s
     split = paths.check_split(cfg.split)
     if cfg.path is not None:
         root = resolve(cfg.path, "the dump path (DumpReplayConfig.path / TRAJSTORE_PATH)")
-        bad = paths.not_a_folder(root)
+        bad = manifest.not_a_folder(root)
         if bad:  # found before training starts, not at the first dumped step
             raise ConfigError(f"DumpReplayConfig.path (TRAJSTORE_PATH): {bad}")
         old = f"{split}-rank{rank}"

@@ -52,7 +52,7 @@ from ..format.batch import containers
 from ..read.prefetch import ReadAhead
 from ..read.reader import Reader
 from ..store import commit, index
-from ..store import paths
+from ..store import listing, paths
 from ..store.fs import source
 from .log import DumpLog, log_step, tokens_of
 from ..write.writer import Writer
@@ -358,8 +358,8 @@ class Recorder:
         """The steps of the split this process dumped: whole steps, or with several ranks its own shards'."""
         sh, d = self._shard(), self.path / self.split
         if not sh:
-            return paths.list_steps(d)
-        parts = paths.scan(d).parts
+            return listing.list_steps(d)
+        parts = listing.scan(d).parts
         return sorted(s for s, by in parts.items() if sh["rank"] in by.get(sh["world_size"], ()))
 
     def _open_replay(self) -> None:

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 
 from ..format.file.columns import fit, type_name
 from ..format.spec import STEP_COLUMN
-from . import paths
+from . import listing, paths
 from .files import fsync, fsync_dir, stale_temps
 from .fs import is_remote, source
 from .regular import read_small
@@ -63,10 +63,10 @@ def load(split_dir: Path, clean: bool = True) -> dict[str, str]:
     if cols is not None:
         return cols
     cols = {}
-    listing = paths.scan(split_dir)
-    for step in listing.steps:
+    listed = listing.scan(split_dir)
+    for step in listed.steps:
         try:
-            schemas = [pq.read_schema(source(f)) for f in paths.step_files(split_dir, listing, step)]
+            schemas = [pq.read_schema(source(f)) for f in listing.step_files(split_dir, listed, step)]
         except Exception as e:  # noqa: BLE001 - a damaged step: its readers report it
             log.warning("trajstore: %s: step %d's columns not read for the split's record (%s)", split_dir, step, e)
             continue

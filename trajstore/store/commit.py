@@ -14,6 +14,7 @@ from ..errors import FormatError
 from . import checksums, remote
 from .files import fsync, fsync_dir, stale_temps, write_durable
 from .fs import is_remote
+from .manifest import skipped_record
 from .paths import (
     SUM_RE,
     TMP_PREFIX,
@@ -23,7 +24,6 @@ from .paths import (
     side_dir,
     skipped_name,
     skipped_of,
-    skipped_record,
     step_name,
 )
 

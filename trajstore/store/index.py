@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 
 from ..format import dtypes as dt
 from ..format.spec import is_dict_batch, is_plain_sample
-from . import digest, files, paths
+from . import digest, files, listing, paths
 from .checksums import SUM_SUFFIX, file_sha256, sum_line
 
 DIR = "_index"  # layout 1: in the split folder
@@ -220,7 +220,7 @@ def clean_temp(split_dir: Path, keep_own: bool = False) -> None:
 def prune(split_dir: Path) -> list[str]:
     """Delete the segments (and their checksums) whose step range ``first..last`` holds no step file
     any more (after ``max_keep`` rotation deleted steps); returns their names. Others are left alone."""
-    steps, gone = paths.list_steps(split_dir), []
+    steps, gone = listing.list_steps(split_dir), []
     for d in dirs(split_dir):
         try:
             names = files.listdir(d)

@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import ConfigError, DumpNotFoundError
-from . import checksums, paths
+from . import checksums, manifest, paths
 from . import files
 from .fs import RemotePath
 
@@ -74,17 +74,17 @@ def create_manifest(root: RemotePath) -> dict:
         if not f.exists():
             store.put((root / paths.SIDE / MARKER).key, b"2\n", create=False)
             try:
-                store.put(f.key, paths.new_manifest().encode(), create=True)
+                store.put(f.key, manifest.new_manifest().encode(), create=True)
             except FileExistsError:
                 pass
-        elif paths.read_manifest(root)["format_version"] >= 2 and not (root / paths.SIDE).is_dir():
+        elif manifest.read_manifest(root)["format_version"] >= 2 and not (root / paths.SIDE).is_dir():
             store.put((root / paths.SIDE / MARKER).key, b"2\n", create=False)  # a copy that lost it
     except (OSError, pa.ArrowException) as e:
         raise ConfigError(f"cannot create the dump at {root}: {e}; check that the bucket exists, the "
                           "credentials (AWS_* variables, AWS_PROFILE, ~/.aws/...) and the endpoint "
                           "(AWS_ENDPOINT_URL)") from None
     try:
-        return paths.read_manifest(root)
+        return manifest.read_manifest(root)
     except DumpNotFoundError:
         raise ConfigError(f"the dump at {root} was created but its manifest cannot be read back; check the "
                           "store's consistency settings and permissions") from None
@@ -200,7 +200,7 @@ def record_skipped(split_dir: RemotePath, step: int, reason: str, name: str | No
         final = split_dir / (name or paths.step_name(step))
         if final.exists():
             return False
-        split_dir.store.put(rec.key, paths.skipped_record(step, reason).encode(), create=False)
+        split_dir.store.put(rec.key, manifest.skipped_record(step, reason).encode(), create=False)
         if final.exists():  # committed meanwhile: its commit may have deleted the record before our PUT
             rec.unlink(missing_ok=True)
             return False

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..format.spec import MANIFEST_VERSION
-from . import commit, index, paths
+from . import commit, index, listing, manifest, paths
 from .files import fsync, fsync_dir, stale_temps
 
 __all__ = ["upgrade_layout"]
@@ -27,10 +27,10 @@ def upgrade_layout(root: str | Path) -> list[str]:
     """Upgrade the dump at ``root`` to layout 2; returns the files moved (``<split>/<name>``), empty
     when the dump already is of layout 2. ConfigError while a live process writes to it."""
     root = paths.local_root(root, "upgrade")
-    doc = paths.read_manifest(root)
+    doc = manifest.read_manifest(root)
     if doc["format_version"] >= 2:
         return []
-    splits = paths.list_splits(root)
+    splits = listing.list_splits(root)
     for s in splits:
         paths.check_real_dirs(root / s)  # nothing is moved or removed through a linked folder
     live = [f"{s}/{n}" for s in splits for d in (root / s, root / s / index.DIR) if d.is_dir()

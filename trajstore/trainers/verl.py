@@ -51,7 +51,7 @@ from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.llm_server import LLMServerManager as _LLMServerManager
 
 from ..record.recorder import Recorder
-from ..store import paths
+from ..store import listing
 
 __all__ = ["RolloutSkip", "AgentLoopManager", "LLMServerManager", "CheckpointEngineManager", "NoServers",
            "servers_needed", "record_fit_batches", "FIT_ENV"]
@@ -77,7 +77,7 @@ class RolloutSkip(_RolloutSkip):
     def recorded(self) -> list[int]:
         """The steps the dump holds."""
         d = self.path / "train"
-        return paths.list_steps(d) if d.is_dir() else []
+        return listing.list_steps(d) if d.is_dir() else []
 
     def _find_latest_step(self, step: int) -> int:
         """``step`` if recorded, else the last recorded step before it, else the first after it; -1: none."""

@@ -41,7 +41,7 @@ from ..format.file.parquet import check_compression, check_encodings
 from ..store import columns
 from ..store import commit
 from ..store import index
-from ..store import paths
+from ..store import manifest, paths
 from ..store import remote
 from ..store.fs import is_remote, resolve
 from ..errors import ConfigError, StepExistsError, TrajstoreError, WriterError
@@ -149,7 +149,7 @@ class Writer:
         self.split = paths.check_split(split)
         self.overwrite = overwrite
         self.max_pending_steps, self.max_pending_bytes = max_pending_steps, max_pending_bytes
-        self.manifest = (remote.create_manifest if is_remote(self.path) else paths.create_manifest)(self.path)
+        self.manifest = (remote.create_manifest if is_remote(self.path) else manifest.create_manifest)(self.path)
         self.dir = self.path / self.split
         paths.make_split(self.dir)  # refuses a linked split or side folder before any clean-up (docs/RELIABILITY.md)
         with _live_lock:  # another open Writer of this process on this split may be mid-write

@@ -1,7 +1,8 @@
 """File checks and Parquet options: what a stored file may hold before anything is decoded.
 
 * ``validate`` - a file's spec against its Parquet schema, and the memory a decode may allocate;
-  ``envelope`` - the envelope's parts (a shard's rank, container wrappers, struct key orders);
+  ``checker`` - what each node's check asks of the file (its columns, dtypes, row indices) and the running
+  decode budget; ``envelope`` - the envelope's parts (a shard's rank, container wrappers, struct key orders);
 * ``parquet`` - encodings, codecs (``compression=``), row groups, a step's row groups read on
   trajstore's pool;
 * ``columns`` - one column type per name in a split (docs/FORMAT.md 3.10).

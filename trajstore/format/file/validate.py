@@ -7,8 +7,8 @@ allocate beyond the data itself (padded outputs and their masks, inline tensors,
 strings, a Python object per row of each per-trajectory node) by ``limits.MAX_DECODED_BYTES``
 (``TRAJSTORE_MAX_DECODED_BYTES``; ``limits.check_pages`` bounds what pyarrow decompresses,
 ``limits.load_doc`` the description's JSON). The envelope's parts (shards, wrappers,
-struct key orders) are checked in ``format/file/envelope.py``. Everything raises FormatError
-naming the file.
+struct key orders) are checked in ``format/file/envelope.py``, the columns a node names and the running
+decode budget in ``format/file/checker.py``. Everything raises FormatError naming the file.
 """
 
 from __future__ import annotations
@@ -26,85 +26,18 @@ from .. import dtypes as dt
 from .. import limits
 from ..limits import MAX_SPEC_DEPTH as MAX_DEPTH
 from ..spec import RUNS_ACTION, RUNS_COL
+from .checker import Checker, Over
+from .checker import need_int as _int
+from .checker import need_str as _str
 from .envelope import Bad as _Bad
 from .envelope import check_orders, class_tag, longest, shape as _shape, shard, typed_doc as _typed, wrapper
 
 _NP_STR = re.compile(r"^[<>|=]?(O|U\d{1,9}|S\d{1,9}|[Mm]8(\[\d{0,4}[a-zA-Z]{1,2}\])?|c(8|16))$")
-_LIBS = ("torch", "numpy", "np_scalar")
 
 
-class _Over(Exception):
-    """A decode over ``limits.MAX_DECODED_BYTES``: ``(nbytes, what)``."""
+class _Checker(Checker):
+    """The walk of the spec's nodes, each asking ``Checker``'s questions of the file."""
 
-
-def _int(v, what: str, lo: int = 0) -> int:
-    if type(v) is not int or v < lo:
-        raise _Bad(f"{what} is {v!r}, expected an int >= {lo}")
-    return v
-
-
-def _str(v, what: str) -> str:
-    if type(v) is not str:
-        raise _Bad(f"{what} is {v!r}, expected a string")
-    return v
-
-
-class _Checker:
-    def __init__(self, schema: pa.Schema, n: int, spec: dict, version=None, budget: bool = True):
-        self.budget = budget  # False: the decode budget is not applied (DuckDB reads the columns itself)
-        self.types = {f.name: f.type for f in schema}
-        self.dtypes = {f.name: (f.metadata or {}).get(b"trajstore.dtype") for f in schema}
-        self.n = n
-        self.bytes = 0
-        self.spec = spec
-        self.version = version  # the file's format version
-        self.v = version if type(version) is int else 1  # ...as the storage types go by it (3.2)
-
-    def add(self, nbytes: int, what: str) -> None:
-        self.bytes += nbytes
-        if self.budget and self.bytes > limits.MAX_DECODED_BYTES:
-            raise _Over(self.bytes, what)
-
-    def col(self, node: dict, key: str, expect) -> str:
-        name = _str(node.get(key), f"column name {key!r}")
-        if name not in self.types:
-            raise _Bad(f"column {name!r} named in the spec is missing from the file")
-        t = self.types[name]
-        if not expect(t):
-            raise _Bad(f"column {name!r} has Arrow type {t}, which does not fit the spec")
-        return name
-
-    def tcol(self, node: dict, key: str, name: str, listed: bool = True) -> str:
-        """A tensor column of dtype ``name``: its Arrow type (3.2: by the file's version) and the
-        dtype its field metadata names (a float32 column of a float32 field or of a widened
-        bfloat16 one look alike)."""
-        want = dt.arrow_type(name, self.v)
-        col = self.col(node, key, (lambda t: pa.types.is_large_list(t) and t.value_type == want) if listed
-                       else (lambda t: t == want))
-        m = self.dtypes.get(col)
-        if m is not None and m != name.encode():
-            raise _Bad(f"column {col!r} has Arrow type {self.types[col]} of dtype {m.decode(errors='replace')!r}, "
-                       f"the spec says {name}")
-        return col
-
-    def dtype(self, node: dict) -> tuple[str, int]:
-        name, lib = node.get("dtype"), node.get("lib")
-        if type(name) is not str or not dt.known(name):
-            raise _Bad(f"dtype {name!r} is not one trajstore writes")
-        if lib not in _LIBS:
-            raise _Bad(f"lib {lib!r} is not one of {_LIBS}")
-        if lib == "torch" and name in ("uint16", "uint32", "uint64"):
-            raise _Bad(f"dtype {name} has no torch equivalent")
-        if lib != "torch" and name == "bfloat16":
-            raise _Bad("bfloat16 has no numpy equivalent")
-        return name, dt.storage_numpy(name).itemsize
-
-    def rows(self, node: dict, key: str) -> None:
-        v = node.get(key, [])
-        if type(v) is not list or any(type(i) is not int or not 0 <= i < self.n for i in v):
-            raise _Bad(f"{key!r} must list row indices in [0, {self.n}), got {str(v)[:80]}")
-
-    # -- nodes
     def field(self, node, depth: int) -> None:
         if type(node) is not dict:
             raise _Bad(f"a spec node is {type(node).__name__}, expected an object")
@@ -267,15 +200,6 @@ class _Checker:
             if "len_col" in g:
                 self.col(g, "len_col", lambda t: t == pa.int64())
 
-    def pad(self, node: dict, name: str, size: int) -> None:
-        """A token field's ``pad`` (an int of the dtype's width) and its ``pad_col`` column."""
-        pad = node.get("pad")
-        lo, hi = (0, 1 << 8) if size == 1 else (-(1 << (8 * size - 1)), 1 << (8 * size - 1))
-        if pad is not None and (type(pad) is not int or not lo <= pad < hi):
-            raise _Bad(f"pad {pad!r} is not an int of {size * 8} bits")
-        if "pad_col" in node:
-            self.tcol(node, "pad_col", name)
-
     def runs(self, node: dict, name: str) -> None:
         """A token cell whose grouped rows hold their runs only: the runs column, pad or pad_col."""
         if type(self.version) is int and self.version < 3:
@@ -399,7 +323,7 @@ def check(doc: dict, schema: pa.Schema, num_rows: int, where: str, budget: bool 
     except _Bad as e:
         raise FormatError(f"{where}: the file's description does not fit its contents: {e}; "
                           "the file is damaged or was not written by trajstore") from None
-    except _Over as e:
+    except Over as e:
         raise limits.over(where, *e.args) from None
     except RecursionError:
         raise FormatError(f"{where}: the file's description nests too deeply; "
