@@ -241,3 +241,17 @@ def test_front_doors_only_re_export_their_room(door):
     tree = ast.parse(_modules()[door].read_text())
     assert all(isinstance(n, ast.ImportFrom | ast.Assign | ast.Expr) for n in tree.body), f"{door} holds code"
 
+
+
+LONGEST = 400  # lines of a module (docs/ARCHITECTURE.md, "Module size")
+
+
+def test_modules_stay_short():
+    """Every module of the package, and every page script of the viewer, is at most LONGEST lines, or
+    docs/ARCHITECTURE.md names it under "Module size" with the reason."""
+    doc = (PKG.parent / "docs" / "ARCHITECTURE.md").read_text()
+    allowed = doc.split("## Module size", 1)[1].split("\n## ", 1)[0] if "## Module size" in doc else ""
+    long = {str(f.relative_to(PKG.parent)): n for f in [*PKG.rglob("*.py"), *PKG.rglob("static/*.js")]
+            if (n := len(f.read_text().splitlines())) > LONGEST}
+    bad = {p: n for p, n in long.items() if f"`{p}`" not in allowed}
+    assert not bad, f"modules over {LONGEST} lines: {bad}; split by responsibility, or say why in docs/ARCHITECTURE.md"
