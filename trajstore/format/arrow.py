@@ -56,6 +56,7 @@ class TableBuilder:
         self.fields: list[pa.Field] = []
         self.arrays: list[pa.Array] = []
         self.version = 1  # the lowest format version that reads what was added (``needs``)
+        self.memo: dict = {}  # what one step's encode computes once and several fields share (codec/tensors.py)
 
     def needs(self, version: int) -> None:
         """Record that the step uses a construct of format ``version`` (docs/FORMAT.md section 5)."""

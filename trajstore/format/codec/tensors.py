@@ -64,26 +64,52 @@ def encode(enc: TableBuilder, lay: Layout, f: Tensor) -> TensorNode | GTensorNod
         node["mask"] = f.group
     if g is not None and g.side:
         xt = torch.from_numpy(x) if isinstance(x, np.ndarray) else x
-        mask = g.mask
+        sel = _selection(enc, g)
         pad = None
-        if not bool(mask.all()):
+        if sel.padded is not None:
             # every padded element must hold the bits of the first one: compared in place, without
             # extracting the padded region (which is most of a long-tail batch)
-            b, nm, w = bits(x), ~mask, math.prod(x.shape[2:])
-            p = b.reshape(-1)[int(torch.argmax(nm.reshape(-1).to(torch.uint8))) * w] if w else None
+            b, w = bits(x), math.prod(x.shape[2:])
             if not w:
                 return _encode_sample(enc, node, f.path, x, B, tokenlike=True)
-            if bool(((b != p) & nm.reshape(list(nm.shape) + [1] * (x.ndim - 2))).any()):
+            p = b.reshape(-1)[sel.first * w]
+            differ = b.ne(p)
+            if bool(differ.logical_and_(sel.padded.reshape(list(sel.padded.shape) + [1] * (x.ndim - 2))).any()):
                 # padded positions hold different values (e.g. -0.0 and 0.0, or garbage computed
                 # past the end): keep them, unpadded tokens stay a token column
-                _encode_padvals(enc, node, f.path, x, nm, B, g.W - g.lengths, w)
+                _encode_padvals(enc, node, f.path, x, sel.padded, B, g.W - g.lengths, w)
             else:
                 pad = int(p)
-        return _encode_token(enc, node, f.path, xt[mask], g.lengths, list(x.shape[2:]), pad, lib)
+            del differ
+        return _encode_token(enc, node, f.path, sel.take(xt), g.lengths, list(x.shape[2:]), pad, lib)
     if f.role == FLAT:
         xt = torch.from_numpy(x) if isinstance(x, np.ndarray) else x
         return _encode_token(enc, node, f.path, xt, lay.lengths, list(x.shape[1:]), None, lib)
     return _encode_sample(enc, node, f.path, x, B)
+
+
+class _Selection:
+    """A mask group's positions, found once per step and shared by the fields that follow the group:
+    ``padded`` (None where every position is a token), the ``first`` padded position, and ``index``,
+    the flat positions of its tokens in row-major order (what ``x[mask]`` selects)."""
+
+    def __init__(self, mask: torch.Tensor) -> None:
+        self.padded = None if bool(mask.all()) else ~mask
+        self.first = int(torch.argmax(self.padded.reshape(-1).view(torch.uint8))) if self.padded is not None else 0
+        self.index = mask.reshape(-1).nonzero().squeeze(1)
+
+    def take(self, x: torch.Tensor) -> torch.Tensor:
+        """``x[mask]`` of a ``[B, W, ...]`` tensor: its raw bits gathered (multi-threaded, one pass), viewed
+        back as its dtype."""
+        b = bits(x)
+        return b.reshape(b.shape[0] * b.shape[1], *b.shape[2:]).index_select(0, self.index).view(x.dtype)
+
+
+def _selection(enc: TableBuilder, g: MaskGroup) -> _Selection:
+    sel = enc.memo.get(("selection", g.key, g.src, g.lo))
+    if sel is None:
+        sel = enc.memo[("selection", g.key, g.src, g.lo)] = _Selection(g.mask)
+    return sel
 
 
 def _encode_segments(enc: TableBuilder, f: Tensor, lib: str, name: str, x: Any) -> SegTensorNode:
