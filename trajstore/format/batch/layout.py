@@ -235,12 +235,20 @@ def last_axis_group(lay: _Draft, shape: list[int]) -> int | None:
     return None
 
 
+_SIGNED_OR_BYTE = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)  # where torch.aminmax runs
+
+
 def _mask01(v: Any, src: str) -> torch.Tensor | None:
     """The ``[B, W]`` token mask of mask field ``src``; None if it holds other values than 0/1."""
     _, name, a = as_cpu(v, (src,))
     mb = torch.as_tensor(a) if isinstance(a, np.ndarray) else a
-    if name != "bool" and not bool(((mb == 0) | (mb == 1)).all()):
-        return None
+    if name != "bool" and mb.numel():
+        if mb.dtype in _SIGNED_OR_BYTE:  # integers within [0, 1] are 0 or 1: one pass, not three
+            lo, hi = torch.aminmax(mb)
+            if int(lo) < 0 or int(hi) > 1:
+                return None
+        elif not bool(((mb == 0) | (mb == 1)).all()):
+            return None
     return token_mask(mb)
 
 

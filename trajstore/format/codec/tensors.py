@@ -29,7 +29,7 @@ from .. import dtypes as dt
 from ..arrow import Columns, TableBuilder, empty, list_array
 from ..batch.check import FLAT, GLOBAL, SEGMENTS, TOKENS, Tensor
 from ..batch.layout import Layout
-from ..batch.masks import MaskGroup, channel_major, len_col, start_col
+from ..batch.masks import MaskGroup, Selection, channel_major, len_col, start_col
 from ..limits import padded_bytes
 from ..spec import PAD_PREFIX, GTensorNode, SegTensorNode, TensorNode
 from ..values import as_cpu, bits, dumps, storage
@@ -88,27 +88,10 @@ def encode(enc: TableBuilder, lay: Layout, f: Tensor) -> TensorNode | GTensorNod
     return _encode_sample(enc, node, f.path, x, B)
 
 
-class _Selection:
-    """A mask group's positions, found once per step and shared by the fields that follow the group:
-    ``padded`` (None where every position is a token), the ``first`` padded position, and ``index``,
-    the flat positions of its tokens in row-major order (what ``x[mask]`` selects)."""
-
-    def __init__(self, mask: torch.Tensor) -> None:
-        self.padded = None if bool(mask.all()) else ~mask
-        self.first = int(torch.argmax(self.padded.reshape(-1).view(torch.uint8))) if self.padded is not None else 0
-        self.index = mask.reshape(-1).nonzero().squeeze(1)
-
-    def take(self, x: torch.Tensor) -> torch.Tensor:
-        """``x[mask]`` of a ``[B, W, ...]`` tensor: its raw bits gathered (multi-threaded, one pass), viewed
-        back as its dtype."""
-        b = bits(x)
-        return b.reshape(b.shape[0] * b.shape[1], *b.shape[2:]).index_select(0, self.index).view(x.dtype)
-
-
-def _selection(enc: TableBuilder, g: MaskGroup) -> _Selection:
+def _selection(enc: TableBuilder, g: MaskGroup) -> Selection:
     sel = enc.memo.get(("selection", g.key, g.src, g.lo))
     if sel is None:
-        sel = enc.memo[("selection", g.key, g.src, g.lo)] = _Selection(g.mask)
+        sel = enc.memo[("selection", g.key, g.src, g.lo)] = Selection(g.mask)
     return sel
 
 
