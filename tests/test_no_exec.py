@@ -39,6 +39,8 @@ TRUSTED_FUNCS = {"load_weights_only", "unpickle_trusted"}
 FRAMEWORK_IMPORT = (PKG / "integrations" / "__init__.py", "load")
 # the package root's lazy names: a module of trajstore named in its own fixed table, never a name from a file
 LAZY_IMPORT = (PKG / "__init__.py", "__getattr__")
+# module paths of earlier releases: the loader imports the module named in its own fixed table (MOVED)
+MOVED_IMPORT = (PKG / "_moved.py", "_Alias")
 
 
 def _exempt_lines(src: Path, tree: ast.AST) -> set[int]:
@@ -50,6 +52,8 @@ def _exempt_lines(src: Path, tree: ast.AST) -> set[int]:
             out.add(node.lineno)
         if isinstance(node, ast.FunctionDef) and (
                 (src == TRUSTED and node.name in TRUSTED_FUNCS) or (src, node.name) in (FRAMEWORK_IMPORT, LAZY_IMPORT)):
+            out.update(range(node.lineno, node.end_lineno + 1))
+        if isinstance(node, ast.ClassDef) and (src, node.name) == MOVED_IMPORT:
             out.update(range(node.lineno, node.end_lineno + 1))
     return out
 
@@ -186,3 +190,16 @@ def _read_hostile(tmp_path, f):
         assert torch.equal(got["x"], torch.arange(4))
     except trajstore.TrajstoreError as e:
         assert f.name in str(e)
+
+
+def test_moved_loader_imports_only_its_table():
+    """The earlier-paths loader stays narrow: the only names it imports are the targets of its fixed table
+    (trajstore modules), and a path outside the table is not found by it."""
+    from trajstore import _moved
+
+    tree = ast.parse(MOVED_IMPORT[0].read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "_Alias")
+    calls = [ast.unparse(n) for n in ast.walk(cls) if isinstance(n, ast.Call)]
+    assert calls == ["importlib.import_module(self.target)"], calls
+    assert all(v.startswith("trajstore.") for v in _moved.MOVED.values())
+    assert _moved._Finder().find_spec("os") is None and _moved._Finder().find_spec("trajstore.nope") is None
