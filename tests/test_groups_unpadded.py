@@ -144,3 +144,28 @@ def test_sql_and_to_pandas_cut_each_trajectory(tmp_path):
     assert [x.tolist() for x in df["input_ids"] if isinstance(x, np.ndarray)] == [a for a, _ in want]
     runs = pq.read_table(next(tmp_path.rglob("*.parquet")), columns=["__runs__attention_mask"]).column(0).to_pylist()
     assert runs == [[2, 1, 2, 3], [1, 3, 0, 2, 2, 4], None, None]
+
+
+def _experience(n, T, with_actions=True):
+    """An OpenRLHF-like element: a ``[1, T]`` group, with or without its ``[1, T-1]`` action cells."""
+    e = group([n], T)
+    if with_actions:
+        e.update(sequences=e["input_ids"].long(), action_mask=e["attention_mask"][:, 1:],
+                 action_log_probs=e["logprobs"][:, 1:])
+    return e
+
+
+def test_a_cell_some_groups_lack_is_stored_by_runs(tmp_path):
+    """A token cell present in only some of the grouped rows (an element without the action fields) is
+    stored by the runs of the rows that hold it, like the rows that all hold it; so shards of which one has
+    every row holding it and another not join into the logical step (they raised 'stored by runs in some
+    shards and whole in others')."""
+    rows = [_experience(2, 4), _experience(0, 0, with_actions=False), _experience(1, 3)]
+    out, doc, _ = roundtrip(rows[1:])
+    assert_batch_equal(rows[1:], out)
+    keys = dict(doc["batch"]["elem"]["keys"])
+    assert "runs" in keys["sequences"] and "runs" in keys["action_log_probs"], keys["sequences"]
+    for r, part in ((0, rows[:1]), (1, rows[1:])):
+        with trajstore.Writer(tmp_path, rank=r, world_size=2) as w:
+            w.append(3, part)
+    assert_batch_equal(rows, trajstore.Reader(tmp_path)[3])

@@ -107,7 +107,7 @@ def plan(elem: Any) -> _Runs | None:
     amasks, aruns = r.shifted() if action else ([], [])
     keys = []
     for k, c in elem.keys:
-        if type(c) is Cells and [i for i, _ in c.present] == rows:
+        if type(c) is Cells and c.present and {i for i, _ in c.present} <= set(rows):  # rows without the field: absent
             if all(tuple(e.shape[:2]) == tuple(am.elems[i].shape) for i, e in c.present):
                 c = RunCells(c.path, c.elems, c.lib, c.dtype, masks=[s and r.masks[i] for i, s in enumerate(shapes)])
             elif action and all(len(am.elems[i].shape) == 2 and tuple(e.shape[:2]) == (
