@@ -1,4 +1,4 @@
-"""The per-split index of per-trajectory columns (trajstore/index.py, docs/FORMAT.md section 6):
+"""The per-split index of per-trajectory columns (trajstore/store/index.py and segments.py, docs/FORMAT.md section 6):
 ``Reader.column`` gives the same values, of the same types, with and without it, and falls back to
 the step files wherever the index is missing, stale or damaged."""
 
