@@ -1,6 +1,6 @@
 """Small real dumps and a real tokenizer (trained here from text, nothing downloaded) for the
 inspection tests (CLI, traces, diff, SQL), the small padded batch of the API tests, and the
-write-then-read set-up the tests share (``write``, ``roundtrip``)."""
+write-then-read set-up the tests share (``write``, ``roundtrip``, ``encoded``)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,20 @@ def write(path: str | Path, steps: Mapping[int, Any], *, split: str = "train", m
         for s, batch in steps.items():
             w.append(s, batch, meta=meta)
     return trajstore.Reader(path, split)
+
+
+def encoded(batch: Any, layout: str | None = None, masks: Mapping | None = None) -> tuple[Any, dict, Any]:
+    """``batch`` encoded as one step's Arrow table (``masks`` declared as to ``Writer``), its description
+    checked against the table as a reader checks a file, and decoded in ``layout``: ``(decoded, doc, table)``."""
+    import json
+
+    from trajstore import schema
+    from trajstore.format.file import validate
+
+    t = schema.encode_plain(batch, None, step=0, split="train", masks=masks)
+    doc = json.loads(t.schema.metadata[b"trajstore"])
+    validate.check(doc, t.schema, t.num_rows, "x")
+    return schema.decode(t, doc["batch"], where="x", layout=layout), doc, t
 
 
 def many_row_groups(mp: Any) -> None:

@@ -17,13 +17,7 @@ from trajstore import ConfigError, FormatError, schema
 from trajstore.format.file import validate
 from trajstore.format.codec.rows import rows
 from trajstore.testing import assert_batch_equal, group_lists
-
-
-def roundtrip(batch):
-    t = schema.encode_plain(batch, None, step=0, split="train")
-    doc = json.loads(t.schema.metadata[b"trajstore"])
-    validate.check(doc, t.schema, t.num_rows, "x")
-    return schema.decode(t, doc["batch"], where="x"), doc, t
+from _dumps import encoded as roundtrip
 
 
 def group(lengths, T, seed=0, pad=0.0):

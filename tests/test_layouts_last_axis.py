@@ -3,7 +3,6 @@
 the padded width and sides, packed as ``[4, N]``; dim 1 wins where both dims match the mask width;
 a file that lies about it is refused."""
 
-import json
 
 import numpy as np
 import pytest
@@ -15,13 +14,7 @@ from trajstore import FormatError, schema
 from trajstore.format.file import validate
 from trajstore.format.codec.rows import rows
 from trajstore.testing import assert_batch_equal, padded_batches, two_sided_batches
-
-
-def roundtrip(batch, layout=None):
-    t = schema.encode_plain(batch, None, step=0, split="train")
-    doc = json.loads(t.schema.metadata[b"trajstore"])
-    validate.check(doc, t.schema, t.num_rows, "x")
-    return schema.decode(t, doc["batch"], where="x", layout=layout), doc, t
+from _dumps import encoded as roundtrip
 
 
 def mrope(B=3, P=5, R=6, C=4, seed=0):

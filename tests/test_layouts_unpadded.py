@@ -7,7 +7,6 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from _dumps import run
 from hypothesis import given, settings
 
 import trajstore
@@ -17,13 +16,8 @@ from trajstore.format.spec import check_version
 from trajstore.format.codec.rows import rows
 from trajstore.inspection.describe import describe
 from trajstore.testing import assert_batch_equal, prompt_completion_batches, two_sided_batches
-
-
-def roundtrip(batch, layout=None, masks=None):
-    t = schema.encode_plain(batch, None, step=0, split="train", masks=masks)
-    doc = json.loads(t.schema.metadata[b"trajstore"])
-    validate.check(doc, t.schema, t.num_rows, "x")
-    return schema.decode(t, doc["batch"], where="x", layout=layout), doc, t
+from _dumps import encoded as roundtrip
+from _dumps import run
 
 
 def verl_batch(B=64, P=256, R=1024, seed=0):

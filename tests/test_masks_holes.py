@@ -16,6 +16,7 @@ import trajstore
 from trajstore import FormatError, schema
 from trajstore.format.file import validate
 from trajstore.testing import assert_batch_equal, tensors
+from _dumps import encoded
 
 MASKS = {"loss_mask": ["advantages", "old_logprobs"]}
 
@@ -47,10 +48,7 @@ def _extent(lm):
 
 
 def _roundtrip(batch, layout=None):
-    t = schema.encode_plain(batch, None, step=0, split="train", masks=MASKS)
-    doc = json.loads(t.schema.metadata[b"trajstore"])
-    validate.check(doc, t.schema, t.num_rows, "x")
-    return schema.decode(t, doc["batch"], where="x", layout=layout), doc, t
+    return encoded(batch, layout, masks=MASKS)
 
 
 @settings(max_examples=80, deadline=None)
