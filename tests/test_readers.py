@@ -237,52 +237,55 @@ def known_compact(reader: str, label: str, part: str) -> str | None:
     return known(reader, "padded", label, part)
 
 
-@pytest.fixture(scope="module")
-def compact(tmp_path_factory) -> dict[str, Path]:
-    """The padded and fp16 forms written with ``Writer(encodings="compact")`` (docs/FORMAT.md 3.5)."""
-    root, files = tmp_path_factory.mktemp("compact"), {}
+def _written(tmp_path_factory, tag: str, **writer_kw) -> dict[str, Path]:
+    """The padded and fp16 forms, each one step written with ``Writer(**writer_kw)``."""
+    root, files = tmp_path_factory.mktemp(tag), {}
     for name in ("padded", "half"):
-        with trajstore.Writer(root / name, encodings="compact") as w:
+        with trajstore.Writer(root / name, **writer_kw) as w:
             w.append(0, _FORMS[name][0])
         files[name] = root / name / "train" / "step_00000000.parquet"
     return files
 
 
-@pytest.mark.parametrize("reader, form, path, part, expected", [
-    pytest.param(r, form, path, part, expected,
-                 marks=([pytest.mark.xfail(strict=True, reason=known_compact(r, label, part))]
-                        if known_compact(r, label, part) else []) + ([pytest.mark.heavy_readers] if r in HEAVY else []),
-                 id=f"{r}-compact-{cell_id(form, label, path, part)}")
-    for r in READERS for form, label, path, part, expected in CELLS if form in ("padded", "half")])
+def _cells(tag: str, why) -> list:
+    """The cells of the padded and fp16 forms for every reader, ``why(reader, form, label, part)`` the
+    reason a cell does not hold (an expected failure), else None."""
+    return [pytest.param(r, form, path, part, expected,
+                         marks=([pytest.mark.xfail(strict=True, reason=why(r, form, label, part))]
+                                if why(r, form, label, part) else [])
+                         + ([pytest.mark.heavy_readers] if r in HEAVY else []),
+                         id=f"{r}-{tag}-{cell_id(form, label, path, part)}")
+            for r in READERS for form, label, path, part, expected in CELLS if form in ("padded", "half")]
+
+
+def _check_cell(f: Path, reader: str, path, part, expected, tag: str) -> None:
+    column = locate(json.loads(pq.read_schema(f).metadata[b"trajstore"]), path, part)
+    assert_column(read_column(reader, f, column), expected, f"{reader} {tag} {column}")
+
+
+@pytest.fixture(scope="module")
+def compact(tmp_path_factory) -> dict[str, Path]:
+    """The padded and fp16 forms written with ``Writer(encodings="compact")`` (docs/FORMAT.md 3.5)."""
+    return _written(tmp_path_factory, "compact", encodings="compact")
+
+
+@pytest.mark.parametrize("reader, form, path, part, expected",
+                         _cells("compact", lambda r, form, label, part: known_compact(r, label, part)))
 def test_cell_compact(compact, reader, form, path, part, expected):
     """The opt-in compact encodings: every reader but fastparquet reads every column."""
-    f = compact[form]
-    column = locate(json.loads(pq.read_schema(f).metadata[b"trajstore"]), path, part)
-    assert_column(read_column(reader, f, column), expected, f"{reader} compact {column}")
+    _check_cell(compact[form], reader, path, part, expected, "compact")
 
 
 @pytest.fixture(scope="module")
 def lz4(tmp_path_factory) -> dict[str, Path]:
     """The padded and fp16 forms written with ``Writer(compression="lz4_raw")`` (docs/FORMAT.md 3.5)."""
-    root, files = tmp_path_factory.mktemp("lz4"), {}
-    for name in ("padded", "half"):
-        with trajstore.Writer(root / name, compression="lz4_raw") as w:
-            w.append(0, _FORMS[name][0])
-        files[name] = root / name / "train" / "step_00000000.parquet"
-    return files
+    return _written(tmp_path_factory, "lz4", compression="lz4_raw")
 
 
-@pytest.mark.parametrize("reader, form, path, part, expected", [
-    pytest.param(r, form, path, part, expected,
-                 marks=([pytest.mark.xfail(strict=True, reason=known(r, form, label, part))]
-                        if known(r, form, label, part) else []) + ([pytest.mark.heavy_readers] if r in HEAVY else []),
-                 id=f"{r}-lz4-{cell_id(form, label, path, part)}")
-    for r in READERS for form, label, path, part, expected in CELLS if form in ("padded", "half")])
+@pytest.mark.parametrize("reader, form, path, part, expected", _cells("lz4", known))
 def test_cell_lz4(lz4, reader, form, path, part, expected):
     """The LZ4_RAW codec (``compression="lz4_raw"``): every reader reads what it reads of a zstd step."""
-    f = lz4[form]
-    column = locate(json.loads(pq.read_schema(f).metadata[b"trajstore"]), path, part)
-    assert_column(read_column(reader, f, column), expected, f"{reader} lz4 {column}")
+    _check_cell(lz4[form], reader, path, part, expected, "lz4")
 
 
 # ----------------------------------------------------------------------------- whole folders
