@@ -38,6 +38,13 @@ def need_chromium() -> None:
     pytest.importorskip("selenium")
 
 
+def need_viewer() -> None:
+    """``need_chromium``, and skip where the ``view`` extra (starlette, uvicorn, plotly) is not installed."""
+    need_chromium()
+    for m in ("starlette", "uvicorn", "plotly"):
+        pytest.importorskip(m)
+
+
 def make_driver(extra: list[str] = (), profile: Path | None = None) -> Any:
     """A headless Chromium of a fixed window size through the system chromedriver. Selenium Manager
     (which would download a driver and a browser) raises if anything calls it."""

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from _browser import OFFLINE, ViewServer, get_raw, make_driver, need_chromium, save_shot
+from _browser import OFFLINE, ViewServer, get_raw, make_driver, need_chromium, need_viewer, save_shot
 from _dumps import run as run_cli
 from _viewdumps import (B, INCOMPLETE, LONG, PAIR, PAYLOAD, PLANT_REWARDS, SKIPPED, XSS_INDEX, colour, curves,
                         diff_dumps, make_tokenizer, rows, view_dump)
@@ -31,9 +31,7 @@ METRICS = ["reward_mean", "reward_std", "reward_min", "reward_max", "length_mean
 
 @pytest.fixture(scope="session")
 def env(tmp_path_factory):
-    need_chromium()
-    for m in ("starlette", "uvicorn", "plotly"):
-        pytest.importorskip(m)
+    need_viewer()
     d = tmp_path_factory.mktemp("view")
     tok = make_tokenizer(d)
     view_dump(d / "dump", tok)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import trajstore
-from _browser import ViewServer, make_driver, need_chromium, save_shot
+from _browser import ViewServer, make_driver, need_viewer, save_shot
 from test_view_browser import open_page, wait_js
 
 pytestmark = pytest.mark.browser
@@ -60,9 +60,7 @@ def make_runs(a, b) -> dict:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    need_chromium()
-    for m in ("starlette", "uvicorn", "plotly"):
-        pytest.importorskip(m)
+    need_viewer()
     d = tmp_path_factory.mktemp("compare")
     want = make_runs(d / "base", d / "replay")
     srv = ViewServer(d / "base", d / "replay", "--split", "outputs", log=d / "view.log")
