@@ -99,9 +99,6 @@ class _Draft:
     N: int | None = None
 
 
-
-
-
 def batch_size(batch: Mapping) -> int | None:
     """A plain dict's batch size: the leading size of the first tensor or list found, depth first."""
     for v in batch.values():
