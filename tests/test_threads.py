@@ -154,7 +154,7 @@ def test_a_rank_under_torchrun_uses_its_budget_not_one_thread(tmp_path):
     got = json.loads(p.stdout.strip().splitlines()[-1])
     assert got["arrow_cpus"] == 1  # what Arrow's pool would have used
     assert got["real_writer"] == got["real_reader"] == max(1, min(_threads.MAX_DEFAULT, got["cores"] // 2))
-    assert (got["writer"], got["workers"], got["reader"]) == (4, 2, 4)
+    assert (got["writer"], got["workers"], got["reader"]) == (4, 4, 4)
     assert got["met"] and got["decode_threads"] >= 2 and got["exact"]
 
 

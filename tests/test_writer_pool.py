@@ -137,11 +137,17 @@ def test_killed_mid_run_leaves_a_prefix_of_whole_steps(tmp_path):
     assert r.steps == list(range(8))
 
 
-def test_default_workers_and_bad_values(tmp_path):
+def test_default_workers_and_bad_values(tmp_path, monkeypatch):
     w = trajstore.Writer(tmp_path)
     b = trajstore.base.threads.budget()
-    assert w.workers == len(w._workers) == max(min(2, b), min(8, b // 2)) and w.stats["workers"] == w.workers
+    assert w.workers == len(w._workers) == b and w.stats["workers"] == w.workers
+    assert w.max_pending_steps == max(8, 2 * b)
     w.close()
+    monkeypatch.setenv("TRAJSTORE_THREADS", "6")
+    with trajstore.Writer(tmp_path / "six") as w:
+        assert (w.workers, w.max_pending_steps, w.stats["threads"]) == (6, 12, 6)
+    with trajstore.Writer(tmp_path / "given", workers=3, max_pending_steps=5) as w:
+        assert (w.workers, w.max_pending_steps) == (3, 5)
     with pytest.raises(trajstore.ConfigError, match="workers must be an int >= 1"):
         trajstore.Writer(tmp_path, workers=0)
 
@@ -182,3 +188,22 @@ def test_workers_share_torchs_threads_and_leave_the_callers_alone(tmp_path, monk
     assert torch.get_num_threads() == n and later == [n]
     if "parallel backend: OpenMP" in torch.__config__.parallel_info():
         assert seen == [3, max(1, trajstore.base.threads.budget() // 2)]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own nice value is Linux's")
+def test_workers_run_below_the_trainers_priority(tmp_path):
+    """Each background worker thread's nice value is the caller's plus BACKGROUND_NICE (capped at 19);
+    the appending thread keeps its own."""
+    seen = []
+
+    def probe(rec):
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    with trajstore.Writer(tmp_path, workers=2, on_commit=probe) as w:
+        for s in range(3):
+            w.append(s, {"x": torch.arange(4)})
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
+    assert len(seen) == 3
+    # on_commit runs on the worker that committed the step
+    assert set(seen) == {min(19, mine + pool_mod.BACKGROUND_NICE)}

@@ -21,12 +21,19 @@ with one worker. Memory stays bounded by the writer's admission (``max_pending_s
 ``max_pending_bytes``): at most that many steps are in the pool, whatever the number of workers.
 A crash at any point leaves at most temporaries, removed by the next writer of the split; every
 committed step is whole.
+
+The workers run at a lower CPU priority than the training process (``BACKGROUND_NICE`` added to each
+worker thread's nice value, on Linux, where a thread's nice value is its own): with as many workers as
+the writer's thread budget, a backlog of steps is written on every core the trainer leaves idle, and
+the trainer's own threads go first where they want the cores.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -208,6 +215,21 @@ def _share_cores(share: int) -> None:
         log.warning("trajstore: a writer thread could not set its torch threads: %s", e)
 
 
+BACKGROUND_NICE = 10  # what a worker thread adds to its nice value (the default of nice(1))
+
+
+def _background_priority() -> None:
+    """On a worker thread: lower its CPU priority by ``BACKGROUND_NICE`` (Linux only: elsewhere a
+    priority call with a thread id would name a process). Never fatal."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + BACKGROUND_NICE))
+    except (AttributeError, OSError) as e:
+        log.debug("trajstore: a writer thread kept its CPU priority: %s", e)
+
+
 class Pool:
     """``n`` background threads running the four stages of each submitted job (module doc), then
     ``finish(job, file bytes, rows, error or None, seconds)`` in append order. ``finish`` must not raise."""
@@ -255,6 +277,7 @@ class Pool:
             t.join()
 
     def _run(self) -> None:
+        _background_priority()
         if self._share is not None:
             _share_cores(self._share)
             try:

@@ -73,9 +73,16 @@ def _flush_at_exit() -> None:
 
 # ----------------------------------------------------------------------------- writer
 def default_workers(threads: int) -> int:
-    """Background workers when ``Writer(workers=None)``: half the writer's thread budget, at most 8 (a
-    training process keeps the other half), and at least two where the budget is two threads."""
-    return max(min(2, threads), min(8, threads // 2))
+    """Background workers when ``Writer(workers=None)``: the writer's thread budget. They run at a lower
+    CPU priority than the trainer (``pool.BACKGROUND_NICE``): a backlog is written on the cores the
+    training process leaves idle, and its own threads come first."""
+    return threads
+
+
+def default_pending(workers: int) -> int:
+    """``max_pending_steps`` when ``Writer(max_pending_steps=None)``: two steps per worker, at least 8
+    (``max_pending_bytes`` bounds their memory whatever the count)."""
+    return max(8, 2 * workers)
 
 
 class Writer:
@@ -88,7 +95,8 @@ class Writer:
     ``append``/``flush``/``close``; ``on_error="warn"`` logs it (at ERROR) and goes on. Either way the
     failed step is recorded as ``_trajstore/<split>/step_N.skipped.json`` (``Reader.skipped``).
     ``max_pending_steps`` / ``max_pending_bytes`` bound the steps not yet on disk (``append``
-    waits at the limit; see ``stats``); ``workers`` background threads (default ``min(8, threads // 2)``, at least ``min(2, threads)``) encode
+    waits at the limit; see ``stats``; default ``max(8, 2 * workers)`` steps, 4 GiB); ``workers`` background
+    threads (default: the thread budget, ``threads``, at a lower CPU priority than the trainer's threads) encode
     and write that many steps at once, each committed in append order (``trajstore/write/pool.py``).
     ``copy`` is ``append``'s default for ``copy`` (below). ``close()`` (or the ``with`` block)
     flushes and ends the threads; a writer never closed is flushed and closed at interpreter exit.
@@ -101,7 +109,7 @@ class Writer:
     ``encodings`` chooses the Parquet encodings (docs/FORMAT.md 3.5): "portable" (default), which
     every Parquet reader decodes, or "compact": BYTE_STREAM_SPLIT for tensor values, smaller
     float columns for readers that support it (pyarrow, pandas, Polars, DuckDB, DataFusion, Spark,
-    Ray Data; not fastparquet). ``compression``: "zstd" (default, level 3), "zstd:<level>" (-7 to 22)
+    Ray Data; not fastparquet). ``compression``: "zstd" (default, level 1), "zstd:<level>" (-7 to 22)
     or "lz4_raw": cheaper to decode, larger (docs/FORMAT.md 3.5).
     ``path`` may be a URL (``s3://bucket/run1``, ``gs://``, ``hdfs://``, any fsspec protocol; ``fs``: a
     ``pyarrow.fs.FileSystem`` or fsspec file system to use): each step is then one PUT of the whole
@@ -117,7 +125,7 @@ class Writer:
     """
 
     def __init__(self, path: str | Path, split: str = "train", *, overwrite: bool = False,
-                 max_pending_steps: int = 8, max_pending_bytes: int = 4 << 30, workers: int | None = None,
+                 max_pending_steps: int | None = None, max_pending_bytes: int = 4 << 30, workers: int | None = None,
                  on_error: str = "raise", on_commit: Callable[[Committed], Any] | None = None,
                  masks: dict[str, list[str]] | None = None, encodings: str = "portable",
                  rank: int | None = None, world_size: int | None = None, fs: Any = None, copy: bool = True,
@@ -140,8 +148,10 @@ class Writer:
         self.copy = copy
         self.threads = _threads.budget(threads, f"Writer({str(path)!r})")
         workers = default_workers(self.threads) if workers is None else workers
-        for name, v in (("max_pending_steps", max_pending_steps), ("max_pending_bytes", max_pending_bytes),
-                        ("workers", workers)):
+        if max_pending_steps is None and type(workers) is int and workers >= 1:
+            max_pending_steps = default_pending(workers)
+        for name, v in (("workers", workers), ("max_pending_steps", max_pending_steps),
+                        ("max_pending_bytes", max_pending_bytes)):
             if type(v) is not int or v < 1:
                 raise ConfigError(f"Writer({str(path)!r}): {name} must be an int >= 1, got {v!r}")
         self.shard = paths.check_shard(rank, world_size, f"Writer({str(path)!r})")  # (rank, N) or None

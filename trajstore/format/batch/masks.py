@@ -69,7 +69,9 @@ def token_mask(m: torch.Tensor | np.ndarray) -> torch.Tensor:
     """The ``[B, T]`` bool mask of an attention mask of shape ``[B, T, ...]``: a token is valid where
     every one of its entries is non-zero (the one rule the encoder, the recorder and the
     inspection tools share)."""
-    t = torch.as_tensor(m) != 0
+    t = torch.as_tensor(m)
+    if t.dtype != torch.bool:  # (a bool mask is its own token mask: ``!= 0`` would widen it to int64)
+        t = t != 0
     while t.ndim > 2:
         t = t.all(dim=-1)
     return t
@@ -88,13 +90,26 @@ def channel_major(lengths: Any, w: int) -> np.ndarray:
     return ((o[r] * w + j)[:, None] + np.arange(w, dtype=np.int64)[None, :] * ln[r][:, None]).reshape(-1)
 
 
+_BYTES = 0x0101010101010101  # a 64-bit word times this holds the sum of its 8 bytes in its top byte
+
+
+def row_counts(mask: torch.Tensor) -> torch.Tensor:
+    """The int64 count of True per row of a ``[B, W]`` bool mask: 8 positions at a time (each row's
+    64-bit words, their bytes summed by one multiply) where the rows are whole words, else its bytes
+    summed into int32 (bool sums widen every element to int64)."""
+    B, W = mask.shape
+    if W % 8 == 0 and mask.numel() and mask.is_contiguous() and mask.storage_offset() % 8 == 0:
+        w = mask.view(torch.uint8).view(torch.int64)  # [B, W / 8] words
+        return ((w * _BYTES) >> 56).bitwise_and_(0xFF).sum(1)
+    return mask.view(torch.uint8).sum(1, dtype=torch.int32).to(torch.int64) if W < 2**31 else mask.sum(1)
+
+
 def classify(mask: torch.Tensor) -> tuple[str | None, torch.Tensor, torch.Tensor | None]:
     """``(side, lengths, starts)`` of a ``[B, W]`` token mask: right when every row's tokens are a
     prefix, left when a suffix, span when one contiguous run anywhere (``starts`` its first
     positions), None for holes."""
     W = mask.shape[1]
-    # counted as bytes into int32 (4x faster than bool sums, which widen every element to int64)
-    lengths = mask.view(torch.uint8).sum(1, dtype=torch.int32).to(torch.int64) if W < 2**31 else mask.sum(1)
+    lengths = row_counts(mask)
     if mask.shape[0] == 0:  # no rows: every side fits (and no [W] positions are built for a wide empty batch)
         return "right", lengths, None
     ar = torch.arange(W)
@@ -180,12 +195,45 @@ def count_tokens(plain: Any) -> torch.Tensor | int | None:
 class Selection:
     """A mask group's positions, found once per step and shared by the fields that follow the group:
     ``padded`` (None where every position is a token), the ``first`` padded position, and ``index``,
-    the flat positions of its tokens in row-major order (what ``x[mask]`` selects)."""
+    the flat positions of its tokens in row-major order (what ``x[mask]`` selects). A right or left
+    padded group (``side``, with its rows' ``lengths``) finds ``padded`` and ``first`` from its lengths."""
 
-    def __init__(self, mask: torch.Tensor) -> None:
-        self.padded = None if bool(mask.all()) else ~mask
-        self.first = int(torch.argmax(self.padded.reshape(-1).view(torch.uint8))) if self.padded is not None else 0
-        self.index = mask.reshape(-1).nonzero().squeeze(1)
+    def __init__(self, mask: torch.Tensor, side: str | None = None, lengths: torch.Tensor | None = None,
+                 starts: torch.Tensor | None = None) -> None:
+        B, W = mask.shape[0], mask.shape[1]
+        if side in ("right", "left", "span") and lengths is not None and mask.ndim == 2:
+            short = (lengths < W).nonzero()
+            r = int(short[0, 0]) if len(short) else -1
+            self.padded = ~mask if r >= 0 else None
+            first = (lengths if side == "right" else torch.zeros_like(lengths)) if side != "span" else None
+            if side == "span":  # its first padded position: before the run, else just after it
+                assert starts is not None
+                first = torch.where(starts > 0, 0, starts + lengths)
+            self.first = r * W + int(first[r]) if r >= 0 else 0
+            # each row's tokens are one run from its start: the flat positions from the lengths alone
+            L = lengths.numpy().astype(np.int64, copy=False)
+            s0 = np.zeros(B, np.int64) if side == "right" else (W - L if side == "left" else starts.numpy().astype(np.int64))
+            off = np.zeros(B + 1, np.int64)
+            np.cumsum(L, out=off[1:])
+            idx = np.repeat(np.arange(B, dtype=np.int64) * W + s0 - off[:-1], L)
+            idx += np.arange(int(off[-1]), dtype=np.int64)
+            self.index = torch.from_numpy(idx)
+        else:
+            self.padded = None if bool(mask.all()) else ~mask
+            self.first = int(torch.argmax(self.padded.reshape(-1).view(torch.uint8))) if self.padded is not None else 0
+            self.index = mask.reshape(-1).nonzero().squeeze(1)
+        self._words: torch.Tensor | None = None
+
+    def any_padded(self, differ: torch.Tensor) -> bool:
+        """Whether the ``[B, W, ...]`` bool tensor ``differ`` (a scratch tensor: it is overwritten) is
+        True at a padded position. A ``[B, W]`` one is tested as 64-bit words of 8 positions each."""
+        p = self.padded
+        assert p is not None
+        if differ.ndim == 2 and differ.is_contiguous() and p.is_contiguous() and differ.numel() % 8 == 0:
+            if self._words is None:
+                self._words = p.reshape(-1).view(torch.int64)
+            return bool(differ.reshape(-1).view(torch.int64).bitwise_and_(self._words).any())
+        return bool(differ.logical_and_(p.reshape(list(p.shape) + [1] * (differ.ndim - 2))).any())
 
     def take(self, x: torch.Tensor) -> torch.Tensor:
         """``x[mask]`` of a ``[B, W, ...]`` tensor: its raw bits gathered (multi-threaded, one pass), viewed

@@ -73,14 +73,14 @@ def encode(enc: TableBuilder, lay: Layout, f: Tensor) -> TensorNode | GTensorNod
             if not w:
                 return _encode_sample(enc, node, f.path, x, B, tokenlike=True)
             p = b.reshape(-1)[sel.first * w]
-            differ = b.ne(p)
-            if bool(differ.logical_and_(sel.padded.reshape(list(sel.padded.shape) + [1] * (x.ndim - 2))).any()):
+            if _is_mask(xt, g):  # the group's own bool mask: False wherever it pads
+                pad = 0
+            elif sel.any_padded(b.ne(p)):
                 # padded positions hold different values (e.g. -0.0 and 0.0, or garbage computed
                 # past the end): keep them, unpadded tokens stay a token column
                 _encode_padvals(enc, node, f.path, x, sel.padded, B, g.W - g.lengths, w)
             else:
                 pad = int(p)
-            del differ
         return _encode_token(enc, node, f.path, sel.take(xt), g.lengths, list(x.shape[2:]), pad, lib)
     if f.role == FLAT:
         xt = torch.from_numpy(x) if isinstance(x, np.ndarray) else x
@@ -91,8 +91,16 @@ def encode(enc: TableBuilder, lay: Layout, f: Tensor) -> TensorNode | GTensorNod
 def _selection(enc: TableBuilder, g: MaskGroup) -> Selection:
     sel = enc.memo.get(("selection", g.key, g.src, g.lo))
     if sel is None:
-        sel = enc.memo[("selection", g.key, g.src, g.lo)] = Selection(g.mask)
+        sel = enc.memo[("selection", g.key, g.src, g.lo)] = Selection(g.mask, g.side, g.lengths, g.starts)
     return sel
+
+
+def _is_mask(x: torch.Tensor, g: MaskGroup) -> bool:
+    """Whether ``x`` is the memory of group ``g``'s bool token mask itself (a plain ``[B, T]`` bool
+    ``attention_mask``, whose padded positions are False by definition)."""
+    m = g.mask
+    return (m is not None and x.dtype == torch.bool and m.dtype == torch.bool and x.data_ptr() == m.data_ptr()
+            and x.shape == m.shape and x.stride() == m.stride())
 
 
 def _encode_segments(enc: TableBuilder, f: Tensor, lib: str, name: str, x: Any) -> SegTensorNode:

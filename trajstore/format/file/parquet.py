@@ -20,7 +20,7 @@ __all__ = ["parquet_options", "check_compression", "COMPRESSIONS", "read_sample"
 
 ROW_GROUPS = 16  # at most this many row groups per step file: a reader decodes them on several cores
 ROW_GROUP_BYTES = 4 << 20  # ...of at least this much Arrow data each (a small step is one row group)
-ZSTD_LEVEL = 3
+ZSTD_LEVEL = 1  # as small as level 3 (+0.6%), its writes 12-14% cheaper (docs/FORMAT.md 3.5)
 # "portable": encodings every Parquet reader decodes (PLAIN, dictionary; docs/FORMAT.md 3.5);
 # "compact": BYTE_STREAM_SPLIT for 16/32/64-bit tensor values, which fastparquet and older
 # parquet-mr engines cannot read (tests/test_readers.py::test_cell_compact)
