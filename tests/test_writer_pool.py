@@ -207,3 +207,50 @@ def test_workers_run_below_the_trainers_priority(tmp_path):
     assert len(seen) == 3
     # on_commit runs on the worker that committed the step
     assert set(seen) == {min(19, mine + pool_mod.BACKGROUND_NICE)}
+
+
+def test_each_step_is_fsynced_and_hashed_once_before_its_turn(tmp_path, monkeypatch):
+    """A worker fsyncs and hashes its step's temporary while an earlier step is still being written
+    (``commit.prepare``: step 0's write waits for step 1's hash, which a hash taken at the commit, in
+    append order, would never give it); the commit reuses that hash, and nothing is left behind."""
+    from trajstore.store import checksums, commit
+    hashed, real, one = [], checksums.file_sha256, threading.Event()
+
+    def sha(p):
+        hashed.append(p.name)
+        if "00000001" in p.name:
+            one.set()
+        return real(p)
+
+    real_write, waited = pool_mod.Steps.write, []
+
+    def write(self, job, table):
+        if job.step == 0:
+            waited.append(one.wait(5))
+        return real_write(self, job, table)
+
+    monkeypatch.setattr(checksums, "file_sha256", sha)
+    monkeypatch.setattr(pool_mod.Steps, "write", write)
+    with trajstore.Writer(tmp_path, workers=3) as w:
+        for s in range(6):
+            w.append(s, small_batch(seed=s))
+    assert waited == [True]
+    assert len([n for n in hashed if "step_" in n and ".parquet" in n]) == 6, hashed
+    assert commit._prepared == {}
+    assert trajstore.Reader(tmp_path, verify=True).steps == list(range(6))
+
+
+def test_a_temporary_changed_after_prepare_is_hashed_again(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from trajstore.store import checksums, commit, paths
+    trajstore.Writer(tmp_path).close()
+    d = tmp_path / "train"
+    tmp = paths.temp_path(d, 0)
+    pq.write_table(pa.table({"v": [1]}), tmp)
+    commit.prepare(tmp)
+    pq.write_table(pa.table({"v": [2, 3]}), tmp)  # rewritten: another size and time
+    final = d / paths.step_name(0)
+    commit.commit(tmp, final, False)
+    assert checksums.sum_path(final).read_text().split()[0] == checksums.file_sha256(final)
+    assert pq.read_table(final)["v"].to_pylist() == [2, 3] and commit._prepared == {}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import threading
 from pathlib import Path
 
 from ..errors import FormatError
@@ -27,7 +28,41 @@ from .paths import (
     step_name,
 )
 
-__all__ = ["commit", "clean_temp", "record_skipped"]
+__all__ = ["commit", "prepare", "forget", "clean_temp", "record_skipped"]
+
+
+_prepared: dict[Path, tuple[tuple[int, int, int], str]] = {}  # temporary -> (its stat, its SHA-256)
+_prepared_lock = threading.Lock()
+
+
+def _sig(tmp: Path) -> tuple[int, int, int]:
+    st = os.stat(tmp)
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def prepare(tmp: Path) -> None:
+    """Step 1's costly part ahead of ``commit``, on any thread and in any order: fsync ``tmp`` and
+    hash it. ``commit`` of the same, unchanged ``tmp`` then skips them; ``forget`` drops what an
+    uncommitted temporary left here."""
+    fsync(tmp)
+    digest = checksums.file_sha256(tmp)
+    with _prepared_lock:
+        _prepared[tmp] = (_sig(tmp), digest)
+
+
+def forget(tmp: Path) -> None:
+    with _prepared_lock:
+        _prepared.pop(tmp, None)
+
+
+def _synced_digest(tmp: Path) -> str:
+    """``tmp``'s SHA-256 once its bytes are on disk: from ``prepare`` where it saw this very file."""
+    with _prepared_lock:
+        pre = _prepared.pop(tmp, None)
+    if pre is not None and pre[0] == _sig(tmp):
+        return pre[1]
+    fsync(tmp)
+    return checksums.file_sha256(tmp)
 
 
 def commit(tmp: Path, final: Path, overwrite: bool) -> None:
@@ -37,13 +72,14 @@ def commit(tmp: Path, final: Path, overwrite: bool) -> None:
     1. fsync ``tmp`` and write its SHA-256 to a fsynced temporary sidecar (in the side folder);
     2. link ``tmp`` to ``final`` (no clobber; FileExistsError if committed) or replace it;
     3. rename the temporary sidecar over ``step_N.sha256``.
+    Step 1's fsync and hash may have been done by ``prepare`` (the writer's workers do it in parallel,
+    before the commits take their turns in append order).
     A crash between 2 and 3 leaves a temporary sidecar that matches the new file:
     readers accept it and ``clean_temp`` promotes it. Steps 2 and 3 run under the split's commit
     lock (``_commit_lock``), so of writers racing on one step the last to commit leaves both its file
     and its checksum: a step and its checksum change together.
     """
-    fsync(tmp)
-    digest = checksums.file_sha256(tmp)
+    digest = _synced_digest(tmp)
     side = checksums.sum_path(final)
     side_tmp = side.parent / f".{side.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
     try:

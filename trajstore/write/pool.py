@@ -10,7 +10,8 @@ Each appended step is a :class:`Job` with a sequence number. A worker thread tak
 2. fits the table's column types to the split's record (``store/columns.py``) -- in append order, so the
    type a column name gets does not depend on which worker came first;
 3. writes the Parquet file to a temporary in the side folder (or, on object storage, into memory):
-   pyarrow encodes and compresses with the GIL released -- concurrently;
+   pyarrow encodes and compresses with the GIL released; then fsyncs and hashes it (``commit.prepare``)
+   -- concurrently;
 4. checks the batch did not change (``append(copy=False)``), commits the file (``store/commit.py`` or
    ``store/remote.py``), indexes it and reports it (``finish``) -- in append order.
 
@@ -139,7 +140,9 @@ class Steps:
             try:
                 pq.write_table(table, tmp, **opts)
                 index_rows = self.index.take(job.step, table)  # a copy, checked by snap.check at the commit
+                commit.prepare(tmp)  # its fsync and hash here, in parallel: the commits take turns
             except BaseException:
+                commit.forget(tmp)
                 tmp.unlink(missing_ok=True)
                 raise
             return (final, tmp, None, index_rows, table.num_rows)
@@ -160,6 +163,7 @@ class Steps:
     @staticmethod
     def discard(written: tuple | None) -> None:
         if written is not None and written[1] is not None:
+            commit.forget(written[1])
             written[1].unlink(missing_ok=True)
 
 
