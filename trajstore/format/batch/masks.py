@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from ...base.threads import run_parallel
+from ..arrow import empty
 from ..spec import LEN_PREFIX, START_PREFIX
 from ..values import bits
 
@@ -65,13 +66,27 @@ def len_col(g: MaskGroup) -> str:
     return LEN_PREFIX + g.src + (f"__{g.key}" if g.part else "")
 
 
+def host_empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialized CPU tensor in memory from Arrow's allocator (``arrow.empty``), for the encoder's
+    step-sized temporaries and outputs: Arrow's allocator keeps the pages it freed mapped for the next
+    step, where torch's (the C library's) maps and unmaps a large block every time, and every first
+    touch of a page is a fault; with several writer workers those faults queue on the process's
+    memory map (benchmarks/RESULTS.md)."""
+    n = 1
+    for d in shape:
+        n *= int(d)
+    w = torch.empty((), dtype=dtype).element_size()
+    return torch.from_numpy(empty(n * w, np.uint8)[:n * w]).view(dtype).reshape(tuple(shape))
+
+
 def token_mask(m: torch.Tensor | np.ndarray) -> torch.Tensor:
     """The ``[B, T]`` bool mask of an attention mask of shape ``[B, T, ...]``: a token is valid where
     every one of its entries is non-zero (the one rule the encoder, the recorder and the
     inspection tools share)."""
     t = torch.as_tensor(m)
     if t.dtype != torch.bool:  # (a bool mask is its own token mask: ``!= 0`` would widen it to int64)
-        t = t != 0
+        t = torch.ne(t, 0, out=host_empty(t.shape, torch.bool)) if t.dtype.is_floating_point or t.dtype in _INTS \
+            else t != 0
     while t.ndim > 2:
         t = t.all(dim=-1)
     return t
@@ -90,6 +105,7 @@ def channel_major(lengths: Any, w: int) -> np.ndarray:
     return ((o[r] * w + j)[:, None] + np.arange(w, dtype=np.int64)[None, :] * ln[r][:, None]).reshape(-1)
 
 
+_INTS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 _BYTES = 0x0101010101010101  # a 64-bit word times this holds the sum of its 8 bytes in its top byte
 
 
@@ -113,9 +129,10 @@ def classify(mask: torch.Tensor) -> tuple[str | None, torch.Tensor, torch.Tensor
     if mask.shape[0] == 0:  # no rows: every side fits (and no [W] positions are built for a wide empty batch)
         return "right", lengths, None
     ar = torch.arange(W)
-    if torch.equal(mask, ar[None, :] < lengths[:, None]):
+    want = host_empty(mask.shape, torch.bool)  # (the step-sized temporaries from Arrow's allocator: ``host_empty``)
+    if torch.equal(mask, torch.lt(ar[None, :], lengths[:, None], out=want)):
         return "right", lengths, None
-    if torch.equal(mask, ar[None, :] >= (W - lengths)[:, None]):
+    if torch.equal(mask, torch.ge(ar[None, :], (W - lengths)[:, None], out=want)):
         return "left", lengths, None
     starts = torch.where(lengths > 0, mask.to(torch.uint8).argmax(1), 0)
     if torch.equal(mask, (ar[None, :] >= starts[:, None]) & (ar[None, :] < (starts + lengths)[:, None])):
@@ -204,20 +221,13 @@ class Selection:
         if side in ("right", "left", "span") and lengths is not None and mask.ndim == 2:
             short = (lengths < W).nonzero()
             r = int(short[0, 0]) if len(short) else -1
-            self.padded = ~mask if r >= 0 else None
+            self.padded = torch.bitwise_not(mask, out=host_empty(mask.shape, torch.bool)) if r >= 0 else None
             first = (lengths if side == "right" else torch.zeros_like(lengths)) if side != "span" else None
             if side == "span":  # its first padded position: before the run, else just after it
                 assert starts is not None
                 first = torch.where(starts > 0, 0, starts + lengths)
             self.first = r * W + int(first[r]) if r >= 0 else 0
-            # each row's tokens are one run from its start: the flat positions from the lengths alone
-            L = lengths.numpy().astype(np.int64, copy=False)
-            s0 = np.zeros(B, np.int64) if side == "right" else (W - L if side == "left" else starts.numpy().astype(np.int64))
-            off = np.zeros(B + 1, np.int64)
-            np.cumsum(L, out=off[1:])
-            idx = np.repeat(np.arange(B, dtype=np.int64) * W + s0 - off[:-1], L)
-            idx += np.arange(int(off[-1]), dtype=np.int64)
-            self.index = torch.from_numpy(idx)
+            self.index = torch.from_numpy(_run_positions(lengths, starts if side == "span" else None, side, W))
         else:
             self.padded = None if bool(mask.all()) else ~mask
             self.first = int(torch.argmax(self.padded.reshape(-1).view(torch.uint8))) if self.padded is not None else 0
@@ -236,7 +246,37 @@ class Selection:
         return bool(differ.logical_and_(p.reshape(list(p.shape) + [1] * (differ.ndim - 2))).any())
 
     def take(self, x: torch.Tensor) -> torch.Tensor:
-        """``x[mask]`` of a ``[B, W, ...]`` tensor: its raw bits gathered (multi-threaded, one pass), viewed
-        back as its dtype."""
+        """``x[mask]`` of a ``[B, W, ...]`` tensor: its raw bits gathered (multi-threaded, one pass) into
+        memory from Arrow's allocator (``host_empty``), viewed back as its dtype."""
         b = bits(x)
-        return b.reshape(b.shape[0] * b.shape[1], *b.shape[2:]).index_select(0, self.index).view(x.dtype)
+        src = b.reshape(b.shape[0] * b.shape[1], *b.shape[2:])
+        out = host_empty((len(self.index), *src.shape[1:]), src.dtype)
+        return torch.index_select(src, 0, self.index, out=out).view(x.dtype)
+
+    def differ(self, b: torch.Tensor, p: Any) -> bool:
+        """Whether the bits ``b`` (``[B, W, ...]``) differ from ``p`` at a padded position."""
+        return self.any_padded(torch.ne(b, p, out=host_empty(b.shape, torch.bool)))
+
+
+def _run_positions(lengths: torch.Tensor, starts: torch.Tensor | None, side: str, W: int) -> np.ndarray:
+    """The flat positions (row-major, in a ``[B, W]`` mask) of rows that each hold one run of
+    ``lengths`` tokens, right or left aligned or from ``starts``: counted up by one within a run, the
+    step between runs set at each run's first token, summed in place."""
+    L = lengths.numpy().astype(np.int64, copy=False)
+    B = len(L)
+    firsts = np.arange(B, dtype=np.int64) * W
+    if side == "left":
+        firsts += W - L
+    elif side == "span":
+        firsts += starts.numpy().astype(np.int64, copy=False)
+    off = np.zeros(B + 1, np.int64)
+    np.cumsum(L, out=off[1:])
+    out = empty(int(off[-1]), np.int64)
+    if not len(out):
+        return out
+    out.fill(1)
+    runs = L > 0
+    at, first, n = off[:-1][runs], firsts[runs], L[runs]
+    out[at[0]] = first[0]
+    out[at[1:]] = first[1:] - (first[:-1] + n[:-1] - 1)  # from the last token of the run before
+    return np.cumsum(out, out=out)

@@ -75,7 +75,7 @@ def encode(enc: TableBuilder, lay: Layout, f: Tensor) -> TensorNode | GTensorNod
             p = b.reshape(-1)[sel.first * w]
             if _is_mask(xt, g):  # the group's own bool mask: False wherever it pads
                 pad = 0
-            elif sel.any_padded(b.ne(p)):
+            elif sel.differ(b, p):
                 # padded positions hold different values (e.g. -0.0 and 0.0, or garbage computed
                 # past the end): keep them, unpadded tokens stay a token column
                 _encode_padvals(enc, node, f.path, x, sel.padded, B, g.W - g.lengths, w)
