@@ -1,7 +1,8 @@
 """Arrow's CPU pool raised to a read's thread budget while the read is in flight and restored after
 (``trajstore/base/arrow_pool.py``; README, Threads): under torchrun's ``OMP_NUM_THREADS=1`` a Reader's
 reads decode on a pool of its budget, not of one thread; a larger pool is never lowered; concurrent
-reads share one raise and leave the pool as they found it; a failing ``set_cpu_count`` fails no read."""
+reads share one raise and leave the pool as they found it; back-to-back reads share it too (it is
+restored once idle for ``LINGER``); a failing ``set_cpu_count`` fails no read."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from trajstore.base import threads as _threads
 from trajstore.format.file import parquet
 
 CHILD = r"""
-import json, sys
+import json, sys, time
 import pyarrow as pa, torch
 import trajstore
 from trajstore.format.file import parquet
@@ -39,6 +40,13 @@ many_row_groups(mp)  # every step of several row groups, every read a large one 
 seen, real = [], parquet._scan
 mp.setattr(parquet, "_scan", lambda *a: seen.append(pa.cpu_count()) or real(*a))  # the pool as it decodes
 d, out = sys.argv[1], {"before": pa.cpu_count()}
+
+def settled():  # Arrow's pool once the reads are over (restored when idle for arrow_pool.LINGER)
+    end = time.monotonic() + 60
+    while pa.cpu_count() != 1 and time.monotonic() < end:
+        time.sleep(0.01)
+    return pa.cpu_count()
+
 g = torch.Generator().manual_seed(0)
 steps = {s: {"input_ids": torch.randint(0, 9, (12, 40), generator=g), "rewards": torch.rand(12, generator=g)}
          for s in range(4)}
@@ -49,16 +57,16 @@ for rank in range(2):  # a step of two shards
 exact = lambda got, want: all(torch.equal(got[k], v) for k, v in want.items())
 r = trajstore.Reader(d)
 ok = all(exact(r.read(s), b) for s, b in steps.items())
-out.update(read=seen[:], after_read=pa.cpu_count(), threads=r.threads)
+out.update(read=seen[:], after_read=settled(), threads=r.threads)
 seen.clear()
 for prefetch in (2, 4):  # 4: each step decoded on its own prefetch thread, several at once
     ok &= all(exact(x, steps[s]) for s, x in r.iter(prefetch=prefetch))
-out.update(iter=seen[:], after_iter=pa.cpu_count())
+out.update(iter=seen[:], after_iter=settled())
 seen.clear()
 for k in range(3):  # three ranks replaying the two-rank dump: each cuts a shard
     x = trajstore.Reader(d, rank=k, world_size=3).read(0)
     ok &= exact(x, {n: v[k * 4:(k + 1) * 4] for n, v in steps[0].items()})
-out.update(cut=seen[:], after_cut=pa.cpu_count(), exact=ok)
+out.update(cut=seen[:], after_cut=settled(), exact=ok)
 print(json.dumps(out))
 """
 
@@ -68,8 +76,8 @@ def test_a_rank_under_torchrun_decodes_on_arrows_pool_of_its_budget(tmp_path, bu
     """A child with torchrun's variables (OMP_NUM_THREADS=1, two ranks on this host) and this machine's
     cores: Arrow's pool is the rank's budget (``TRAJSTORE_THREADS=4``, or this machine's cores halved)
     whenever a step's row groups decode -- whole reads, replay with read-ahead (also one step per
-    thread) and a slice cut from the shards -- and one thread again after each read and after the
-    replay."""
+    thread) and a slice cut from the shards -- and one thread again once the reads and the replay are
+    over."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "LOCAL_WORLD_SIZE": "2",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1])])}
     env.pop(_threads.ENV, None)
@@ -88,8 +96,10 @@ def test_a_rank_under_torchrun_decodes_on_arrows_pool_of_its_budget(tmp_path, bu
 
 @pytest.fixture
 def one(monkeypatch):
-    """Arrow's pool of one thread, as torchrun leaves it (given back as it was after the test); every
-    step written of several row groups and every read a large one; ``seen``: (budget, pool) per decode."""
+    """Arrow's pool of one thread, as torchrun leaves it (given back as it was after the test), restored
+    as soon as no read is in flight (``LINGER`` 0); every step written of several row groups and every
+    read a large one; ``seen``: (budget, pool) per decode."""
+    monkeypatch.setattr(pool, "LINGER", 0)
     was, resize = pa.cpu_count(), pa.set_cpu_count  # (a test may replace pa.set_cpu_count)
     resize(1)
     many_row_groups(monkeypatch)
@@ -163,6 +173,28 @@ def test_concurrent_reads_are_exact_and_leave_the_pool_restored(tmp_path_factory
         assert all(ex.map(work, budgets))
     assert len(one) == 6 * len(budgets) and all(p >= n for n, p in one)
     assert pa.cpu_count() == 1
+
+
+def test_back_to_back_reads_share_one_raise(tmp_path, one, monkeypatch):
+    """The pool stays raised for ``LINGER`` after the last read (a replay loop's next read finds the
+    same threads), then goes back by itself; ``settle`` gives it back at once."""
+    write(tmp_path, {s: batch(s) for s in range(3)})
+    resized, real = [], pa.set_cpu_count
+    monkeypatch.setattr(pa, "set_cpu_count", lambda n: resized.append(n) or real(n))
+    monkeypatch.setattr(pool, "LINGER", 3600)
+    r = trajstore.Reader(tmp_path, threads=3)
+    got = [r.read(s) for s in range(3)] + [x for _, x in r.iter(prefetch=2)]
+    assert all(torch.equal(g["input_ids"], batch(k % 3)["input_ids"]) for k, g in enumerate(got))
+    assert resized == [3] and pa.cpu_count() == 3 and [n for n, _ in one] == [3] * 6
+    pool.settle()
+    assert resized == [3, 1] and pa.cpu_count() == 1
+    monkeypatch.setattr(pool, "LINGER", 0.01)
+    r.read(0)
+    for _ in range(6000):  # the timer restores it (a minute at most on a loaded machine)
+        if pa.cpu_count() == 1:
+            break
+        threading.Event().wait(0.01)
+    assert resized == [3, 1, 3, 1] and pa.cpu_count() == 1
 
 
 def test_a_failing_resize_fails_no_read(tmp_path, one, monkeypatch, caplog):

@@ -107,7 +107,7 @@ def test_reads_through_arrows_pool_are_the_file(tmp_path_factory, budget, cols, 
 CHILD = r"""
 import json, os, sys
 import pyarrow as pa, torch
-import trajstore
+import trajstore, trajstore.base.arrow_pool
 from trajstore.format import parquet
 from _dumps import many_row_groups, small_batch
 from pytest import MonkeyPatch
@@ -123,6 +123,7 @@ mp.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))  # this rank on a
 many_row_groups(mp)
 mp.setattr(parquet, "ROW_GROUP_BYTES", 4096)
 mp.setattr(trajstore.base.threads, "PARALLEL_BYTES", 0)
+mp.setattr(trajstore.base.arrow_pool, "LINGER", 0)  # the pool given back as soon as the read ends
 seen, real = [], parquet._scan
 mp.setattr(parquet, "_scan", lambda *a: seen.append(pa.cpu_count()) or real(*a))  # Arrow's pool as it decodes
 b = {"input_ids": torch.arange(64 * 200, dtype=torch.int32).reshape(64, 200), "rewards": torch.rand(64)}
