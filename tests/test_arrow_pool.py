@@ -197,6 +197,37 @@ def test_back_to_back_reads_share_one_raise(tmp_path, one, monkeypatch):
     assert resized == [3, 1, 3, 1] and pa.cpu_count() == 1
 
 
+def _in_child(path, q):
+    before = pa.cpu_count()
+    x = trajstore.Reader(path, threads=2).read(0)["input_ids"]
+    q.put((before, x.tolist()))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_gets_the_pool_back(tmp_path, one, monkeypatch):
+    """A DataLoader-style worker forked while the parent's pool is raised starts with the size the
+    parent found, and reads on its own raise."""
+    import multiprocessing as mp
+
+    write(tmp_path, {0: batch(0)})
+    monkeypatch.setattr(pool, "LINGER", 3600)
+    trajstore.Reader(tmp_path, threads=3).read(0)
+    assert pa.cpu_count() == 3
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_in_child, args=(str(tmp_path), q))
+    p.start()
+    p.join(60)
+    if p.is_alive():
+        p.kill()
+        p.join()
+    assert p.exitcode == 0, "the child hung or failed reading"
+    assert q.get(timeout=5) == (1, batch(0)["input_ids"].tolist())
+    assert pa.cpu_count() == 3  # the parent's raise lingers until settled
+    pool.settle()
+    assert pa.cpu_count() == 1
+
+
 def test_a_failing_resize_fails_no_read(tmp_path, one, monkeypatch, caplog):
     write(tmp_path, {0: batch(0), 1: batch(1)})
 
