@@ -139,22 +139,20 @@ def read_columns(pf: pq.ParquetFile, src: Any, cols: list[str] | None,
         ends = list(itertools.accumulate(md.row_group(i).num_rows for i in groups))
         groups = [i for i in groups if ends[i] > rows[0] and ends[i] - md.row_group(i).num_rows < rows[1]]
     size = sum(md.row_group(i).total_byte_size for i in groups) * len(want) // max(1, len(leaves))
-    threads = not _threads.is_serial()
-    if rows is None:
-        if size <= PARALLEL_READ_BYTES:
-            return pf.read(columns=cols, use_threads=threads)
-        with arrow_pool(_threads.threads()):
-            return _scan(src, cols, None, threads)
-    if not groups:
+    threads, small = not _threads.is_serial(), size <= PARALLEL_READ_BYTES
+    if rows is None and small:
+        return pf.read(columns=cols, use_threads=threads)
+    if rows is not None and not groups:
         return pf.schema_arrow.empty_table().select(list(pf.schema_arrow.names if cols is None else cols))
-    first = ends[groups[0]] - md.row_group(groups[0]).num_rows
-    if size <= PARALLEL_READ_BYTES:
+    if small:
         table = pf.read_row_groups(groups, columns=cols, use_threads=False)
     else:
         with arrow_pool(_threads.threads()):
-            table = _scan(src, cols, groups, threads)
+            table = _scan(src, cols, None if rows is None else groups, threads)
+    if rows is None:
+        return table
+    first = ends[groups[0]] - md.row_group(groups[0]).num_rows
     return table.slice(rows[0] - first, rows[1] - rows[0])
-
 
 def _scan(src: Any, cols: list[str] | None, groups: list[int] | None, threads: bool) -> pa.Table:
     """Row groups ``groups`` (None: all) of the Parquet file ``src``, columns ``cols``, read by Arrow's
