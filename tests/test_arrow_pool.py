@@ -197,6 +197,25 @@ def test_back_to_back_reads_share_one_raise(tmp_path, one, monkeypatch):
     assert resized == [3, 1, 3, 1] and pa.cpu_count() == 1
 
 
+def test_a_size_set_while_the_raise_lingers_is_respected(tmp_path, one, monkeypatch):
+    """Resized by someone else while the pool lingers raised: the next read raises it again where that
+    size is below its budget (then restores that size), and keeps a larger one."""
+    write(tmp_path, {0: batch(0)})
+    monkeypatch.setattr(pool, "LINGER", 3600)
+    r = trajstore.Reader(tmp_path, threads=3)
+    r.read(0)
+    pa.set_cpu_count(1)  # lowered while the raise lingers
+    r.read(0)
+    assert [p for _, p in one] == [3, 3] and pa.cpu_count() == 3
+    pool.settle()
+    assert pa.cpu_count() == 1
+    r.read(0)
+    pa.set_cpu_count(5)  # raised by the user while it lingers
+    r.read(0)
+    pool.settle()
+    assert [p for _, p in one] == [3, 3, 3, 5] and pa.cpu_count() == 5
+
+
 def _in_child(path, q):
     before = pa.cpu_count()
     x = trajstore.Reader(path, threads=2).read(0)["input_ids"]

@@ -60,14 +60,16 @@ def _resize(n: int) -> bool:
 def _enter(n: int) -> bool:
     global _reads, _found, _set, _timer
     with _lock:
+        cur = pa.cpu_count()
+        if _found is not None and not _reads and cur != _set:
+            _found = None  # resized by someone else while it lingered: that size is the one to keep
         if _found is None:
-            cur = pa.cpu_count()
             if cur >= n or not _resize(n):
                 return False
             _found, _set = cur, n
         elif n <= _found:
             return False
-        elif n > _set and _resize(n):
+        elif n > cur and _resize(n):
             _set = n
         if _timer is not None:
             _timer.cancel()
