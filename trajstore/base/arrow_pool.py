@@ -8,12 +8,13 @@ smaller (``pyarrow.set_cpu_count``). Concurrent reads (prefetch threads, several
 raise: the pool is the largest budget among them, never lowered while one of them runs, and restored to
 the size found before the first of them once the last one has ended and the pool has been idle for
 ``LINGER`` seconds (a timer): a read that follows within that moment (a replay loop) finds the same
-threads. Restoring at once cost each read a few percent (Arrow starts a thread per task up to the
-pool's size and lets extra threads exit when it shrinks; a new thread starts with a cold allocator
-heap), measured in README "Threads". A pool at least ``n`` (set by the user, or sized from the cores)
-is never touched, so never shrunk; a size someone else set while it was raised is left as it is. A
-failing ``set_cpu_count`` never fails a read: it is logged once and the read goes on with the pool as
-it is. A forked child, and the process at exit, get the size found back at once.
+threads. Restoring at once made back-to-back reads slower (Arrow starts a thread per task up to the
+pool's size and lets extra threads exit when it shrinks, so each read started its threads anew;
+measured in README "Threads"). A pool at least ``n`` (set by the user, or sized from the cores) is
+never touched, so never shrunk; a size someone else set while it was raised is the one kept (a later
+read raises it again where it is below its budget). A failing ``set_cpu_count`` never fails a read: it
+is logged once and the read goes on with the pool as it is. A forked child, and the process at exit,
+get the size found back at once.
 
 May import: pyarrow (this module alone of ``base/``), the standard library.
 """
