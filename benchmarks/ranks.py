@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 import trajstore
+from trajstore.format.file import parquet
 
 from . import workload as W
 
@@ -149,15 +150,15 @@ def _decoded_fraction(a, r, steps: list[int], rank: int) -> float:
     """The largest share, over the ranks, of the Arrow bytes a read of every whole step decodes that one
     rank decodes for its slices (not timed: counted on the tables pyarrow returns)."""
     got: list[int] = []
-    real = {n: getattr(pq.ParquetFile, n) for n in ("read_row_group", "read")}
-    real_table = pq.read_table
+    real = {n: getattr(pq.ParquetFile, n) for n in ("read_row_group", "read_row_groups", "read")}
+    real_scan = parquet._scan  # a large read: Arrow's dataset reader
 
     def count(fn):
         return lambda *x, **k: (lambda t: (got.append(t.nbytes), t)[1])(fn(*x, **k))
 
     for n, fn in real.items():
         setattr(pq.ParquetFile, n, count(fn))
-    pq.read_table = count(real_table)
+    parquet._scan = count(real_scan)
     try:
         for s in steps:
             r.read(s)
@@ -170,7 +171,7 @@ def _decoded_fraction(a, r, steps: list[int], rank: int) -> float:
     finally:
         for n, fn in real.items():
             setattr(pq.ParquetFile, n, fn)
-        pq.read_table = real_table
+        parquet._scan = real_scan
     return _all(mine / total if total else 0.0, dist.ReduceOp.MAX)
 
 

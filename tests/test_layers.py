@@ -204,6 +204,7 @@ DEFERRED = {
     "trajstore.format.dtypes": {"torch"},
     "trajstore.format.values": {"torch"},
     "trajstore.store.remote": {"pyarrow.dataset"},  # loads pandas; only `sql` over object storage needs it
+    "trajstore.format.file.parquet": {"pyarrow.dataset"},  # loads pandas; only a large step read needs it
     "trajstore.read.tables": {"..format.batch", "..format.codec.rows", ".shards"},
     "trajstore.inspection.verify": {"..read.reader"},
 }

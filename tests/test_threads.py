@@ -1,7 +1,8 @@
 """The thread budget of a Writer / Reader (README, Threads): from the cores this process may use shared
-among the ranks of this host, never from OMP_NUM_THREADS; overridable; reported; and the row groups of a
-step decoded on trajstore's pool of that many threads, not on Arrow's (sized by OMP_NUM_THREADS). And the
-decode-cost option of the writer, ``compression=`` (docs/FORMAT.md 3.5)."""
+among the ranks of this host, never from OMP_NUM_THREADS; overridable; reported; and a step's row groups
+decoded on Arrow's pool raised to that many threads while the read is in flight (Arrow sizes it from
+OMP_NUM_THREADS; tests/test_arrow_pool.py tests the raise). And the decode-cost option of the writer,
+``compression=`` (docs/FORMAT.md 3.5)."""
 
 from __future__ import annotations
 
@@ -77,31 +78,36 @@ def test_recorder_passes_its_threads_to_the_writer_and_the_reader(tmp_path):
         assert rec._reader.threads == 3
 
 
-@settings(max_examples=12)
-@given(budget=st.integers(1, 5), cols=st.sampled_from([None, ["input_ids"], ["rewards", "input_ids"]]))
-def test_row_groups_read_on_the_pool_are_the_file(tmp_path_factory, budget, cols):
-    """The table ``read_columns`` builds from row groups (on the pool: one read per column of each
-    row group) is the one ``pyarrow.parquet.read_table`` reads."""
+@settings(max_examples=20)
+@given(budget=st.integers(1, 5), cols=st.sampled_from([None, ["input_ids"], ["rewards", "input_ids"]]),
+       cut=st.tuples(st.integers(0, 40), st.integers(0, 40)), small=st.booleans())
+def test_reads_through_arrows_pool_are_the_file(tmp_path_factory, budget, cols, cut, small):
+    """The table ``read_columns`` reads (a large read: Arrow's dataset reader on Arrow's pool; a small one:
+    on the calling thread), of every row or of the rows ``rows=`` of the row groups holding them, is the
+    one ``pyarrow.parquet.read_table`` reads (sliced), schema metadata included."""
     d = tmp_path_factory.mktemp("rg")
+    rows = None if cut[0] == cut[1] else (min(cut), max(cut))
     with pytest.MonkeyPatch.context() as mp:
         many_row_groups(mp)
         mp.setattr(parquet, "ROW_GROUP_BYTES", 2048)
-        mp.setattr(_threads, "PARALLEL_BYTES", 0)
+        mp.setattr(parquet, "PARALLEL_READ_BYTES", 1 << 30 if small else 0)
         g = torch.Generator().manual_seed(budget)
         b = {"input_ids": torch.randint(0, 9, (40, 30), generator=g), "rewards": torch.rand(40, generator=g)}
         r = write(d, {0: b}, threads=budget)
         sf = stepfile.open_step(r.file(0), 0)
         with _threads.using(budget):
-            got = parquet.read_columns(sf.pf, sf.src, cols)
-        assert got.equals(pq.read_table(r.file(0), columns=cols))
-        assert got.schema.metadata == pq.read_table(r.file(0), columns=cols).schema.metadata
+            got = parquet.read_columns(sf.pf, sf.src, cols, rows)
+        want = pq.read_table(r.file(0), columns=cols)
+        want = want if rows is None else want.slice(rows[0], rows[1] - rows[0])
+        assert pq.ParquetFile(r.file(0)).metadata.num_row_groups > 1
+        assert got.equals(want) and got.schema.metadata == want.schema.metadata
         assert torch.equal(r[0]["input_ids"], b["input_ids"])
 
 
 CHILD = r"""
-import json, os, sys, threading
-import pyarrow as pa, pyarrow.parquet as pq, torch
-import trajstore
+import json, os, sys
+import pyarrow as pa, torch
+import trajstore, trajstore.base.arrow_pool
 from trajstore.format import parquet
 from _dumps import many_row_groups, small_batch
 from pytest import MonkeyPatch
@@ -117,25 +123,17 @@ mp.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))  # this rank on a
 many_row_groups(mp)
 mp.setattr(parquet, "ROW_GROUP_BYTES", 4096)
 mp.setattr(trajstore.base.threads, "PARALLEL_BYTES", 0)
-met, lock, names = threading.Barrier(2, timeout=120), threading.Lock(), set()
-real = pq.ParquetFile.read_row_group
-
-def read_row_group(self, *a, **k):  # the first two row-group reads must run at the same time
-    with lock:
-        first, _ = len(names) < 2, names.add(threading.current_thread().name)
-    if first:
-        met.wait()
-    return real(self, *a, **k)
-
-mp.setattr(pq.ParquetFile, "read_row_group", read_row_group)
+mp.setattr(trajstore.base.arrow_pool, "LINGER", 0)  # the pool given back as soon as the read ends
+seen, real = [], parquet._scan
+mp.setattr(parquet, "_scan", lambda *a: seen.append(pa.cpu_count()) or real(*a))  # Arrow's pool as it decodes
 b = {"input_ids": torch.arange(64 * 200, dtype=torch.int32).reshape(64, 200), "rewards": torch.rand(64)}
 with trajstore.Writer(d + "/fake") as w:
     w.append(0, b)
     out["writer"], out["workers"] = w.stats["threads"], w.stats["workers"]
 r = trajstore.Reader(d + "/fake")
 got = r[0]
-out.update(reader=r.threads, exact=torch.equal(got["input_ids"], b["input_ids"]), met=not met.broken,
-           decode_threads=len(names))
+out.update(reader=r.threads, exact=torch.equal(got["input_ids"], b["input_ids"]), seen=seen,
+           after=pa.cpu_count())
 print(json.dumps(out))
 """
 
@@ -143,8 +141,8 @@ print(json.dumps(out))
 def test_a_rank_under_torchrun_uses_its_budget_not_one_thread(tmp_path):
     """A child process with torchrun's variables (OMP_NUM_THREADS=1, two ranks on this host): its
     Writer and Reader report the documented budget (this machine's cores halved; then, with the
-    affinity of an 8-core host, 4), and a step's row groups are decoded on two threads at once although
-    Arrow's own pool has one (each of the first two row-group reads waits for the other)."""
+    affinity of an 8-core host, 4), and a step's row groups are decoded on Arrow's pool raised from the
+    one thread it has to that budget, 4, and given back its one thread once the read is done."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "LOCAL_WORLD_SIZE": "2",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1])])}
     env.pop(_threads.ENV, None)
@@ -155,7 +153,7 @@ def test_a_rank_under_torchrun_uses_its_budget_not_one_thread(tmp_path):
     assert got["arrow_cpus"] == 1  # what Arrow's pool would have used
     assert got["real_writer"] == got["real_reader"] == max(1, min(_threads.MAX_DEFAULT, got["cores"] // 2))
     assert (got["writer"], got["workers"], got["reader"]) == (4, 4, 4)
-    assert got["met"] and got["decode_threads"] >= 2 and got["exact"]
+    assert got["seen"] == [4] and got["after"] == 1 and got["exact"]
 
 
 @settings(max_examples=10)

@@ -1,6 +1,7 @@
-"""The thread budget of this process, the thread pools the decoder, ``append``'s copies and the
-row-group reads run on (numpy copies, torch kernels and Arrow decoding release the GIL), forgotten
-in a forked child, and the per-thread switch that keeps a decode on its own thread.
+"""The thread budget of this process, the thread pools the decoder's joins and ``append``'s copies run
+on (numpy copies and torch kernels release the GIL), forgotten in a forked child, and the per-thread
+switch that keeps a decode on its own thread. A step's row groups decode on Arrow's pool, raised to
+the budget while the read is in flight (``arrow_pool.py``).
 
 The budget (README "Threads", docs/RELIABILITY.md): ``threads=`` of a Writer / Reader, else
 ``$TRAJSTORE_THREADS``, else the cores this process may run on (``os.sched_getaffinity``) shared among

@@ -61,8 +61,8 @@ class Reader:
     A step of N ranks is their shards joined; ``rank``/``world_size``/``balance``: a replaying rank's slice
     of each step; ``shard(s, k)``: rank k's shard as dumped (``trajstore/read/shards.py``).
 
-    ``threads``: the threads a read uses (Arrow decoding of a step's row groups, the joins and copies
-    after it); default ``$TRAJSTORE_THREADS``, else this process's cores shared among the ranks of this
+    ``threads``: the threads a read uses (Arrow decoding of a step's row groups, on Arrow's pool raised to
+    it while the read is in flight, and the joins and copies after it); default ``$TRAJSTORE_THREADS``, else this process's cores shared among the ranks of this
     host (``$LOCAL_WORLD_SIZE``), never ``OMP_NUM_THREADS`` (README, Threads). The budget used is the
     attribute ``threads``.
     """

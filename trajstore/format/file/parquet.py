@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ...base import threads as _threads
+from ...base.arrow_pool import arrow_pool
 from ...errors import ConfigError, FormatError
 from .. import dtypes as dt
 from .. import limits
@@ -114,16 +115,18 @@ def read_sample(pf: pq.ParquetFile, node: dict, doc: dict, f: Path) -> Any:
 
 def read_columns(pf: pq.ParquetFile, src: Any, cols: list[str] | None,
                  rows: tuple[int, int] | None = None) -> pa.Table:
-    """Large reads of a local file decode its row groups on trajstore's thread pool, as many at once
-    as the reader's thread budget (``_row_groups``), where Arrow's own pool has fewer threads than that
-    budget: Arrow sizes it from ``OMP_NUM_THREADS``, which torchrun sets to 1 (README, Threads).
-    Otherwise, and for a remote file, they go through the dataset reader (``pq.read_table``), which
-    decodes row groups and columns in parallel on Arrow's pool (even with ``use_threads=False``),
-    faster per thread than row groups read from Python threads (benchmarks/RESULTS.md, "Thread budget").
-    Small reads (a column of per-trajectory values) read the file on the calling thread.
-    ``rows=(start, stop)``: those rows only, from the row groups that hold them (``_row_groups``).
-    ``schema.decode`` then joins the row-group chunks of each column in parallel. ``src`` is what
-    ``pf`` reads from."""
+    """Columns ``cols`` (None: all) of the step file ``pf`` reads from ``src``; ``rows=(start, stop)``:
+    those rows only, read from the row groups that hold them (a rank's slice of a shard it cuts).
+
+    Large reads go through Arrow's dataset reader, which decodes row groups and columns in parallel on
+    Arrow's CPU pool (even with ``use_threads=False``), faster per thread than row groups read from
+    Python threads (benchmarks/RESULTS.md, "Thread budget"). Arrow sizes that pool from
+    ``OMP_NUM_THREADS``, which torchrun sets to 1, so while such a read is in flight the pool is raised
+    to the reader's thread budget where it is smaller, and restored after (``base/arrow_pool.py``;
+    README, Threads). ``pre_buffer=False``: the column chunks are read as they are decoded, not gathered
+    first, which is faster on a step of many row groups (benchmarks/RESULTS.md). Pages are checked
+    (``page_checksum_verification``). Small reads (a column of per-trajectory values) read the file on
+    the calling thread. ``schema.decode`` then joins the row-group chunks of each column in parallel."""
     md = pf.metadata
     sch = pq.ParquetSchema(md)  # not md.schema: FileMetaData would keep it, a cycle freed only by the collector
     leaves = [sch.column(j).path for j in range(md.num_columns)]
@@ -136,51 +139,32 @@ def read_columns(pf: pq.ParquetFile, src: Any, cols: list[str] | None,
         ends = list(itertools.accumulate(md.row_group(i).num_rows for i in groups))
         groups = [i for i in groups if ends[i] > rows[0] and ends[i] - md.row_group(i).num_rows < rows[1]]
     size = sum(md.row_group(i).total_byte_size for i in groups) * len(want) // max(1, len(leaves))
-    if rows is not None:
-        first = ends[groups[0]] - md.row_group(groups[0]).num_rows if groups else 0
-        return _row_groups(pf, src, cols, size, groups).slice(rows[0] - first, rows[1] - rows[0])
-    if (size > PARALLEL_READ_BYTES and isinstance(src, pa.OSFile | pa.BufferReader) and md.num_row_groups
-            and pa.cpu_count() < _threads.threads()):
-        return _row_groups(pf, src, cols, size)
-    threads = not _threads.is_serial()
-    if size > PARALLEL_READ_BYTES:
-        # pre_buffer=False: the column chunks are read as they are decoded, not gathered first,
-        # which is faster on a step of many row groups (benchmarks/RESULTS.md)
-        return pq.read_table(src, columns=cols, use_threads=threads, pre_buffer=False,
-                             page_checksum_verification=True, **limits.THRIFT_LIMITS)
-    return pf.read(columns=cols, use_threads=threads)
+    threads, small = not _threads.is_serial(), size <= PARALLEL_READ_BYTES
+    if rows is None and small:
+        return pf.read(columns=cols, use_threads=threads)
+    if rows is not None and not groups:
+        return pf.schema_arrow.empty_table().select(list(pf.schema_arrow.names if cols is None else cols))
+    if small:
+        table = pf.read_row_groups(groups, columns=cols, use_threads=False)
+    else:
+        with arrow_pool(_threads.threads()):
+            table = _scan(src, cols, None if rows is None else groups, threads)
+    if rows is None:
+        return table
+    first = ends[groups[0]] - md.row_group(groups[0]).num_rows
+    return table.slice(rows[0] - first, rows[1] - rows[0])
 
+def _scan(src: Any, cols: list[str] | None, groups: list[int] | None, threads: bool) -> pa.Table:
+    """Row groups ``groups`` (None: all) of the Parquet file ``src``, columns ``cols``, read by Arrow's
+    dataset reader (what ``pq.read_table`` does, there for the whole file only), pages checked. A reader
+    of its own: one ``ParquetFile`` read from several threads at once crashes pyarrow. ``pyarrow.dataset``
+    is imported here, as ``pq.read_table`` does: it loads pandas, which commands that read no step skip."""
+    import pyarrow.dataset as ds
 
-def _reader(pf: pq.ParquetFile, src: Any) -> pq.ParquetFile:
-    """A Parquet reader of its own for one task, on ``pf``'s source and parsed footer: one reader is
-    not safe to read from on several threads at once (pyarrow crashes)."""
-    return pq.ParquetFile(src, metadata=pf.metadata, memory_map=False, page_checksum_verification=True,
-                          **limits.THRIFT_LIMITS)
-
-
-def _row_groups(pf: pq.ParquetFile, src: Any, cols: list[str] | None, size: int,
-                groups: list[int] | None = None) -> pa.Table:
-    """Row groups ``groups`` (default all) of ``pf``, columns ``cols``, each read with
-    ``use_threads=False``: on trajstore's pool, one task per column of each row group (the pool
-    balances the column chunks of unequal sizes as Arrow's own pool does); on the calling thread,
-    one read per row group. Pages are checked (the file was opened with ``page_checksum_verification``)."""
-    groups = list(range(pf.metadata.num_row_groups)) if groups is None else groups
-    names = list(pf.schema_arrow.names if cols is None else cols)
-    if not groups:
-        return pf.schema_arrow.empty_table().select(names)
-    parts = [[c] for c in names] if _threads.parallel(size) and names else [names]
-    per = len(parts)
-    got = _threads.map_parallel(lambda t: _reader(pf, src).read_row_group(t[0], columns=t[1], use_threads=False),
-                                [(i, p) for i in groups for p in parts], size)
-    if per > 1:  # each row group's columns side by side again, in ``names`` order
-        got = [_side_by_side(got[k:k + per]) for k in range(0, len(got), per)]
-    return got[0] if len(got) == 1 else pa.concat_tables(got)
-
-
-def _side_by_side(tables: list[pa.Table]) -> pa.Table:
-    fields = [f for t in tables for f in t.schema]
-    return pa.Table.from_arrays([c for t in tables for c in t.columns],
-                                schema=pa.schema(fields, metadata=tables[0].schema.metadata))
+    fmt = ds.ParquetFileFormat(pre_buffer=False, page_checksum_verification=True, **limits.THRIFT_LIMITS)
+    frag = fmt.make_fragment(src, row_groups=groups)
+    data = ds.FileSystemDataset([frag], schema=frag.physical_schema, format=fmt, filesystem=frag.filesystem)
+    return data.to_table(columns=cols, use_threads=threads)
 
 
 PARALLEL_READ_BYTES = 4 << 20

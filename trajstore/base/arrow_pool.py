@@ -1,0 +1,132 @@
+"""Arrow's process-wide CPU pool raised to a read's thread budget while the read is in flight, and
+given back once no such read is (README "Threads").
+
+Arrow sizes its CPU pool from ``OMP_NUM_THREADS``, which torchrun sets to 1: in every rank
+``pyarrow.cpu_count()`` is then 1, and a step's row groups would decode on one thread whatever the
+rank's budget (``threads.budget``). ``arrow_pool(n)`` around a read raises the pool to ``n`` where it is
+smaller (``pyarrow.set_cpu_count``). Concurrent reads (prefetch threads, several Readers) share one
+raise: the pool is the largest budget among them, never lowered while one of them runs, and restored to
+the size found before the first of them once the last one has ended and the pool has been idle for
+``LINGER`` seconds (a timer): a read that follows within that moment (a replay loop) finds the same
+threads. Restoring at once made back-to-back reads slower (Arrow starts a thread per task up to the
+pool's size and lets extra threads exit when it shrinks, so each read started its threads anew;
+measured in README "Threads"). A pool at least ``n`` (set by the user, or sized from the cores) is
+never touched, so never shrunk; a size someone else set while it was raised is the one kept (a later
+read raises it again where it is below its budget). A failing ``set_cpu_count`` never fails a read: it
+is logged once and the read goes on with the pool as it is. A forked child, and the process at exit,
+get the size found back at once.
+
+May import: pyarrow (this module alone of ``base/``), the standard library.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pyarrow as pa
+
+__all__ = ["arrow_pool", "settle", "LINGER"]
+
+LINGER = 0.5  # seconds the pool stays raised after the last read, for the next one
+
+log = logging.getLogger("trajstore.reader")
+
+_lock = threading.Lock()
+_reads = 0  # reads in flight that wanted more threads than the pool had before the first raise
+_found: int | None = None  # the pool's size before that first raise (None: not raised)
+_set = 0  # the size the raise set
+_timer: threading.Timer | None = None  # the restore waiting for the pool to stay idle
+_warned = False
+
+
+def _resize(n: int) -> bool:
+    """``pyarrow.set_cpu_count(n)``; False (logged once) where it fails."""
+    global _warned
+    try:
+        pa.set_cpu_count(n)
+        return True
+    except Exception as e:  # never fail a read over the pool's size
+        if not _warned:
+            _warned = True
+            log.warning("trajstore: could not resize Arrow's CPU pool to %d threads (%s: %s); reads go on "
+                        "with the pool as it is", n, type(e).__name__, e)
+        return False
+
+
+def _enter(n: int) -> bool:
+    global _reads, _found, _set, _timer
+    with _lock:
+        cur = pa.cpu_count()
+        if _found is not None and not _reads and cur != _set:
+            _found = None  # resized by someone else while it lingered: that size is the one to keep
+        if _found is None:
+            if cur >= n or not _resize(n):
+                return False
+            _found, _set = cur, n
+        elif n <= _found:
+            return False
+        elif n > cur and _resize(n):
+            _set = n
+        if _timer is not None:
+            _timer.cancel()
+            _timer = None
+        _reads += 1
+        return True
+
+
+def _exit() -> None:
+    global _reads, _timer
+    with _lock:
+        _reads -= 1
+        if _reads or _found is None:
+            return
+        if LINGER <= 0:
+            _restore()
+            return
+        _timer = threading.Timer(LINGER, settle)
+        _timer.daemon = True
+        _timer.name = "trajstore-arrow-pool"
+        _timer.start()
+
+
+def _restore() -> None:  # (under the lock)
+    global _found, _timer
+    if pa.cpu_count() == _set:  # else resized by someone else meanwhile: theirs stays
+        _resize(_found)
+    _found, _timer = None, None
+
+
+def settle() -> None:
+    """Restore Arrow's pool now if no read holds it raised (what the timer does after ``LINGER``)."""
+    with _lock:
+        if _reads == 0 and _found is not None:
+            if _timer is not None:
+                _timer.cancel()
+            _restore()
+
+
+@contextmanager
+def arrow_pool(n: int) -> Iterator[None]:
+    """Arrow's CPU pool has at least ``n`` threads inside the block (see the module doc)."""
+    entered = _enter(n)
+    try:
+        yield
+    finally:
+        if entered:
+            _exit()
+
+
+def _after_fork() -> None:  # a forked child has none of the reads in flight, nor the timer
+    global _lock, _reads, _timer
+    _lock, _reads, _timer = threading.Lock(), 0, None
+    settle()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+atexit.register(settle)
