@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trajstore.format.batch.masks import Selection, classify, row_counts, token_mask
+from trajstore.format.batch.masks import Selection, classify, host_empty, row_counts, token_mask
 from trajstore.testing.bits import run_mask
 
 
@@ -64,3 +64,12 @@ def test_a_bool_mask_is_its_own_token_mask():
     m = torch.rand(3, 5) < 0.5
     assert token_mask(m) is m
     assert torch.equal(token_mask(m.to(torch.int64) * 7), m) and torch.equal(token_mask(m[..., None].float()), m)
+
+
+def test_a_mask_on_another_device_stays_there():
+    """``token_mask`` of a non-CPU tensor (the recorder and the GPU replay pass CUDA masks) is built on
+    that device ("meta" stands in for CUDA here; tests/test_device_pad.py runs it on a GPU)."""
+    m = torch.ones(2, 8, dtype=torch.int64, device="meta")
+    assert token_mask(m).device.type == "meta" and token_mask(m).dtype == torch.bool
+    assert host_empty((2, 3), torch.int32, m).device.type == "meta"
+    assert host_empty((2, 3), torch.int32).device.type == "cpu"

@@ -66,12 +66,16 @@ def len_col(g: MaskGroup) -> str:
     return LEN_PREFIX + g.src + (f"__{g.key}" if g.part else "")
 
 
-def host_empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialized CPU tensor in memory from Arrow's allocator (``arrow.empty``), for the encoder's
+def host_empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype,
+               like: torch.Tensor | None = None) -> torch.Tensor:
+    """An uninitialized tensor on ``like``'s device (CPU by default); on the CPU, in memory from Arrow's
+    allocator (``arrow.empty``), for the encoder's
     step-sized temporaries and outputs: Arrow's allocator keeps the pages it freed mapped for the next
     step, where torch's (the C library's) maps and unmaps a large block every time, and every first
     touch of a page is a fault; with several writer workers those faults queue on the process's
     memory map (benchmarks/RESULTS.md)."""
+    if like is not None and like.device.type != "cpu":
+        return torch.empty(tuple(shape), dtype=dtype, device=like.device)
     n = 1
     for d in shape:
         n *= int(d)
@@ -85,7 +89,7 @@ def token_mask(m: torch.Tensor | np.ndarray) -> torch.Tensor:
     inspection tools share)."""
     t = torch.as_tensor(m)
     if t.dtype != torch.bool:  # (a bool mask is its own token mask: ``!= 0`` would widen it to int64)
-        t = torch.ne(t, 0, out=host_empty(t.shape, torch.bool)) if t.dtype.is_floating_point or t.dtype in _INTS \
+        t = torch.ne(t, 0, out=host_empty(t.shape, torch.bool, t)) if t.dtype.is_floating_point or t.dtype in _INTS \
             else t != 0
     while t.ndim > 2:
         t = t.all(dim=-1)
@@ -129,7 +133,7 @@ def classify(mask: torch.Tensor) -> tuple[str | None, torch.Tensor, torch.Tensor
     if mask.shape[0] == 0:  # no rows: every side fits (and no [W] positions are built for a wide empty batch)
         return "right", lengths, None
     ar = torch.arange(W)
-    want = host_empty(mask.shape, torch.bool)  # (the step-sized temporaries from Arrow's allocator: ``host_empty``)
+    want = host_empty(mask.shape, torch.bool, mask)  # (the step-sized temporaries from Arrow's allocator: ``host_empty``)
     if torch.equal(mask, torch.lt(ar[None, :], lengths[:, None], out=want)):
         return "right", lengths, None
     if torch.equal(mask, torch.ge(ar[None, :], (W - lengths)[:, None], out=want)):
@@ -221,7 +225,7 @@ class Selection:
         if side in ("right", "left", "span") and lengths is not None and mask.ndim == 2:
             short = (lengths < W).nonzero()
             r = int(short[0, 0]) if len(short) else -1
-            self.padded = torch.bitwise_not(mask, out=host_empty(mask.shape, torch.bool)) if r >= 0 else None
+            self.padded = torch.bitwise_not(mask, out=host_empty(mask.shape, torch.bool, mask)) if r >= 0 else None
             first = (lengths if side == "right" else torch.zeros_like(lengths)) if side != "span" else None
             if side == "span":  # its first padded position: before the run, else just after it
                 assert starts is not None
@@ -250,12 +254,12 @@ class Selection:
         memory from Arrow's allocator (``host_empty``), viewed back as its dtype."""
         b = bits(x)
         src = b.reshape(b.shape[0] * b.shape[1], *b.shape[2:])
-        out = host_empty((len(self.index), *src.shape[1:]), src.dtype)
+        out = host_empty((len(self.index), *src.shape[1:]), src.dtype, src)
         return torch.index_select(src, 0, self.index, out=out).view(x.dtype)
 
     def differ(self, b: torch.Tensor, p: Any) -> bool:
         """Whether the bits ``b`` (``[B, W, ...]``) differ from ``p`` at a padded position."""
-        return self.any_padded(torch.ne(b, p, out=host_empty(b.shape, torch.bool)))
+        return self.any_padded(torch.ne(b, p, out=host_empty(b.shape, torch.bool, b)))
 
 
 def _run_positions(lengths: torch.Tensor, starts: torch.Tensor | None, side: str, W: int) -> np.ndarray:
