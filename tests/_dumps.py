@@ -236,6 +236,32 @@ def run(*args, check_rc: int | None = 0, env: dict | None = None, **kw) -> subpr
     return p
 
 
+def run_here(*args, check_rc: int | None = 0) -> subprocess.CompletedProcess:
+    """``run`` in this process (``trajstore.cli.main.run`` with its output captured, the same
+    environment): for tests that run many commands once the console script itself is covered."""
+    import contextlib
+    import io
+
+    from trajstore import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    saved = {k: os.environ.get(k) for k in ("NO_COLOR", "COLUMNS")}
+    os.environ.update({"NO_COLOR": "1", "COLUMNS": "200"})
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = cli.run([str(a) for a in args])
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    p = subprocess.CompletedProcess(["trajstore", *map(str, args)], rc, out.getvalue(), err.getvalue())
+    if check_rc is not None:
+        assert p.returncode == check_rc, f"rc {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
+    return p
+
+
 def clone(x):
     """A deep copy of a batch (tensors, arrays, object arrays, containers)."""
     if isinstance(x, torch.Tensor):

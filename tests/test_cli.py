@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from _dumps import CONVERSATIONS, list_dump, make_tokenizer, padded_dump, run
+from _dumps import CONVERSATIONS, list_dump, make_tokenizer, padded_dump, run, run_here
 
 
 @pytest.fixture(scope="module")
@@ -73,27 +73,30 @@ def test_show_without_tokenizer_and_rejected(data):
 
 
 def test_diff_exit_codes(data):
+    """The console script's exit codes (0 identical, 1 different, 2 an error), then the options run
+    in this process (``run_here``: the same command line, its output captured)."""
     d, _, _ = data
     same = run("diff", d / "a", d / "c")
     assert "identical" in same.stdout
     p = run("diff", d / "a", d / "b", check_rc=1)
+    assert p.stdout == run_here("diff", d / "a", d / "b", check_rc=1).stdout
     assert "first divergence (differs): step 2 field logprobs traj 1 tok 3: " in p.stdout
     assert "logprobs: first beyond tolerance at step 2 traj 1 tok 3" in p.stdout
     assert "old_logprobs: first" not in p.stdout
-    js = json.loads(run("diff", d / "a", d / "b", "--json", check_rc=1).stdout)
+    js = json.loads(run_here("diff", d / "a", d / "b", "--json", check_rc=1).stdout)
     fd = js["first_divergence"]
     assert (fd["step"], fd["field"], fd["trajectory"], fd["token"]) == (2, "logprobs", 1, 3)
     assert js["fields"]["input_ids"]["status"] == "identical"
-    run("diff", d / "a", d / "b", "--atol", "0.3")
-    run("diff", d / "a", d / "b", "--steps", "0-1,5")
-    run("diff", d / "a", d / "b", "--fields", "input_ids,rewards")
+    run_here("diff", d / "a", d / "b", "--atol", "0.3")
+    run_here("diff", d / "a", d / "b", "--steps", "0-1,5")
+    run_here("diff", d / "a", d / "b", "--fields", "input_ids,rewards")
     # b's logprobs differ from its old_logprobs at trajectory 1, token 3: a prompt token (loss mask 0)
-    pair = run("diff", d / "b", "--pair", "logprobs", "old_logprobs", check_rc=1)
+    pair = run_here("diff", d / "b", "--pair", "logprobs", "old_logprobs", check_rc=1)
     assert "logprobs vs old_logprobs" in pair.stdout and "p99 abs" in pair.stdout
     assert "step 2 traj 1 tok 3" in pair.stdout
-    masked = run("diff", d / "b", "--pair", "logprobs", "old_logprobs", "--mask", "loss_mask")
+    masked = run_here("diff", d / "b", "--pair", "logprobs", "old_logprobs", "--mask", "loss_mask")
     assert masked.stdout.rstrip().endswith("identical")
-    run("diff", d / "a", "--pair", "logprobs", "old_logprobs")
+    run_here("diff", d / "a", "--pair", "logprobs", "old_logprobs")
     err = run("diff", d / "a", d / "nope", check_rc=2)
     assert "no trajstore dump" in err.stderr
 

@@ -76,8 +76,14 @@ def _replay(rank: int, world: int, port: int, path: str, recorder: bool) -> None
     dist.destroy_process_group()
 
 
+# the ranks are forked from a server that has imported torch and trajstore once (each spawned rank
+# would import them anew: about a second and a half each on two cores)
+mp.set_forkserver_preload(["torch", "trajstore", "trajstore.write.writer", "test_ranks", __name__])
+START = "forkserver"
+
+
 def _run(fn, world: int, *args) -> list[int]:
-    ctx = mp.start_processes(fn, args=(world, _port(), *args), nprocs=world, join=False, start_method="spawn")
+    ctx = mp.start_processes(fn, args=(world, _port(), *args), nprocs=world, join=False, start_method=START)
     while not ctx.join():
         pass
     return [p.exitcode for p in ctx.processes]
@@ -102,7 +108,7 @@ def test_four_ranks_dump_and_replay_on_any_world_size(tmp_path, recorder):
 
 def test_a_rank_killed_mid_step_leaves_no_half_step(tmp_path):
     path = str(tmp_path / "d")
-    ctx = mp.start_processes(_dump, args=(4, _port(), path, 2, False), nprocs=4, join=False, start_method="spawn")
+    ctx = mp.start_processes(_dump, args=(4, _port(), path, 2, False), nprocs=4, join=False, start_method=START)
     for p in ctx.processes:
         p.join(120)
     assert [p.exitcode for p in ctx.processes] == [0, 0, 7, 0]

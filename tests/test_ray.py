@@ -395,6 +395,9 @@ def _reference(url: str, split: str, mask: str | None) -> list[dict]:
     return out
 
 
+# the example's figures on the local dump; on S3 the documented command is run (test_example_command):
+# each Ray Data pipeline costs several seconds on two cores
+@pytest.mark.parametrize("dump", ["local"], indirect=True)
 @pytest.mark.parametrize("split, mask", [("train", "response_mask"), ("train", None), ("packed", None)])
 def test_example_statistics_equal_the_readers(dump, example, split, mask):
     got = example.step_stats(dump.url, split, mask=mask, **dump.args)
@@ -407,6 +410,7 @@ def test_example_statistics_equal_the_readers(dump, example, split, mask):
     assert any(g["mismatch_mean"] > 0 for g in got)  # the fields differ: a mismatch of 0 would prove nothing
 
 
+@pytest.mark.parametrize("dump", ["local"], indirect=True)
 def test_example_without_a_mismatch_pair(dump, example):
     got = example.step_stats(dump.url, "packed", logprobs=None, **dump.args)
     assert [g["step"] for g in got] == sorted(SPLITS["packed"])
@@ -414,9 +418,11 @@ def test_example_without_a_mismatch_pair(dump, example):
     assert [g["tokens"] for g in got] == [int(b["cu_seqlens"][-1]) for b in SPLITS["packed"].values()]
 
 
+@pytest.mark.parametrize("dump", ["s3"], indirect=True)
 def test_example_command(dump, example):
     """The documented command, in a process of its own (a Ray of its own): its JSON lines are
-    step_stats's figures."""
+    step_stats's figures. Run on the S3 dump (its credentials come from the environment); the
+    local dump's figures are checked in this process above (a command starts a Ray of its own)."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     p = subprocess.run([sys.executable, str(ROOT / "examples" / "ray_stats.py"), dump.url, "--split", "train",
                         "--mask", "response_mask", "--num-cpus", "1", "--json"],
