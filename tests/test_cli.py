@@ -55,9 +55,9 @@ def test_show_gives_back_the_strings(data):
     for role, text in CONVERSATIONS[0]:
         assert f"--- {role} (" in out and text.strip() in out
     assert "reward 2.0" in out and "versions 4x" in out
-    js = json.loads(run("show", d / "a", "--step", 5, "--sample", 2, "--tokenizer", tok, "--json").stdout)
+    js = json.loads(run_here("show", d / "a", "--step", 5, "--sample", 2, "--tokenizer", tok, "--json").stdout)
     assert js["prompt"] == CONVERSATIONS[2][0][1] and js["completion"] == CONVERSATIONS[2][1][1]
-    lp = run("show", d / "a", "--step", 1, "--tokenizer", tok, "--logprobs").stdout
+    lp = run_here("show", d / "a", "--step", 1, "--tokenizer", tok, "--logprobs").stdout
     assert "per-token log-probabilities" in lp and "' answer'" in lp
 
 
@@ -66,9 +66,9 @@ def test_show_without_tokenizer_and_rejected(data):
     out = run("show", d / "a", "--step", 0, "--sample", 1).stdout
     ids = written[0]["input_ids"][1][written[0]["attention_mask"][1]].tolist()
     assert " ".join(map(str, ids[:5])) in out
-    rej = run("show", d / "a", "--split", "val", "--step", 3, "--sample", 1)
+    rej = run_here("show", d / "a", "--split", "val", "--step", 3, "--sample", 1)
     assert "rejected" in rej.stdout
-    bad = run("show", d / "a", "--step", 0, "--sample", 9, check_rc=2)
+    bad = run_here("show", d / "a", "--step", 0, "--sample", 9, check_rc=2)
     assert "out of range" in bad.stderr
 
 
@@ -124,11 +124,11 @@ def test_export_jsonl(data, tmp_path):
     assert "2 rejected skipped" in p.stderr
     assert [(r["prompt"], r["completion"]) for r in recs[:2]] == [(c[0][1], c[1][1]) for c in CONVERSATIONS[1:]]
     out = tmp_path / "t.jsonl"
-    p = run("export", d / "a", "--tokenizer", tok, "--max-per-step", 1, "--steps", "1-2", "-o", out)
+    p = run_here("export", d / "a", "--tokenizer", tok, "--max-per-step", 1, "--steps", "1-2", "-o", out)
     recs = [json.loads(x) for x in out.read_text().splitlines()]
     assert [(r["step"], r["index"]) for r in recs] == [(1, 0), (2, 0)]
     assert [(m["role"], m["text"]) for m in recs[0]["messages"]] == list(CONVERSATIONS[0])
-    inc = run("export", d / "a", "--split", "val", "--include-rejected").stdout.splitlines()
+    inc = run_here("export", d / "a", "--split", "val", "--include-rejected").stdout.splitlines()
     assert sum(json.loads(x)["rejected"] for x in inc) == 2
 
 
