@@ -11,6 +11,7 @@ here (``layout``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,8 +24,8 @@ from ..arrow import empty
 from ..spec import LEN_PREFIX, START_PREFIX
 from ..values import bits
 
-__all__ = ["MaskGroup", "Selection", "start_col", "len_col", "token_mask", "classify", "extent", "span_mask", "padded_mask",
-           "channel_major", "count_tokens"]
+__all__ = ["MaskGroup", "Selection", "start_col", "len_col", "token_mask", "classify", "extent", "span_mask",
+           "padded_mask", "channel_major", "count_tokens", "row_counts", "host_empty"]
 
 
 @dataclass
@@ -69,18 +70,14 @@ def len_col(g: MaskGroup) -> str:
 def host_empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype,
                like: torch.Tensor | None = None) -> torch.Tensor:
     """An uninitialized tensor on ``like``'s device (CPU by default); on the CPU, in memory from Arrow's
-    allocator (``arrow.empty``), for the encoder's
-    step-sized temporaries and outputs: Arrow's allocator keeps the pages it freed mapped for the next
-    step, where torch's (the C library's) maps and unmaps a large block every time, and every first
-    touch of a page is a fault; with several writer workers those faults queue on the process's
-    memory map (benchmarks/RESULTS.md)."""
+    allocator (``arrow.empty``), for the encoder's step-sized temporaries and outputs: Arrow's allocator
+    keeps the pages it freed mapped for the next step, where torch's (the C library's) maps and unmaps a
+    large block every time, and every first touch of a page is a fault; with several writer workers
+    those faults queue on the process's memory map (benchmarks/RESULTS.md)."""
     if like is not None and like.device.type != "cpu":
         return torch.empty(tuple(shape), dtype=dtype, device=like.device)
-    n = 1
-    for d in shape:
-        n *= int(d)
-    w = torch.empty((), dtype=dtype).element_size()
-    return torch.from_numpy(empty(n * w, np.uint8)[:n * w]).view(dtype).reshape(tuple(shape))
+    n = math.prod(int(d) for d in shape) * dtype.itemsize
+    return torch.from_numpy(empty(n, np.uint8)[:n]).view(dtype).reshape(tuple(shape))
 
 
 def token_mask(m: torch.Tensor | np.ndarray) -> torch.Tensor:
@@ -89,8 +86,7 @@ def token_mask(m: torch.Tensor | np.ndarray) -> torch.Tensor:
     inspection tools share)."""
     t = torch.as_tensor(m)
     if t.dtype != torch.bool:  # (a bool mask is its own token mask: ``!= 0`` would widen it to int64)
-        t = torch.ne(t, 0, out=host_empty(t.shape, torch.bool, t)) if t.dtype.is_floating_point or t.dtype in _INTS \
-            else t != 0
+        t = torch.ne(t, 0, out=host_empty(t.shape, torch.bool, t))
     while t.ndim > 2:
         t = t.all(dim=-1)
     return t
@@ -109,19 +105,25 @@ def channel_major(lengths: Any, w: int) -> np.ndarray:
     return ((o[r] * w + j)[:, None] + np.arange(w, dtype=np.int64)[None, :] * ln[r][:, None]).reshape(-1)
 
 
-_INTS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 _BYTES = 0x0101010101010101  # a 64-bit word times this holds the sum of its 8 bytes in its top byte
+
+
+def _words(t: torch.Tensor) -> torch.Tensor | None:
+    """A bool tensor's bytes as 64-bit words, 8 positions each, along its last dimension (no copy);
+    None where its rows are not whole aligned words."""
+    if t.numel() and t.shape[-1] % 8 == 0 and t.is_contiguous() and t.storage_offset() % 8 == 0:
+        return t.view(torch.uint8).view(torch.int64)
+    return None
 
 
 def row_counts(mask: torch.Tensor) -> torch.Tensor:
     """The int64 count of True per row of a ``[B, W]`` bool mask: 8 positions at a time (each row's
     64-bit words, their bytes summed by one multiply) where the rows are whole words, else its bytes
     summed into int32 (bool sums widen every element to int64)."""
-    B, W = mask.shape
-    if W % 8 == 0 and mask.numel() and mask.is_contiguous() and mask.storage_offset() % 8 == 0:
-        w = mask.view(torch.uint8).view(torch.int64)  # [B, W / 8] words
+    w = _words(mask)
+    if w is not None:
         return ((w * _BYTES) >> 56).bitwise_and_(0xFF).sum(1)
-    return mask.view(torch.uint8).sum(1, dtype=torch.int32).to(torch.int64) if W < 2**31 else mask.sum(1)
+    return mask.view(torch.uint8).sum(1, dtype=torch.int32).to(torch.int64) if mask.shape[1] < 2**31 else mask.sum(1)
 
 
 def classify(mask: torch.Tensor) -> tuple[str | None, torch.Tensor, torch.Tensor | None]:
@@ -133,7 +135,7 @@ def classify(mask: torch.Tensor) -> tuple[str | None, torch.Tensor, torch.Tensor
     if mask.shape[0] == 0:  # no rows: every side fits (and no [W] positions are built for a wide empty batch)
         return "right", lengths, None
     ar = torch.arange(W)
-    want = host_empty(mask.shape, torch.bool, mask)  # (the step-sized temporaries from Arrow's allocator: ``host_empty``)
+    want = host_empty(mask.shape, torch.bool, mask)
     if torch.equal(mask, torch.lt(ar[None, :], lengths[:, None], out=want)):
         return "right", lengths, None
     if torch.equal(mask, torch.ge(ar[None, :], (W - lengths)[:, None], out=want)):
@@ -216,22 +218,23 @@ def count_tokens(plain: Any) -> torch.Tensor | int | None:
 class Selection:
     """A mask group's positions, found once per step and shared by the fields that follow the group:
     ``padded`` (None where every position is a token), the ``first`` padded position, and ``index``,
-    the flat positions of its tokens in row-major order (what ``x[mask]`` selects). A right or left
-    padded group (``side``, with its rows' ``lengths``) finds ``padded`` and ``first`` from its lengths."""
+    the flat positions of its tokens in row-major order (what ``x[mask]`` selects). A group whose rows
+    each hold one run (``side`` right, left or span, with its rows' ``lengths`` and ``starts``) finds
+    them from its lengths, without a pass over the mask."""
 
     def __init__(self, mask: torch.Tensor, side: str | None = None, lengths: torch.Tensor | None = None,
                  starts: torch.Tensor | None = None) -> None:
-        B, W = mask.shape[0], mask.shape[1]
-        if side in ("right", "left", "span") and lengths is not None and mask.ndim == 2:
+        W = mask.shape[1]
+        if side in ("right", "left", "span") and lengths is not None:
             short = (lengths < W).nonzero()
-            r = int(short[0, 0]) if len(short) else -1
-            self.padded = torch.bitwise_not(mask, out=host_empty(mask.shape, torch.bool, mask)) if r >= 0 else None
-            first = (lengths if side == "right" else torch.zeros_like(lengths)) if side != "span" else None
-            if side == "span":  # its first padded position: before the run, else just after it
-                assert starts is not None
-                first = torch.where(starts > 0, 0, starts + lengths)
-            self.first = r * W + int(first[r]) if r >= 0 else 0
-            self.index = torch.from_numpy(_run_positions(lengths, starts if side == "span" else None, side, W))
+            self.padded, self.first = None, 0
+            if len(short):  # the first padded position: in the first row with padding
+                r = int(short[0, 0])
+                s0 = int(starts[r]) if side == "span" else 0
+                pos = int(lengths[r]) if side == "right" else (0 if side == "left" or s0 > 0 else s0 + int(lengths[r]))
+                self.padded = torch.bitwise_not(mask, out=host_empty(mask.shape, torch.bool, mask))
+                self.first = r * W + pos
+            self.index = torch.from_numpy(_run_positions(lengths, starts, side, W))
         else:
             self.padded = None if bool(mask.all()) else ~mask
             self.first = int(torch.argmax(self.padded.reshape(-1).view(torch.uint8))) if self.padded is not None else 0
@@ -243,10 +246,12 @@ class Selection:
         True at a padded position. A ``[B, W]`` one is tested as 64-bit words of 8 positions each."""
         p = self.padded
         assert p is not None
-        if differ.ndim == 2 and differ.is_contiguous() and p.is_contiguous() and differ.numel() % 8 == 0:
+        if differ.ndim == 2:
             if self._words is None:
-                self._words = p.reshape(-1).view(torch.int64)
-            return bool(differ.reshape(-1).view(torch.int64).bitwise_and_(self._words).any())
+                self._words = _words(p.reshape(-1))
+            d = _words(differ.reshape(-1))
+            if d is not None and self._words is not None:
+                return bool(d.bitwise_and_(self._words).any())
         return bool(differ.logical_and_(p.reshape(list(p.shape) + [1] * (differ.ndim - 2))).any())
 
     def take(self, x: torch.Tensor) -> torch.Tensor:
@@ -264,8 +269,8 @@ class Selection:
 
 def _run_positions(lengths: torch.Tensor, starts: torch.Tensor | None, side: str, W: int) -> np.ndarray:
     """The flat positions (row-major, in a ``[B, W]`` mask) of rows that each hold one run of
-    ``lengths`` tokens, right or left aligned or from ``starts``: counted up by one within a run, the
-    step between runs set at each run's first token, summed in place."""
+    ``lengths`` tokens, right or left aligned or from ``starts`` (side span): counted up by one within a
+    run, the step between runs set at each run's first token, summed in place."""
     L = lengths.numpy().astype(np.int64, copy=False)
     B = len(L)
     firsts = np.arange(B, dtype=np.int64) * W

@@ -154,6 +154,7 @@ def read_columns(pf: pq.ParquetFile, src: Any, cols: list[str] | None,
     first = ends[groups[0]] - md.row_group(groups[0]).num_rows
     return table.slice(rows[0] - first, rows[1] - rows[0])
 
+
 def _scan(src: Any, cols: list[str] | None, groups: list[int] | None, threads: bool) -> pa.Table:
     """Row groups ``groups`` (None: all) of the Parquet file ``src``, columns ``cols``, read by Arrow's
     dataset reader (what ``pq.read_table`` does, there for the whole file only), pages checked. A reader
