@@ -228,8 +228,11 @@ def cli() -> list[str]:
     return [found]
 
 
+CLI_ENV = {"NO_COLOR": "1", "COLUMNS": "200"}  # plain text, wide enough that no table is stacked
+
+
 def run(*args, check_rc: int | None = 0, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
-    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200", **(env or {})}
+    env = {**os.environ, **CLI_ENV, **(env or {})}
     p = subprocess.run(cli() + [str(a) for a in args], capture_output=True, text=True, env=env, **kw)
     if check_rc is not None:
         assert p.returncode == check_rc, f"rc {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
@@ -237,29 +240,38 @@ def run(*args, check_rc: int | None = 0, env: dict | None = None, **kw) -> subpr
 
 
 def run_here(*args, check_rc: int | None = 0) -> subprocess.CompletedProcess:
-    """``run`` in this process (``trajstore.cli.main.run`` with its output captured, the same
+    """``run`` in this process (``trajstore.cli.run`` with its output captured, the same
     environment): for tests that run many commands once the console script itself is covered."""
     import contextlib
     import io
+    from unittest import mock
 
     from trajstore import cli
 
     out, err = io.StringIO(), io.StringIO()
-    saved = {k: os.environ.get(k) for k in ("NO_COLOR", "COLUMNS")}
-    os.environ.update({"NO_COLOR": "1", "COLUMNS": "200"})
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            rc = cli.run([str(a) for a in args])
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with mock.patch.dict(os.environ, CLI_ENV), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli.run([str(a) for a in args])
     p = subprocess.CompletedProcess(["trajstore", *map(str, args)], rc, out.getvalue(), err.getvalue())
     if check_rc is not None:
         assert p.returncode == check_rc, f"rc {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}"
     return p
+
+
+def in_forked_child(target, *args, what: str = "its work"):
+    """What ``target(*args, queue)`` puts on the queue, run in a forked child (a DataLoader-style
+    worker); the child must end, with status 0, within a minute."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=target, args=(*args, q))
+    p.start()
+    p.join(60)
+    if p.is_alive():
+        p.kill()
+        p.join()
+    assert p.exitcode == 0, f"the child hung or failed {what}"
+    return q.get(timeout=5)
 
 
 def clone(x):

@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 import torch
-from _dumps import many_row_groups, write
+from _dumps import in_forked_child, many_row_groups, write
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -226,22 +226,11 @@ def _in_child(path, q):
 def test_a_forked_child_gets_the_pool_back(tmp_path, one, monkeypatch):
     """A DataLoader-style worker forked while the parent's pool is raised starts with the size the
     parent found, and reads on its own raise."""
-    import multiprocessing as mp
-
     write(tmp_path, {0: batch(0)})
     monkeypatch.setattr(pool, "LINGER", 3600)
     trajstore.Reader(tmp_path, threads=3).read(0)
     assert pa.cpu_count() == 3
-    ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    p = ctx.Process(target=_in_child, args=(str(tmp_path), q))
-    p.start()
-    p.join(60)
-    if p.is_alive():
-        p.kill()
-        p.join()
-    assert p.exitcode == 0, "the child hung or failed reading"
-    assert q.get(timeout=5) == (1, batch(0)["input_ids"].tolist())
+    assert in_forked_child(_in_child, str(tmp_path), what="reading") == (1, batch(0)["input_ids"].tolist())
     assert pa.cpu_count() == 3  # the parent's raise lingers until settled
     pool.settle()
     assert pa.cpu_count() == 1

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from _dumps import write
+from _dumps import in_forked_child, write
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -151,20 +151,9 @@ def _read_in_child(path, q):
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
 def test_parallel_decode_in_a_forked_child(tmp_path, monkeypatch):
     """A DataLoader-style forked worker decodes on its own pool (the parent's threads are gone)."""
-    import multiprocessing as mp
-
     monkeypatch.setattr(_threads, "PARALLEL_BYTES", 0)
     m = torch.arange(64)[None] < torch.arange(1, 9)[:, None]
     with trajstore.Writer(tmp_path) as w:
         w.append(0, {"input_ids": torch.where(m, 5, 0), "attention_mask": m})
     want = trajstore.Reader(tmp_path)[0]["input_ids"].sum().item()  # the parent's pool now exists
-    ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    p = ctx.Process(target=_read_in_child, args=(str(tmp_path), q))
-    p.start()
-    p.join(60)
-    if p.is_alive():
-        p.kill()
-        p.join()
-    assert p.exitcode == 0, "the child hung or failed decoding"
-    assert q.get(timeout=5) == want
+    assert in_forked_child(_read_in_child, str(tmp_path), what="decoding") == want

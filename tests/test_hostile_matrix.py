@@ -7,7 +7,6 @@ every step reads verified."""
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import importlib.util
 import io
@@ -21,12 +20,11 @@ import pytest
 import torch
 
 import trajstore
-from trajstore import cli
 from trajstore.errors import TrajstoreError
 from trajstore.store import checksums, commit, paths
 from trajstore.testing import assert_batch_equal
 
-from _dumps import small_batch, write
+from _dumps import run_here, small_batch, write
 
 pytestmark = pytest.mark.filterwarnings("ignore::trajstore.errors.TrajstoreWarning")  # SQL's "left out" warnings
 
@@ -98,10 +96,8 @@ def _rows(batch: dict) -> tuple[int, float]:
 
 
 def _cli(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = cli.run(argv)
-    return rc, out.getvalue(), err.getvalue()
+    p = run_here(*argv, check_rc=None)
+    return p.returncode, p.stdout, p.stderr
 
 
 class Matrix:
