@@ -5,6 +5,8 @@ can make trajstore import nothing else."""
 import importlib
 import sys
 import textwrap
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -82,3 +84,28 @@ def test_framework_not_installed_gives_dataprotolike(monkeypatch):
     monkeypatch.delitem(sys.modules, "verl.protocol", raising=False)
     tag = {"type": "dataproto", "td": None, "non_tensor_keys": [], "meta_info": {}, "cls": "verl.protocol:DataProto"}
     assert type(containers.wrap({}, tag)) is containers.DataProtoLike and calls == []
+
+
+def test_a_module_another_thread_is_still_importing_is_waited_for(fake_verl, tmp_path):
+    """Two decoder threads meet verl.protocol at once: the second sees it in sys.modules before its
+    body has run (no DataProto yet) and must wait for it, not fall back to DataProtoLike."""
+    _write(tmp_path / "d")
+    pkg = tmp_path / "site" / "verl"
+    started = tmp_path / "started"
+    (pkg / "protocol.py").write_text(  # the import signals it began, then takes its time
+        f"import pathlib, time\npathlib.Path({str(started)!r}).touch()\ntime.sleep(0.5)\n" + FAKE_VERL)
+    importlib.invalidate_caches()
+    r = trajstore.Reader(tmp_path / "d")
+    got = {}
+
+    def read(i):
+        got[i] = r[i]
+
+    first = threading.Thread(target=read, args=(0,))
+    first.start()
+    while not started.exists():  # verl.protocol is in sys.modules now, its class not yet defined
+        time.sleep(0.005)
+    read(1)
+    first.join()
+    cls = sys.modules["verl.protocol"].DataProto
+    assert type(got[0]) is cls and type(got[1]) is cls

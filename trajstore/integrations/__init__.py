@@ -36,11 +36,13 @@ _failed: set[str] = set()  # framework modules whose import failed once (not tri
 def load(mod_name: str) -> None:
     """Import framework module ``mod_name`` if its package is installed and it is not imported yet.
     Only names from this package's own lists are ever passed here (never a name read from a file);
-    an import that fails is logged once and not tried again, and the caller falls back."""
-    if mod_name in sys.modules or mod_name in _failed:
+    an import that fails is logged once and not tried again, and the caller falls back. A module
+    another thread is still importing (in ``sys.modules``, its body not yet run) is waited for:
+    ``import_module`` takes the module's import lock, so its classes are defined on return."""
+    if mod_name in _failed:
         return
     try:
-        if importlib.util.find_spec(mod_name.partition(".")[0]) is None:
+        if mod_name not in sys.modules and importlib.util.find_spec(mod_name.partition(".")[0]) is None:
             return
         importlib.import_module(mod_name)
     except Exception as e:  # noqa: BLE001 - a broken install of the framework must not fail the read
