@@ -15,14 +15,14 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from typing import Any
 
 from ..errors import ConfigError
 
 __all__ = ["run_parallel", "map_parallel", "parallel", "serial", "is_serial", "balance", "threads", "budget", "using",
-           "cores", "local_ranks", "PARALLEL_BYTES", "PIECE_BYTES", "ENV", "MAX_DEFAULT"]
+           "shared_pool", "submit", "cores", "local_ranks", "PARALLEL_BYTES", "PIECE_BYTES", "ENV", "MAX_DEFAULT"]
 
 ENV = "TRAJSTORE_THREADS"
 MAX_DEFAULT = 16  # the default budget's cap: more threads than this only contend for the GIL
@@ -137,17 +137,33 @@ def parallel(nbytes: int) -> bool:
     return nbytes >= PARALLEL_BYTES and threads() >= 2 and not _inline()
 
 
-def map_parallel(fn: Callable[[Any], Any], items: Iterable, nbytes: int) -> list:
-    """``[fn(item) for item in items]``, the calls spread on a pool of this thread's budget when
-    ``nbytes`` of work is worth it; the first error is raised."""
-    items = list(items)
+def shared_pool() -> ThreadPoolExecutor:
+    """The shared thread pool of this thread's budget (made on first use)."""
     n = threads()
-    if len(items) < 2 or not parallel(nbytes):
-        return [fn(x) for x in items]
     with _pool_lock:
         pool = _pools.get(n)
         if pool is None:
             pool = _pools[n] = ThreadPoolExecutor(max_workers=n, thread_name_prefix="trajstore-decode")
+    return pool
+
+
+def submit(fn: Callable[..., Any], *args: Any) -> Future | None:
+    """``fn(*args)`` started on the shared pool without waiting for it (``Future``); where this
+    thread's work runs on it alone (a budget of 1, ``serial``, or a pool thread) it runs now and
+    None is returned."""
+    if threads() < 2 or _inline():
+        fn(*args)
+        return None
+    return shared_pool().submit(fn, *args)
+
+
+def map_parallel(fn: Callable[[Any], Any], items: Iterable, nbytes: int) -> list:
+    """``[fn(item) for item in items]``, the calls spread on a pool of this thread's budget when
+    ``nbytes`` of work is worth it; the first error is raised."""
+    items = list(items)
+    if len(items) < 2 or not parallel(nbytes):
+        return [fn(x) for x in items]
+    pool = shared_pool()
     futures = [pool.submit(fn, x) for x in items]
     wait(futures)  # one wake-up of the calling thread, not one per item
     return [f.result() for f in futures]

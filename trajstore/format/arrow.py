@@ -168,13 +168,15 @@ def _values(c: pa.Array, dtype: str, name: str, where: str) -> np.ndarray:
 class Columns:
     """Access to a decoded table's columns: zero-copy where a column is one chunk. ``alloc(n,
     dtype)`` gives the numpy buffer a multi-chunk column is joined into (default ``empty``, Arrow's
-    allocator; the GPU path passes pinned staging memory, so the join is the only host copy)."""
+    allocator; the GPU path passes pinned staging memory, so the join is the only host copy).
+    ``joined``: columns already joined while the table was read (``StreamJoin.parts``)."""
 
-    def __init__(self, table: pa.Table, where: str, alloc: Alloc | None = None) -> None:
+    def __init__(self, table: pa.Table, where: str, alloc: Alloc | None = None,
+                 joined: dict[str, tuple[np.ndarray, np.ndarray]] | None = None) -> None:
         self.table, self.where = table, where
         self.alloc = alloc or empty
         self.defer: list | None = None  # fill jobs of padded outputs the caller fills (decoder.decode's defer)
-        self._parts: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._parts: dict[str, tuple[np.ndarray, np.ndarray]] = dict(joined or {})
 
     def has(self, name: str) -> bool:
         """Whether the table holds column ``name`` (the reader may have left it out)."""

@@ -13,6 +13,8 @@ import pyarrow as pa
 from .. import schema
 from ..errors import ConfigError, FormatError, foreign_errors
 from ..format.arrow import flat_nbytes
+from ..format.file.joining import StreamJoin
+from ..format.codec.decoder import joined_first
 from ..format.codec.tensors import ones_source
 from ..format.file.parquet import read_columns
 from ..format.spec import STEP_COLUMN, is_dict_batch, is_token
@@ -23,14 +25,21 @@ __all__ = ["read_table", "decode", "decode_file"]
 
 def decode_file(sf: StepFile, step: int, columns: list[str] | None, layout: str | None,
                 arena: Any = None) -> Any:
-    """``columns`` of the opened step file ``sf`` of ``step``, in ``layout``, decoded (``decode``)."""
-    return decode(sf.doc, read_table(sf, step, columns, layout), sf.path, columns, layout, arena)
+    """``columns`` of the opened step file ``sf`` of ``step``, in ``layout``, decoded (``decode``).
+    Read to host memory (no ``arena``), the columns the decode joins first (``joined_first``) are
+    joined as the row groups arrive (``StreamJoin``)."""
+    join = None
+    if arena is None and sf.pf.metadata.num_row_groups > 1:
+        names = joined_first(sf.doc["batch"], columns, layout)
+        join = StreamJoin(names, sf.doc.get("num_rows") or 1) if names else None
+    table = read_table(sf, step, columns, layout, on_batch=None if join is None else join.feed)
+    return decode(sf.doc, table, sf.path, columns, layout, arena, None if join is None else join.parts(table))
 
 
 def read_table(sf: StepFile, step: int, columns: list[str] | None, layout: str | None,
-               rows: tuple[int, int] | None = None) -> pa.Table:
+               rows: tuple[int, int] | None = None, on_batch: Any = None) -> pa.Table:
     """The columns of the opened step file that decoding ``columns`` in ``layout`` needs (``rows``:
-    of those rows only, ``(start, stop)``)."""
+    of those rows only, ``(start, stop)``; ``on_batch``: see ``read_columns``)."""
     doc, f = sf.doc, sf.path
     spec = doc["batch"]
     try:
@@ -54,22 +63,24 @@ def read_table(sf: StepFile, step: int, columns: list[str] | None, layout: str |
         skip = {dict(spec["keys"])["attention_mask"]["col"], STEP_COLUMN}
         cols = [c for c in sf.pf.schema_arrow.names if c not in skip]
     with foreign_errors(f, "reading step {}", step, then="the step is damaged"):
-        table = read_columns(sf.pf, sf.src, cols, rows)
+        table = read_columns(sf.pf, sf.src, cols, rows, on_batch)
     if rows is None and table.num_rows != doc.get("num_rows", table.num_rows):
         raise FormatError(f"{f}: holds {table.num_rows} rows, its metadata says {doc.get('num_rows')}")
     return table
 
 
 def decode(doc: dict, table: pa.Table, f: Any, columns: list[str] | None, layout: str | None,
-           arena: Any = None) -> Any:
+           arena: Any = None, joined: dict | None = None) -> Any:
     """``table``, columns of the step ``doc`` describes (read from ``f``), decoded; with ``arena``
-    (``trajstore/device/bridge.py`` ``Arena``) into its pinned memory, padded fields left to the device."""
+    (``trajstore/device/bridge.py`` ``Arena``) into its pinned memory, padded fields left to the device;
+    ``joined``: columns already joined (``StreamJoin.parts``)."""
     spec = doc["batch"]
     if arena is not None:
         arena.reserve(flat_nbytes(table))  # the flat fields are joined straight into pinned memory
     return schema.decode(table, spec, where=str(f), columns=columns, layout=layout,
                          alloc=None if arena is None else arena.alloc,
-                         defer=None if arena is None else arena.jobs)  # padded: built on the device
+                         defer=None if arena is None else arena.jobs,  # padded: built on the device
+                         joined=joined)
 
 
 def _token_cols(spec: dict) -> list[str]:

@@ -30,7 +30,7 @@ from ..spec import BatchNode, SeqNode, is_flat, is_token
 from .tensors import FillJob
 from ..values import bits
 
-__all__ = ["decode", "fill"]
+__all__ = ["decode", "fill", "joined_first"]
 
 _LAYOUT_KEYS = ("cu_seqlens", "max_seqlen", "attention_mask")  # replaced by a layout conversion
 
@@ -73,7 +73,7 @@ class Decoder:
                 f"cu_seqlens; this one is {spec['form']!r}"
             )
         if want == "packed":  # every flat field joined in one parallel round
-            self.c.join([(n["col"], n["dtype"]) for _, n in chosen if is_flat(n)])
+            self.c.join(_flat_columns(chosen))
         elif self.defer is not None:
             self.join_deferred(chosen)
         out = {}
@@ -331,15 +331,32 @@ def _mask_refs(node: dict, used: set) -> None:
         used.add(node["mask"])
 
 
+def _flat_columns(chosen: list) -> list[tuple[str, str]]:
+    return [(n["col"], n["dtype"]) for _, n in chosen if is_flat(n)]
+
+
+def joined_first(spec: Any, columns: list[str] | None, layout: str | None) -> list[tuple[str, str]]:
+    """``[(column, dtype)]`` a decode of ``columns`` in ``layout`` joins before anything else (a dict
+    batch read packed: every flat field), which a reader may join while it reads
+    (``format/arrow.py`` ``StreamJoin``); [] where the decode joins nothing up front."""
+    if not isinstance(spec, dict) or spec.get("t") != "batch" or spec.get("form") not in ("padded", "packed"):
+        return []
+    if (layout or spec["form"]) != "packed":
+        return []
+    return _flat_columns([(k, n) for k, n in spec["keys"] if columns is None or k in columns])
+
+
 def decode(table: pa.Table, spec: BatchNode | SeqNode, *, where: str, columns: list[str] | None = None,
-           layout: str | None = None, alloc: Alloc | None = None, defer: list | None = None) -> Any:
+           layout: str | None = None, alloc: Alloc | None = None, defer: list | None = None,
+           joined: dict | None = None) -> Any:
     """Rebuild the batch from ``table`` (already restricted to the needed columns); ``alloc(n,
     numpy dtype)`` provides the buffers multi-chunk columns are joined into (see ``Columns``).
     ``defer``: a list the fill jobs of padded outputs are appended to, those outputs left unfilled
-    (the caller fills them: ``fill``, or on a device)."""
+    (the caller fills them: ``fill``, or on a device). ``joined``: columns joined while the table
+    was read (``StreamJoin.parts``)."""
     if layout not in (None, "padded", "packed"):
         raise ConfigError(f"layout must be 'padded', 'packed' or None, got {layout!r}")
-    cols = Columns(table, where, alloc)
+    cols = Columns(table, where, alloc, joined)
     cols.defer = defer  # a list batch's [g, T] groups too (format/codec/grouped.py)
     out = Decoder(cols, spec, layout, defer).batch(columns)
     return containers.wrap(out, spec.get("wrapper"), where=where, packed=layout == "packed")

@@ -114,7 +114,7 @@ def read_sample(pf: pq.ParquetFile, node: dict, doc: dict, f: Path) -> Any:
 
 
 def read_columns(pf: pq.ParquetFile, src: Any, cols: list[str] | None,
-                 rows: tuple[int, int] | None = None) -> pa.Table:
+                 rows: tuple[int, int] | None = None, on_batch: Any = None) -> pa.Table:
     """Columns ``cols`` (None: all) of the step file ``pf`` reads from ``src``; ``rows=(start, stop)``:
     those rows only, read from the row groups that hold them (a rank's slice of a shard it cuts).
 
@@ -126,7 +126,10 @@ def read_columns(pf: pq.ParquetFile, src: Any, cols: list[str] | None,
     README, Threads). ``pre_buffer=False``: the column chunks are read as they are decoded, not gathered
     first, which is faster on a step of many row groups (benchmarks/RESULTS.md). Pages are checked
     (``page_checksum_verification``). Small reads (a column of per-trajectory values) read the file on
-    the calling thread. ``schema.decode`` then joins the row-group chunks of each column in parallel."""
+    the calling thread. ``schema.decode`` then joins the row-group chunks of each column in parallel;
+    ``on_batch(record batch)``, for a large read of the whole file, is called with each row group as
+    Arrow's reader yields it (in order), so the caller can start joining them while the rest decode
+    (``format/arrow.py`` ``StreamJoin``)."""
     md = pf.metadata
     sch = pq.ParquetSchema(md)  # not md.schema: FileMetaData would keep it, a cycle freed only by the collector
     leaves = [sch.column(j).path for j in range(md.num_columns)]
@@ -148,14 +151,15 @@ def read_columns(pf: pq.ParquetFile, src: Any, cols: list[str] | None,
         table = pf.read_row_groups(groups, columns=cols, use_threads=False)
     else:
         with arrow_pool(_threads.threads()):
-            table = _scan(src, cols, None if rows is None else groups, threads)
+            table = _scan(src, cols, None if rows is None else groups, threads, on_batch if rows is None else None)
     if rows is None:
         return table
     first = ends[groups[0]] - md.row_group(groups[0]).num_rows
     return table.slice(rows[0] - first, rows[1] - rows[0])
 
 
-def _scan(src: Any, cols: list[str] | None, groups: list[int] | None, threads: bool) -> pa.Table:
+def _scan(src: Any, cols: list[str] | None, groups: list[int] | None, threads: bool,
+          on_batch: Any = None) -> pa.Table:
     """Row groups ``groups`` (None: all) of the Parquet file ``src``, columns ``cols``, read by Arrow's
     dataset reader (what ``pq.read_table`` does, there for the whole file only), pages checked. A reader
     of its own: one ``ParquetFile`` read from several threads at once crashes pyarrow. ``pyarrow.dataset``
@@ -165,7 +169,14 @@ def _scan(src: Any, cols: list[str] | None, groups: list[int] | None, threads: b
     fmt = ds.ParquetFileFormat(pre_buffer=False, page_checksum_verification=True, **limits.THRIFT_LIMITS)
     frag = fmt.make_fragment(src, row_groups=groups)
     data = ds.FileSystemDataset([frag], schema=frag.physical_schema, format=fmt, filesystem=frag.filesystem)
-    return data.to_table(columns=cols, use_threads=threads)
+    if on_batch is None:
+        return data.to_table(columns=cols, use_threads=threads)
+    scanner = data.scanner(columns=cols, use_threads=threads)
+    batches = []
+    for batch in scanner.to_batches():  # in the file's order, each as soon as it is decoded
+        on_batch(batch)
+        batches.append(batch)
+    return pa.Table.from_batches(batches, schema=scanner.projected_schema)
 
 
 PARALLEL_READ_BYTES = 4 << 20
