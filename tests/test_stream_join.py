@@ -191,3 +191,25 @@ def test_submit_runs_inline_or_on_the_pool(threads):
     else:
         f.result()
         assert out == [1]
+
+
+@pytest.mark.parametrize("prefetch", [0, 2, 8])
+def test_replay_on_the_cpu_joins_while_it_reads_at_every_prefetch_depth(tmp_path, prefetch):
+    """``Reader.iter`` to host memory: decoder threads (serial ones from prefetch 4 on) join as they read."""
+    g = torch.Generator().manual_seed(0)
+    steps = {}
+    with many_row_groups():
+        with trajstore.Writer(tmp_path / "r") as w:
+            for s in range(6):
+                lengths = torch.randint(0, 40, (24,), generator=g)
+                mask = torch.arange(40)[None, :] < lengths[:, None]
+                steps[s] = {"input_ids": torch.randint(0, 99, (24, 40), generator=g).masked_fill(~mask, 7),
+                            "attention_mask": mask, "loss_mask": (torch.rand(24, 40, generator=g) < 0.5) & mask}
+                w.append(s, steps[s])
+        with spied() as joined:
+            got = dict(trajstore.Reader(tmp_path / "r").iter(prefetch=prefetch, layout="packed"))
+    assert sorted(got) == list(range(6)) and len(joined) == 6
+    assert all(j == ["input_ids", "loss_mask"] for j in joined)
+    for s, b in steps.items():
+        m = b["attention_mask"]
+        assert torch.equal(got[s]["input_ids"], b["input_ids"][m]) and torch.equal(got[s]["loss_mask"], b["loss_mask"][m])
