@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from unittest import mock
 
+import _dumps
 import numpy as np
 import pytest
 import torch
@@ -25,10 +26,14 @@ from trajstore.testing.forms import packed_batches, padded_batches
 
 @contextmanager
 def many_row_groups():
-    """Every step of several rows in up to 16 row groups, and every read through Arrow's scan (the
-    path of a large step), so small hypothesis batches take the large-step path."""
-    with mock.patch.object(parquet, "ROW_GROUP_BYTES", 1), mock.patch.object(parquet, "PARALLEL_READ_BYTES", 0):
+    """``_dumps.many_row_groups`` for a block: every step of several rows in up to 16 row groups, every
+    read through Arrow's scan (the path of a large step), so small hypothesis batches take that path."""
+    mp = pytest.MonkeyPatch()
+    _dumps.many_row_groups(mp)
+    try:
         yield
+    finally:
+        mp.undo()
 
 
 @contextmanager
