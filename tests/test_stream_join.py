@@ -21,6 +21,7 @@ from trajstore.format.file import joining, parquet
 from trajstore.read import decode as read_decode
 from trajstore.testing.bits import TORCH_DTYPES, tensors
 from trajstore.testing.compare import assert_batch_equal
+from trajstore.testing import batches
 from trajstore.testing.forms import packed_batches, padded_batches
 
 
@@ -218,3 +219,36 @@ def test_replay_on_the_cpu_joins_while_it_reads_at_every_prefetch_depth(tmp_path
     for s, b in steps.items():
         m = b["attention_mask"]
         assert torch.equal(got[s]["input_ids"], b["input_ids"][m]) and torch.equal(got[s]["loss_mask"], b["loss_mask"][m])
+
+
+@settings(max_examples=80, deadline=None)
+@given(batches(), st.sampled_from([None, "packed", "padded"]))
+def test_the_columns_joined_while_reading_are_the_ones_the_decode_joins_first(batch, layout):
+    """``joined_first`` names exactly the columns the decoder joins before anything else (its one
+    join of several columns); where it names none, the decoder joins columns one at a time as it
+    needs them."""
+    from trajstore.format.arrow import Columns
+    from trajstore.format.codec.decoder import joined_first
+
+    calls = []
+    real = Columns.join
+
+    def join(self, names):
+        calls.append([n for n, _ in names])
+        return real(self, names)
+
+    with tempfile.TemporaryDirectory() as d:
+        with trajstore.Writer(Path(d) / "r") as w:
+            w.append(0, batch)
+        r = trajstore.Reader(Path(d) / "r")
+        spec = r._open(0).doc["batch"]
+        with mock.patch.object(read_decode, "joined_first", lambda *a, **k: []), mock.patch.object(Columns, "join", join):
+            try:
+                r.read(0, layout=layout)
+            except trajstore.errors.ConfigError:
+                return  # no such layout for this batch
+    first = joined_first(spec, None, layout)
+    if first:
+        assert calls and calls[0] == [c for c, _ in first], (calls, first)
+    else:
+        assert all(len(c) <= 1 for c in calls), calls
