@@ -5,6 +5,7 @@ outgrows its first buffer, or that the stream join cannot take, still comes back
 
 import shutil
 import tempfile
+import types
 from contextlib import contextmanager
 from pathlib import Path
 from unittest import mock
@@ -252,3 +253,16 @@ def test_the_columns_joined_while_reading_are_the_ones_the_decode_joins_first(ba
         assert calls and calls[0] == [c for c, _ in first], (calls, first)
     else:
         assert all(len(c) <= 1 for c in calls), calls
+
+
+def test_a_buffer_over_the_decode_limit_is_left_to_the_join_after_the_read(monkeypatch):
+    """A first row group far off the rest (or a damaged file) would size a buffer over the decode
+    limit (``TRAJSTORE_MAX_DECODED_BYTES``): the column is joined after the read instead."""
+    monkeypatch.setattr(joining, "limits", types.SimpleNamespace(MAX_DECODED_BYTES=4000))  # here only
+    lengths = [100] * 8
+    mask = torch.arange(100)[None, :] < torch.tensor(lengths)[:, None]
+    batch = {"input_ids": torch.arange(800).reshape(8, 100), "attention_mask": mask,
+             "versions": torch.ones(8, 100, dtype=torch.int8)}
+    got, want, joined = _read_both(batch)
+    assert joined == ["versions"]  # 800 int64 ids (6.4 kB) over the limit; 800 int8 values under it
+    assert_batch_equal(got, want)

@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from ...base.threads import submit
 from .. import dtypes as dt
+from .. import limits
 from ..arrow import _offsets, empty, to_numpy
 
 __all__ = ["StreamJoin"]
@@ -70,17 +71,23 @@ class StreamJoin:
             if f is not None:
                 self._pending[name].append(f)
 
-    def _room(self, name: str, n: int, rows: int, dtype: np.dtype) -> np.ndarray:
+    def _room(self, name: str, n: int, rows: int, dtype: Any) -> np.ndarray:
         """The column's buffer, grown where ``n`` more values do not fit."""
+        dtype = np.dtype(dtype)
         out = self._out.get(name)
         if out is None:
             cap = n * self.rows // max(1, rows) + self.rows  # this batch's values per row, every row
-            out = self._out[name] = empty(cap + cap // 4 + 64, dtype)
+            cap += cap // 4 + 64
+            if cap * dtype.itemsize > limits.MAX_DECODED_BYTES:  # a first row group far off the rest
+                raise ValueError(name)  # (or a damaged file): the join after the read, with its checks
+            out = self._out[name] = empty(cap, dtype)
             self._pos[name], self._pending[name] = 0, []
         p = self._pos[name]
         if p + n > len(out):
             _wait(self._pending[name])
             self._pending[name] = []
+            if 2 * (p + n) * dtype.itemsize > limits.MAX_DECODED_BYTES:
+                raise ValueError(name)
             grown = empty(2 * (p + n), dtype)
             grown[:p] = out[:p]
             out = self._out[name] = grown
