@@ -140,9 +140,9 @@ def test_the_copies_start_before_the_last_row_group_is_decoded():
         fed[0] += 1
         return real_feed(self, b)
 
-    def copy(dst, vals, boolean):
+    def copy(dst, src):
         seen.append(fed[0])
-        return real_copy(dst, vals, boolean)
+        return real_copy(dst, src)
 
     with mock.patch.object(joining.StreamJoin, "feed", feed), mock.patch.object(joining, "_copy_values", copy):
         got, want, joined = _read_both(batch, threads=1)

@@ -31,7 +31,7 @@ def decode_file(sf: StepFile, step: int, columns: list[str] | None, layout: str 
     join = None
     if arena is None and sf.pf.metadata.num_row_groups > 1:
         names = joined_first(sf.doc["batch"], columns, layout)
-        join = StreamJoin(names, sf.doc.get("num_rows") or 1) if names else None
+        join = StreamJoin(names, sf.pf.metadata.num_rows) if names else None  # (the doc's num_rows: checked equal)
     table = read_table(sf, step, columns, layout, on_batch=None if join is None else join.feed)
     return decode(sf.doc, table, sf.path, columns, layout, arena, None if join is None else join.parts(table))
 

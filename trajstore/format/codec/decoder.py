@@ -338,7 +338,7 @@ def _flat_columns(chosen: list) -> list[tuple[str, str]]:
 def joined_first(spec: Any, columns: list[str] | None, layout: str | None) -> list[tuple[str, str]]:
     """``[(column, dtype)]`` a decode of ``columns`` in ``layout`` joins before anything else (a dict
     batch read packed: every flat field), which a reader may join while it reads
-    (``format/arrow.py`` ``StreamJoin``); [] where the decode joins nothing up front."""
+    (``format/file/joining.py`` ``StreamJoin``); [] where the decode joins nothing up front."""
     if not isinstance(spec, dict) or spec.get("t") != "batch" or spec.get("form") not in ("padded", "packed"):
         return []
     if (layout or spec["form"]) != "packed":

@@ -5,13 +5,16 @@ a read to host memory joins only its last row group after the decode (benchmarks
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 
 from ...base.threads import submit
 from .. import dtypes as dt
 from .. import limits
-from ..arrow import _offsets, empty, to_numpy
+from ..arrow import _offsets, _raw, empty, to_numpy
 
 __all__ = ["StreamJoin"]
 
@@ -25,30 +28,28 @@ class StreamJoin:
     batches.
 
     A column's buffer is sized from its first batch (values per row, times the step's rows, plus a
-    quarter); one that outgrows it moves to a buffer twice as large. A column whose values need a
-    conversion (half-precision values stored widened) or that ``feed`` cannot take (nulls, another
-    type: the normal join raises the error that names it) is left out: ``Columns`` joins it as
-    before. Only values as the column holds them are copied, so the result is the normal join's."""
+    quarter); one that outgrows it moves to a buffer twice as large; a buffer over the decode limit
+    (``limits.MAX_DECODED_BYTES``) is not allocated. A column whose values need a conversion
+    (half-precision values stored widened) or that the join's own checks refuse (``arrow._raw``:
+    nulls, another dtype) is left out: ``Columns`` joins it after the read, converting it or raising
+    the error that names it. Only values as the column holds them are copied, so the result is the
+    normal join's."""
 
     def __init__(self, names: list[tuple[str, str]], rows: int) -> None:
-        self.want = dict(names)  # column -> spec dtype
+        self.want = dict(names)  # column -> spec dtype, while it is still joined here
         self.rows = max(1, int(rows))
-        self._out: dict[str, np.ndarray] = {}
-        self._pos: dict[str, int] = {}
-        self._pending: dict[str, list] = {}
+        self._cols: dict[str, _Joined] = {}
         self._batches = 0
 
     def feed(self, batch: pa.RecordBatch) -> None:
         """Start copying one record batch's values of the wanted columns into their buffers."""
         self._batches += 1
         for name in list(self.want):
-            if batch.schema.get_field_index(name) < 0:
-                del self.want[name]
-                continue
             try:
                 self._feed(name, batch.column(name))
-            except Exception:  # noqa: BLE001 - left to Columns' join, which raises the error naming it
-                self._drop(name)
+            except Exception:  # noqa: BLE001 - absent or refused: left to Columns' join after the read
+                del self.want[name]
+                self._cols.pop(name, None)  # copies still running write into the dropped buffer only
 
     def _feed(self, name: str, a: pa.Array) -> None:
         dtype = self.want[name]
@@ -57,71 +58,72 @@ class StreamJoin:
         o = a.offsets.to_numpy()
         lo, hi = (int(o[0]), int(o[-1])) if len(o) else (0, 0)
         vals = a.values.slice(lo, hi - lo)
-        boolean = dtype == "bool" and pa.types.is_boolean(vals.type)
-        want = dt.storage_numpy(dtype)
-        if vals.null_count or (not boolean and (vals.type.bit_width % 8 or
-                                                np.dtype(vals.type.to_pandas_dtype()) != want)):
-            raise ValueError(name)  # widened half values, or not what the spec says
+        want = np.dtype(dt.storage_numpy(dtype))
+        if dtype == "bool" and pa.types.is_boolean(vals.type) and not vals.null_count:
+            src: Any = vals  # unpacked from its bitmap by the copy, on the pool
+        else:
+            src = _raw(vals, dtype, name, name)  # the join's checks; numbers zero-copy
+            if src.dtype != want:
+                raise ValueError(name)  # widened half values: the join after the read narrows them
         n = len(vals)
-        out = self._room(name, n, len(a), want)
-        p = self._pos[name]
-        self._pos[name] = p + n
+        col = self._room(name, n, len(a), want)
+        p, col.pos = col.pos, col.pos + n
         if n:
-            f = submit(_copy_values, out[p:p + n], vals, boolean)
+            f = submit(_copy_values, col.out[p:p + n], src)
             if f is not None:
-                self._pending[name].append(f)
+                col.pending.append(f)
 
-    def _room(self, name: str, n: int, rows: int, dtype: Any) -> np.ndarray:
+    def _room(self, name: str, n: int, rows: int, dtype: np.dtype) -> _Joined:
         """The column's buffer, grown where ``n`` more values do not fit."""
-        dtype = np.dtype(dtype)
-        out = self._out.get(name)
-        if out is None:
+        col = self._cols.get(name)
+        if col is None:
             cap = n * self.rows // max(1, rows) + self.rows  # this batch's values per row, every row
-            cap += cap // 4 + 64
-            if cap * dtype.itemsize > limits.MAX_DECODED_BYTES:  # a first row group far off the rest
-                raise ValueError(name)  # (or a damaged file): the join after the read, with its checks
-            out = self._out[name] = empty(cap, dtype)
-            self._pos[name], self._pending[name] = 0, []
-        p = self._pos[name]
-        if p + n > len(out):
-            _wait(self._pending[name])
-            self._pending[name] = []
-            if 2 * (p + n) * dtype.itemsize > limits.MAX_DECODED_BYTES:
-                raise ValueError(name)
-            grown = empty(2 * (p + n), dtype)
-            grown[:p] = out[:p]
-            out = self._out[name] = grown
-        return out
-
-    def _drop(self, name: str) -> None:
-        self.want.pop(name, None)
-        self._out.pop(name, None)
-        self._pos.pop(name, None)
-        self._pending.pop(name, None)  # copies still running write into the dropped buffer only
+            col = self._cols[name] = _Joined(_allocate(name, cap + cap // 4 + 64, dtype))
+        if col.pos + n > len(col.out):
+            col.wait()
+            grown = _allocate(name, 2 * (col.pos + n), dtype)
+            grown[:col.pos] = col.out[:col.pos]
+            col.out = grown
+        return col
 
     def parts(self, table: pa.Table) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """``{column: (offsets, values)}`` of the columns joined, for ``Columns(..., joined=)``;
         ``table`` is the one read from the fed batches (a column whose chunks are not exactly those
         batches is left out)."""
         out = {}
-        for name in list(self._out):
+        for name, col in self._cols.items():
             try:
-                _wait(self._pending[name])
+                col.wait()
             except Exception:  # noqa: BLE001 - Columns joins it again and raises what it finds
                 continue
             if name not in table.column_names or table.column(name).num_chunks != self._batches:
                 continue
             off = _offsets(table.column(name).chunks)
-            if int(off[-1]) != self._pos[name]:
-                continue
-            out[name] = (off, self._out[name][:self._pos[name]])
+            if int(off[-1]) == col.pos:
+                out[name] = (off, col.out[:col.pos])
         return out
 
 
-def _copy_values(dst: np.ndarray, vals: pa.Array, boolean: bool) -> None:
-    dst[...] = to_numpy(vals) if boolean else vals.to_numpy(zero_copy_only=True)
+class _Joined:
+    """One column's joined buffer, how many values are in it, and the copies still filling it."""
+
+    __slots__ = ("out", "pos", "pending")
+
+    def __init__(self, out: np.ndarray) -> None:
+        self.out, self.pos = out, 0
+        self.pending: list[Future] = []
+
+    def wait(self) -> None:
+        pending, self.pending = self.pending, []
+        for f in pending:
+            f.result()
 
 
-def _wait(futures: list) -> None:
-    for f in futures:
-        f.result()
+def _allocate(name: str, n: int, dtype: np.dtype) -> np.ndarray:
+    if n * dtype.itemsize > limits.MAX_DECODED_BYTES:  # a first row group far off the rest, or a damaged
+        raise ValueError(name)  # file: the join after the read, with its checks
+    return empty(n, dtype)
+
+
+def _copy_values(dst: np.ndarray, src: Any) -> None:
+    dst[...] = to_numpy(src) if isinstance(src, pa.Array) else src

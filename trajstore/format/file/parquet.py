@@ -129,7 +129,7 @@ def read_columns(pf: pq.ParquetFile, src: Any, cols: list[str] | None,
     the calling thread. ``schema.decode`` then joins the row-group chunks of each column in parallel;
     ``on_batch(record batch)``, for a large read of the whole file, is called with each row group as
     Arrow's reader yields it (in order), so the caller can start joining them while the rest decode
-    (``format/arrow.py`` ``StreamJoin``)."""
+    (``format/file/joining.py`` ``StreamJoin``)."""
     md = pf.metadata
     sch = pq.ParquetSchema(md)  # not md.schema: FileMetaData would keep it, a cycle freed only by the collector
     leaves = [sch.column(j).path for j in range(md.num_columns)]
