@@ -4,6 +4,7 @@ write-then-read set-up the tests share (``write``, ``roundtrip``, ``encoded``)."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -292,3 +293,15 @@ def clone(x):
     if isinstance(x, tuple):
         return tuple(clone(v) for v in x)
     return x
+
+
+@contextlib.contextmanager
+def int64_tokens():
+    """``conftest.int64_tokens`` for a block (inside a hypothesis test, which takes no function fixture)."""
+    from trajstore.format import arrow
+
+    before, arrow.NARROW_TOKENS = arrow.NARROW_TOKENS, False
+    try:
+        yield
+    finally:
+        arrow.NARROW_TOKENS = before

@@ -48,3 +48,12 @@ def s3_dump(request, s3_server, monkeypatch):
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("TRAJSTORE_FS", request.param)
     return f"s3://{s3_server.bucket()}/run"
+
+
+@pytest.fixture
+def int64_tokens(monkeypatch):
+    """Token columns of int64 stored as int64, as before format version 6 (docs/FORMAT.md 3.2): for
+    tests of the lowest version another construct records (a step of int64 token ids records 6)."""
+    from trajstore.format import arrow
+
+    monkeypatch.setattr(arrow, "NARROW_TOKENS", False)

@@ -21,7 +21,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-KNOWN_VERSIONS = (1, 2, 3)
+KNOWN_VERSIONS = (1, 2, 3, 6)  # GAP: 6 adds int32 storage of int64 token columns (3.2), read here; the
+# constructs of versions 4 and 5 (number lists, declared masks with holes) are not implemented: a step
+# using them is refused by the node kinds this reader does not know
 STEP_NAME = re.compile(r"^step_(\d{8,})\.parquet$")
 
 # 3.2: logical dtype -> numpy storage dtype (bfloat16 as its raw uint16 bits)
@@ -223,8 +225,11 @@ class _Decoder:
         return arr
 
     def rows(self, name: str, dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """A list column's flat values (storage dtype), offsets and validity."""
-        arr = self.col(name, self.arrow(dtype), listed=True)
+        """A list column's flat values (storage dtype), offsets and validity. 3.2: from version 6 an
+        int64 list column may hold int32 values (the same numbers), widened back here."""
+        narrowed = dtype == "int64" and self.version >= 6 and name in self.cols \
+            and pa.types.is_large_list(self.cols[name].type) and self.cols[name].type.value_type == pa.int32()
+        arr = self.col(name, pa.int32() if narrowed else self.arrow(dtype), listed=True)
         offsets = np.asarray(arr.offsets).astype(np.int64)
         flat = arr.values.slice(offsets[0], offsets[-1] - offsets[0]) if len(arr) else arr.values.slice(0, 0)
         vals = self.np(flat, dtype)

@@ -30,7 +30,7 @@ def mrope(B=3, P=5, R=6, C=4, seed=0):
             "responses": torch.zeros(B, R, dtype=torch.long)}
 
 
-def test_mrope_position_ids_are_stored_unpadded():
+def test_mrope_position_ids_are_stored_unpadded(int64_tokens):
     b = mrope(B=4, P=6, R=9)
     out, doc, t = roundtrip(b)
     assert_batch_equal(out, b)

@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 
 import trajstore
 from trajstore import FormatError, Reader, Writer, schema
@@ -65,7 +65,7 @@ def padded_bytes(batch):
 
 
 @pytest.mark.parametrize("make", [verl_batch, trl_batch])
-def test_bytes_on_disk_half_the_padded_tensors(tmp_path, make):
+def test_bytes_on_disk_half_the_padded_tensors(tmp_path, make, int64_tokens):
     batch = make()
     with Writer(tmp_path) as w:
         w.append(0, batch)
@@ -137,9 +137,9 @@ def test_trl_packed_rows_and_cli(tmp_path):
     assert len(recs) == 5
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(two_sided_batches())
-def test_two_sided_roundtrip(batch):
+def test_two_sided_roundtrip(int64_tokens, batch):
     out, doc, _ = roundtrip(batch)
     assert_batch_equal(out, batch)
     spec = doc["batch"]
@@ -185,7 +185,7 @@ def test_mrope_position_ids_are_not_a_response_field():
     assert keys["old_log_probs"]["mask"] == 2
 
 
-def test_right_left_single_mask_unchanged():
+def test_right_left_single_mask_unchanged(int64_tokens):
     """A batch with one right- or left-aligned attention_mask keeps form padded, format version 1."""
     am = torch.tensor([[1, 1, 0], [1, 0, 0]])
     for m in (am, am.flip(1)):
@@ -262,7 +262,7 @@ def test_lying_starts_raise(tmp_path):
             schema.decode(t2, doc["batch"], where="x")
 
 
-def test_old_reader_refuses(tmp_path):
+def test_old_reader_refuses(tmp_path, int64_tokens):
     """The step records format version 2, which a version-1 reader refuses (section 5); a file that
     claims version 1 for a masked batch is refused as damaged."""
     with Writer(tmp_path) as w:

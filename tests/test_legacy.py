@@ -45,7 +45,7 @@ def test_v1_dump_forms_and_checks(dump):
     assert sorted(r.column("rewards", [0, 1, 2, 3])) == [0, 1, 2, 3]
 
 
-def test_cli_names_the_versions_and_upgrades_the_layout(tmp_path):
+def test_cli_names_the_versions_and_upgrades_the_layout(tmp_path, int64_tokens):
     """info and verify say which layout and step formats a dump uses; `trajstore upgrade` moves a
     layout-1 dump to the current layout, after which every step still reads bit for bit."""
     import json

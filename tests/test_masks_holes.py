@@ -8,7 +8,7 @@ import tempfile
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_device_pad import device_read
 
@@ -51,9 +51,9 @@ def _roundtrip(batch, layout=None):
     return encoded(batch, layout, masks=MASKS)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(multi_turn_batches())
-def test_declared_masks_with_holes_round_trip_unpadded(batch):
+def test_declared_masks_with_holes_round_trip_unpadded(int64_tokens, batch):
     out, doc, t = _roundtrip(batch)
     assert_batch_equal(batch, out)
     spec = doc["batch"]
@@ -85,7 +85,7 @@ def test_declared_masks_with_holes_round_trip_unpadded(batch):
         assert_batch_equal(batch, got)
 
 
-def test_multi_turn_loss_mask_in_sql_and_packed(tmp_path):
+def test_multi_turn_loss_mask_in_sql_and_packed(tmp_path, int64_tokens):
     B, T = 3, 10
     am = torch.zeros(B, T, dtype=torch.long)
     am[0, :8], am[1, :10], am[2, :5] = 1, 1, 1
@@ -110,7 +110,7 @@ def test_multi_turn_loss_mask_in_sql_and_packed(tmp_path):
     assert roles == [("prompt", [0, 1]), ("model", [2, 3]), ("env", [4, 5]), ("model", [6, 7])]
 
 
-def test_an_older_version_with_holes_is_refused():
+def test_an_older_version_with_holes_is_refused(int64_tokens):
     b = {"attention_mask": torch.ones(1, 4, dtype=torch.long), "loss_mask": torch.tensor([[1, 0, 1, 0]]),
          "advantages": torch.randn(1, 4)}
     t = schema.encode_plain(b, None, step=0, split="train", masks={"loss_mask": ["advantages"]})

@@ -107,7 +107,7 @@ def test_shard_files_and_logical_step(tmp_path):
     with pytest.raises(StepNotFoundError, match="rank 4"):
         r.shard(0, 4)
     doc = json.loads(pq.read_metadata(r.files(0)[2]).metadata[b"trajstore"])
-    assert doc["shard"] == {"rank": 2, "world_size": 4} and doc["format_version"] == 3
+    assert doc["shard"] == {"rank": 2, "world_size": 4} and doc["format_version"] == 6  # a shard: 3; int32 ids: 6
     col = r.column("rewards")
     assert torch.equal(col[1], r[1]["rewards"])
     assert set(columns.read(d / "train")) == {"__len__attention_mask", "input_ids", "attention_mask", "logprobs",

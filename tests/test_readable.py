@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import trajstore
@@ -75,9 +75,9 @@ def half_batches(draw):
             "cells": [grid(int(n), 2) for n in lengths]}
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(half_batches())
-def test_half_fields_roundtrip_bit_for_bit(tmp_path_factory, batch):
+def test_half_fields_roundtrip_bit_for_bit(tmp_path_factory, int64_tokens, batch):
     path = tmp_path_factory.mktemp("half")
     with trajstore.Writer(path) as w:
         w.append(0, batch)

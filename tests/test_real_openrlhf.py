@@ -166,7 +166,7 @@ def test_batches_come_from_openrlhf_code():
 
 
 @pytest.mark.parametrize("multi_turn", [False, True])
-def test_every_form_round_trips_as_experience(tmp_path, multi_turn):
+def test_every_form_round_trips_as_experience(tmp_path, multi_turn, int64_tokens):
     samples, exps = batches(seed=1, multi_turn=multi_turn)
     with trajstore.Writer(tmp_path / "d") as w:
         w.append(0, exps[0])

@@ -182,7 +182,7 @@ IMAGES = [[(1, 2, 2), (1, 2, 4)], [], [(2, 2, 2)], [(1, 2, 2)] * 3]  # num_image
 
 
 @pytest.mark.parametrize("kw", [{}, {"images": IMAGES, "dtype": torch.bfloat16}], ids=["one_image", "several_bf16"])
-def test_vlm_batch_round_trips_exactly(tmp_path, kw):
+def test_vlm_batch_round_trips_exactly(tmp_path, kw, int64_tokens):
     """Qwen-VL pixel_values [sum_patches, 1176] are stored one run of patch rows per completion."""
     b = batch(vlm=True, **kw)
     rows = [12, 0, 8, 12] if kw else [4, 4, 4, 4]

@@ -151,7 +151,7 @@ def test_refuses_what_the_spec_refuses(tmp_path):
         pq.write_table(t.replace_schema_metadata({b"trajstore": json.dumps(m)}), bad / f.name)
         with pytest.raises(SpecError):
             read_step(bad / f.name)
-    assert spec_reader.KNOWN_VERSIONS == (1, 2, 3)
+    assert spec_reader.KNOWN_VERSIONS == (1, 2, 3, 6)
 
 
 def test_refuses_version_3_constructs_in_older_files(tmp_path):
@@ -222,7 +222,7 @@ def test_token_axis_last(tmp_path, side):
     check(tmp_path, _mrope(side))
     table, meta = _spec(tmp_path)
     keys = dict(meta["batch"]["keys"])
-    assert meta["format_version"] == 3 and meta["batch"]["form"] == ("masked" if side == "span" else "padded")
+    assert meta["format_version"] == 6 and meta["batch"]["form"] == ("masked" if side == "span" else "padded")  # 6: int32 ids (3.2)
     assert keys["position_ids"]["axis"] == "last" and "pad_col" in keys["position_ids"]
     assert keys["rope_f"]["axis"] == "last" and keys["rope_f"]["trail"] == [2] and "pad_col" not in keys["rope_f"]
 

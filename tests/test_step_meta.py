@@ -34,7 +34,7 @@ def _file_doc(d, step):
     return f, json.loads(pq.read_schema(f).metadata[b"trajstore"])
 
 
-def test_plain_meta_stays_plain_json_version_1(tmp_path):
+def test_plain_meta_stays_plain_json_version_1(tmp_path, int64_tokens):
     meta = {"lr": 1e-6, "tags": ["a", {"b": None}], "ok": True}
     r = write(tmp_path / "d", {0: small_batch()}, meta=meta)
     _, doc = _file_doc(tmp_path / "d", 0)
@@ -43,7 +43,7 @@ def test_plain_meta_stays_plain_json_version_1(tmp_path):
     assert got == meta and type(got["lr"]) is float
 
 
-def test_trainer_meta_round_trips_with_its_types(tmp_path):
+def test_trainer_meta_round_trips_with_its_types(tmp_path, int64_tokens):
     r = write(tmp_path / "d", {0: small_batch()}, meta=TRAINER_META)
     _, doc = _file_doc(tmp_path / "d", 0)
     assert "meta" not in doc and doc["format_version"] == 3 and isinstance(doc["meta_t"], dict)
@@ -67,9 +67,9 @@ def test_meta_is_taken_at_append(tmp_path):
     assert r.meta(0)["timing"]["gen"] == 1.0 and r.meta(0)["lst"] == [1] and r.meta(1) == {"lst": [1]}
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(st.dictionaries(st.text(max_size=4) | st.integers(-3, 3) | st.just("$t"), typed_values(), max_size=4))
-def test_any_meta_round_trips(tmp_path_factory, meta):
+def test_any_meta_round_trips(tmp_path_factory, int64_tokens, meta):
     d = tmp_path_factory.mktemp("m") / "d"
     r = write(d, {0: small_batch(B=1, T=2)}, meta=meta)
     got = r.meta(0)

@@ -45,6 +45,7 @@ class ColumnNames:
 
 
 _NULLABLE_KINDS = ("value", "json", "cell", "shape")
+NARROW_TOKENS = True  # int64 token columns whose values fit are stored as int32 (format version 6)
 
 
 class TableBuilder:
@@ -65,12 +66,19 @@ class TableBuilder:
     def add(self, name: str, arr: pa.Array, meta: dict[str, str], path: tuple) -> None:
         """Append column ``name`` (claimed beforehand) of one row per trajectory. Half-precision
         values (``meta["dtype"]`` bfloat16 / float16) are stored widened to float32, which every
-        Parquet reader shows as numbers (format version 3, docs/FORMAT.md 3.2)."""
+        Parquet reader shows as numbers (format version 3, docs/FORMAT.md 3.2). A token column of
+        int64 values that all fit in 32 bits is stored as int32 (format version 6, 3.2), the
+        numbers unchanged, ``meta["dtype"]`` still int64."""
         if len(arr) != self.n:
             raise BatchError(f"field {where(path)!r}: has {len(arr)} rows, the batch has {self.n}")
         if meta.get("dtype") in dt.HALF:
             arr = _widened(arr, meta["dtype"])
             self.needs(dt.WIDE_VERSION)
+        elif NARROW_TOKENS and meta.get("kind") == "token" and meta.get("dtype") == "int64":
+            narrowed = _narrowed(arr)
+            if narrowed is not None:
+                arr = narrowed
+                self.needs(dt.NARROW_VERSION)
         nullable = arr.null_count > 0 or meta.get("kind") in _NULLABLE_KINDS
         self.fields.append(pa.field(name, arr.type, nullable=nullable,
                                     metadata={f"trajstore.{k}": v for k, v in meta.items()}))
@@ -104,6 +112,17 @@ def _widened(arr: pa.Array, name: str) -> pa.Array:
     out = list_array(o - o[0], dt.widen(np.asarray(vals, dt.storage_numpy(name)), name),
                      arr.is_null().to_numpy(zero_copy_only=False) if arr.null_count else None)
     return out
+
+
+def _narrowed(arr: pa.Array) -> pa.Array | None:
+    """A large_list<int64> column as large_list<int32> when every value fits (Arrow's checked cast:
+    one pass, offsets and null rows kept), else None."""
+    if not pa.types.is_large_list(arr.type) or arr.type.value_type != pa.int64():
+        return None
+    try:
+        return arr.cast(pa.large_list(pa.field("element", pa.int32(), nullable=arr.type.value_field.nullable)))
+    except (pa.ArrowInvalid, OverflowError):  # a value needs 64 bits: the column stays int64
+        return None
 
 
 # ----------------------------------------------------------------------------- reading
@@ -252,7 +271,7 @@ class Columns:
             if name in self._parts or not self.has(name):
                 continue
             col = self._list_col(name)
-            wide = dtype in dt.HALF and col.type.value_type == pa.float32()  # narrowed as it is copied
+            wide = dt.is_wide_type(dtype, col.type.value_type)  # converted as it is copied
             if col.num_chunks == 1 and not wide:
                 c = col.chunk(0)
                 o = c.offsets.to_numpy()
@@ -311,12 +330,14 @@ def flat_nbytes(table: pa.Table) -> int:
     """Bytes of the tensors decoded from ``table`` in a flat layout (bools one byte each), with
     room for each tensor's alignment: the size of pinned staging to decode it into."""
     total = 1 << 20
-    for col in table.columns:
+    for f, col in zip(table.schema, table.columns):
         t = col.type.value_type if pa.types.is_large_list(col.type) else col.type
+        name = (f.metadata or {}).get(b"trajstore.dtype", b"").decode(errors="replace")
         if pa.types.is_boolean(t):
             w = 1
         elif pa.types.is_integer(t) or pa.types.is_floating(t):
-            w = t.bit_width // 8
+            # the decoded width: an int64 column stored as int32 (3.2) decodes to 8 bytes a value
+            w = dt.storage_numpy(name).itemsize if dt.known(name) else t.bit_width // 8
         else:
             continue
         n = sum(len(c.values) for c in col.chunks) if pa.types.is_large_list(col.type) else len(col)

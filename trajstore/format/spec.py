@@ -24,7 +24,7 @@ __all__ = [
     "node_columns", "columns_for", "where",
 ]
 
-FORMAT_VERSION = 5  # the newest step-file version this library reads and writes
+FORMAT_VERSION = 6  # the newest step-file version this library reads and writes
 MANIFEST_VERSION = 2  # the dump layout (trajstore.json, folders, names; 2: _trajstore/ side folder); steps carry their own version
 RESERVED = ("step",)  # column names a batch field may not take
 STEP_COLUMN = "step"

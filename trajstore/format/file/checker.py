@@ -60,11 +60,12 @@ class Checker:
         return name
 
     def tcol(self, node: dict, key: str, name: str, listed: bool = True) -> str:
-        """A tensor column of dtype ``name``: its Arrow type (3.2: by the file's version) and the
+        """A tensor column of dtype ``name``: its Arrow type (3.2: by the file's version; a list column
+        of int64 may hold int32 from version 6) and the
         dtype its field metadata names (a float32 column of a float32 field or of a widened
         bfloat16 one look alike)."""
-        want = dt.arrow_type(name, self.v)
-        col = self.col(node, key, (lambda t: pa.types.is_large_list(t) and t.value_type == want) if listed
+        want, values = dt.arrow_type(name, self.v), dt.list_types(name, self.v)
+        col = self.col(node, key, (lambda t: pa.types.is_large_list(t) and t.value_type in values) if listed
                        else (lambda t: t == want))
         m = self.dtypes.get(col)
         if m is not None and m != name.encode():

@@ -2,7 +2,8 @@
 types its split already holds.
 
 ``fit(table, known)`` keeps every column whose name is new to the split or whose Arrow type is the
-one the split recorded for that name (``known``: name -> ``str`` of the Arrow type); a column whose
+one the split recorded for that name (an int64 token column stored as int32, format version 6, goes
+back to int64 where the split records it so) (``known``: name -> ``str`` of the Arrow type); a column whose
 type differs is stored under another name, ``<name>__<type tag>`` (``__2``... if taken), with the
 spec's references to it (``col``, ``pad_col``, ``shape_col``, ``start_col``) rewritten, so that
 no reader of a glob of the split casts one step's values to another step's type: the field's
@@ -42,6 +43,7 @@ def fit(table: pa.Table, known: Mapping[str, str]) -> tuple[pa.Table, dict[str, 
     """``(table, moved, types)``: the table with every column whose type differs from ``known``
     moved to a name of its own (``moved``: old name -> new name), and the type of each of its
     columns (by its name in the returned table), for the split's record."""
+    table = _widened_back(table, known)
     taken = set(table.column_names)
     moved: dict[str, str] = {}
     for f in table.schema:
@@ -58,6 +60,21 @@ def fit(table: pa.Table, known: Mapping[str, str]) -> tuple[pa.Table, dict[str, 
     if moved:
         table = _rename(table, moved)
     return table, moved, {f.name: type_name(f.type) for f in table.schema if f.name != STEP_COLUMN}
+
+
+def _widened_back(table: pa.Table, known: Mapping[str, str]) -> pa.Table:
+    """The table with each int64 token column it stores as int32 (format version 6, 3.2) back to int64
+    where the split records that column as int64 (its earlier steps: a dump written before version
+    6, or steps whose values needed 64 bits), so the column keeps its name: the same numbers."""
+    for i, f in enumerate(table.schema):
+        t = f.type
+        if not (pa.types.is_large_list(t) and t.value_type == pa.int32()
+                and (f.metadata or {}).get(b"trajstore.dtype") == b"int64" and f.name in known):
+            continue
+        wide = pa.large_list(t.value_field.with_type(pa.int64()))
+        if known[f.name] == type_name(wide):
+            table = table.set_column(i, f.with_type(wide), table.column(i).cast(wide))
+    return table
 
 
 def _rename(table: pa.Table, moved: dict[str, str]) -> pa.Table:

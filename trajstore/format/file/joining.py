@@ -29,10 +29,11 @@ class StreamJoin:
 
     A column's buffer is sized from its first batch (values per row, times the step's rows, plus a
     quarter); one that outgrows it moves to a buffer twice as large; a buffer over the decode limit
-    (``limits.MAX_DECODED_BYTES``) is not allocated. A column whose values need a conversion
+    (``limits.MAX_DECODED_BYTES``) is not allocated. A column whose values need a bit-level conversion
     (half-precision values stored widened) or that the join's own checks refuse (``arrow._raw``:
     nulls, another dtype) is left out: ``Columns`` joins it after the read, converting it or raising
-    the error that names it. Only values as the column holds them are copied, so the result is the
+    the error that names it. int32 values of an int64 column (format version 6) are widened as they
+    are copied. Only values as the column holds them are copied, so the result is the
     normal join's."""
 
     def __init__(self, names: list[tuple[str, str]], rows: int) -> None:
@@ -63,8 +64,9 @@ class StreamJoin:
             src: Any = vals  # unpacked from its bitmap by the copy, on the pool
         else:
             src = _raw(vals, dtype, name, name)  # the join's checks; numbers zero-copy
-            if src.dtype != want:
+            if src.dtype != want and dtype in dt.HALF:
                 raise ValueError(name)  # widened half values: the join after the read narrows them
+            # (int32 values of an int64 column, format version 6, are widened by the copy's assignment)
         n = len(vals)
         col = self._room(name, n, len(a), want)
         p, col.pos = col.pos, col.pos + n

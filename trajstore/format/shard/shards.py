@@ -127,12 +127,16 @@ def _referenced(spec: dict) -> list[str]:
 
 def _unify(types: list[pa.DataType], name: str, j: Joiner) -> pa.DataType:
     """One type for a column the shards hold: list columns with and without nulls differ only in
-    their item field, and take the nullable one."""
+    their item field, and take the nullable one; an int64 token column stored as int32 by some
+    shards takes int64."""
     if all(t == types[0] for t in types):
         return types[0]
     lists = [pa.types.is_large_list(t) or pa.types.is_list(t) for t in types]
     if all(lists) and len({(pa.types.is_large_list(t), t.value_type) for t in types}) == 1:
         return pa.large_list(types[0].value_type) if pa.types.is_large_list(types[0]) else pa.list_(types[0].value_type)
+    if all(pa.types.is_large_list(t) for t in types) and {t.value_type for t in types} == {pa.int32(), pa.int64()}:
+        # an int64 token column that some shards store as int32 (format version 6, 3.2): int64, exactly
+        return pa.large_list(pa.field("element", pa.int64(), nullable=any(t.value_field.nullable for t in types)))
     bad = [k for k, t in enumerate(types) if t != types[0]][:1]
     raise j.fail(f"column {name!r} has Arrow types {[str(t) for t in types]} in the shards (docs/FORMAT.md 3.11)",
                  [0] + bad)
