@@ -305,3 +305,19 @@ def test_row_key_orders_nulls_and_strict_floats(tmp_path):
                            "g": float("-inf")}, meta={"loss": float("nan")})
     spec = json.loads(pq.read_schema(tmp_path / "a" / "train" / "step_00000000.parquet").metadata[b"trajstore"])
     assert spec["batch"]["elem"]["orders"] == [[1, [2, 0, 1]], [3, [1, 0]]]
+
+
+def test_refuses_a_declared_mask_with_holes(tmp_path):
+    """A version-6 step holding a version-5 construct the outside reader does not implement (a declared
+    mask with holes, 3.4) is refused, not read as a mask rebuilt from row lengths."""
+    B, T = 2, 6
+    am = torch.ones(B, T, dtype=torch.long)
+    lm = torch.tensor([[0, 1, 1, 0, 1, 1], [0, 0, 1, 1, 1, 0]])
+    b = {"input_ids": torch.arange(B * T).reshape(B, T), "attention_mask": am, "loss_mask": lm,
+         "advantages": torch.randn(B, T) * lm}
+    with trajstore.Writer(tmp_path, masks={"loss_mask": ["advantages"]}) as w:
+        w.append(0, b)
+    f = tmp_path / "train" / "step_00000000.parquet"
+    assert json.loads(pq.read_schema(f).metadata[b"trajstore"])["format_version"] == 6
+    with pytest.raises(SpecError, match="holes"):
+        read_step(f)
