@@ -7,6 +7,7 @@ column as int32 and as int64 join exactly."""
 import json
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -16,7 +17,14 @@ import trajstore
 from trajstore.errors import FormatError
 from trajstore.format import arrow
 from trajstore.format.spec import FORMAT_VERSION
-from trajstore.testing import assert_batch_equal
+from trajstore.testing import (
+    assert_batch_equal,
+    packed_batches,
+    padded_batches,
+    prompt_completion_batches,
+    trajectory_lists,
+    two_sided_batches,
+)
 
 I32 = (-(1 << 31), (1 << 31) - 1)
 
@@ -150,8 +158,6 @@ def test_a_split_of_int64_columns_keeps_them(tmp_path, monkeypatch):
 def test_shard_tables_of_both_types_unify_to_int64():
     """Shards that stored one int64 token column as int32 and as int64 without a shared record (object
     storage, where ranks' writers race on it) are joined as int64; other type mixes are refused."""
-    import pyarrow as pa
-
     from trajstore.format.shard import shards
 
     n32 = pa.large_list(pa.field("element", pa.int32(), nullable=False))
@@ -217,3 +223,28 @@ def test_int32_stored_ids_are_joined_into_the_arena_at_their_decoded_width(tmp_p
     assert arena.holds(got["input_ids"]) and arena.holds(got["logprobs"])
     assert got["input_ids"].dtype == torch.int64 and torch.equal(got["input_ids"], b["input_ids"].reshape(-1))
     arena.release()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.one_of(padded_batches(), two_sided_batches(), prompt_completion_batches(), packed_batches(),
+                 trajectory_lists()))
+def test_every_form_round_trips_and_narrows_exactly_the_fitting_token_columns(tmp_path_factory, batch):
+    """Over the batch forms (hypothesis: tensors of arbitrary bits, so int64 values of every range): the
+    batch comes back bit for bit, every int64 token column is int32 exactly when all its values fit,
+    and a step holding one records format version 6."""
+    d = tmp_path_factory.mktemp("forms")
+    with trajstore.Writer(d) as w:
+        w.append(0, batch)
+    r = trajstore.Reader(d)
+    assert_batch_equal(r[0], batch)
+    t = pq.read_table(r.file(0))
+    narrowed = False
+    for f in t.schema:
+        m = f.metadata or {}
+        if m.get(b"trajstore.kind") != b"token" or m.get(b"trajstore.dtype") != b"int64":
+            continue
+        vals = t.column(f.name).combine_chunks().flatten().to_numpy(zero_copy_only=False)
+        fits = bool(len(vals) == 0 or (vals.min() >= I32[0] and vals.max() <= I32[1]))
+        assert f.type.value_type == (pa.int32() if fits else pa.int64()), f.name
+        narrowed |= fits
+    assert (_doc(r.file(0))["format_version"] == 6) == narrowed
