@@ -6,8 +6,8 @@ in field metadata (``trajstore.dtype``). From format version 3 the half-precisio
 (bfloat16, float16) are stored widened to float32, exactly (``widen`` / ``narrow``), so that any
 Parquet reader shows their numbers; files of versions 1 and 2 hold bfloat16 as uint16 bits and
 float16 as Arrow halffloat (docs/FORMAT.md 3.2). From format version 6 a token column of int64
-values that all fit in 32 bits is stored as int32 (``narrow_ints``; restored to int64 by ``narrow``):
-a token id column is read about 15% faster (docs/FORMAT.md 3.2).
+values that all fit in 32 bits is stored as int32 (``arrow.TableBuilder.add``; restored to int64 by
+``narrow``): a smaller column, cheaper to encode and decode (docs/FORMAT.md 3.2).
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ _NARROW = {"int64": np.dtype(np.int32)}
 
 def arrow_type(name: str, version: int = WIDE_VERSION) -> pa.DataType:
     """The Arrow type of a column of dtype ``name`` in a file of format ``version`` (default: the
-    files this library writes; a token column of int64 may also be ``list_types``' int32)."""
+    files this library writes; a token column of int64 may also be int32: ``list_types``)."""
     if name in HALF and version >= WIDE_VERSION:
         return pa.float32()
     return _TABLE[name][2]
@@ -100,7 +100,7 @@ def arrow_type(name: str, version: int = WIDE_VERSION) -> pa.DataType:
 
 def list_types(name: str, version: int = WIDE_VERSION) -> tuple[pa.DataType, ...]:
     """The value types a large_list tensor column of dtype ``name`` may have in a file of format
-    ``version``: ``arrow_type``'s, and from version 6 int32 for int64 (``narrow_ints``)."""
+    ``version``: ``arrow_type``'s, and from version 6 int32 for int64 (a token column whose values fit)."""
     want = arrow_type(name, version)
     if name in _NARROW and version >= NARROW_VERSION:
         return want, pa.from_numpy_dtype(_NARROW[name])
@@ -117,17 +117,6 @@ def is_wide(name: str, a: np.ndarray) -> bool:
 def is_wide_type(name: str, t: pa.DataType) -> bool:
     """``is_wide`` for a column's Arrow value type."""
     return (name in HALF and t == pa.float32()) or (name in _NARROW and t == pa.from_numpy_dtype(_NARROW[name]))
-
-
-def narrow_ints(a: np.ndarray, name: str) -> np.ndarray | None:
-    """A token column's int64 values as int32 when every one fits (format version 6: a smaller,
-    faster column), else None. The check is one pass for the minimum and one for the maximum."""
-    if name not in _NARROW or a.dtype != storage_numpy(name) or not len(a):
-        return None
-    info = np.iinfo(_NARROW[name])
-    if a.min() < info.min or a.max() > info.max:
-        return None
-    return a.astype(_NARROW[name])
 
 
 def widen(a: np.ndarray, name: str) -> np.ndarray:
@@ -149,7 +138,7 @@ def widen(a: np.ndarray, name: str) -> np.ndarray:
 def narrow(a: np.ndarray, name: str, out: np.ndarray | None = None) -> np.ndarray:
     """Inverse of ``widen``: float32 values as half storage (into ``out`` if given), vectorized. A
     value no half holds exactly (a file that lies) rounds; it never fails. int32 values of an int64
-    column (``narrow_ints``) come back as int64, exactly."""
+    token column (format version 6) come back as int64, exactly."""
     if out is None:
         out = np.empty(a.shape, storage_numpy(name))
     if name in _NARROW:

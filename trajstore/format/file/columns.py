@@ -2,8 +2,8 @@
 types its split already holds.
 
 ``fit(table, known)`` keeps every column whose name is new to the split or whose Arrow type is the
-one the split recorded for that name (an int64 token column stored as int32, format version 6, goes
-back to int64 where the split records it so) (``known``: name -> ``str`` of the Arrow type); a column whose
+one the split recorded for that name (``known``: name -> ``str`` of the Arrow type; an int64 token
+column stored as int32, format version 6, goes back to int64 where the split records it so); a column whose
 type differs is stored under another name, ``<name>__<type tag>`` (``__2``... if taken), with the
 spec's references to it (``col``, ``pad_col``, ``shape_col``, ``start_col``) rewritten, so that
 no reader of a glob of the split casts one step's values to another step's type: the field's

@@ -32,9 +32,8 @@ class StreamJoin:
     (``limits.MAX_DECODED_BYTES``) is not allocated. A column whose values need a bit-level conversion
     (half-precision values stored widened) or that the join's own checks refuse (``arrow._raw``:
     nulls, another dtype) is left out: ``Columns`` joins it after the read, converting it or raising
-    the error that names it. int32 values of an int64 column (format version 6) are widened as they
-    are copied. Only values as the column holds them are copied, so the result is the
-    normal join's."""
+    the error that names it. Values are copied as the column holds them (int32 values of an int64
+    column, format version 6, widened by the copy), so the result is the normal join's."""
 
     def __init__(self, names: list[tuple[str, str]], rows: int) -> None:
         self.want = dict(names)  # column -> spec dtype, while it is still joined here
