@@ -194,6 +194,27 @@ def test_areal_groups_are_built_on_the_device(tmp_path, flat, monkeypatch):
     assert len(plan.flats) == (4 if flat else 0)  # int64, bool, bf16, float32 [g, T, 3]
 
 
+@pytest.mark.parametrize("pads", ["zero", "garbage"])
+def test_areal_groups_of_a_joined_column_keep_their_neighbours_values(tmp_path, monkeypatch, pads):
+    """A large list batch (several row groups) joins each cell column into the pinned arena, each group's
+    values a slice of it, one after the other. A group built one by one (not by a flat gather) whose
+    values lie in the arena keeps them there only where its pad row, written after them, lands on no
+    other group's values: the next group comes back exact."""
+    many_row_groups(monkeypatch)
+    monkeypatch.setattr(pad_plan, "FLAT_BYTES", 0)
+    groups = []
+    for i, side in enumerate(["right", "left", "right", "left"]):
+        b = padded_batch(B=3 + i, T=7 + i, side=side, seed=i, pads=pads)
+        groups.append({k: v for k, v in b.items() if k != "rewards"} | {"uid": f"g{i}"})
+    with trajstore.Writer(tmp_path) as w:
+        w.append(0, groups)
+    r = trajstore.Reader(tmp_path)
+    got, plan = device_read(r, 0)
+    assert plan is not None and any(p.home for p in plan.pads)  # the last group's values stay at home
+    assert_batch_equal(groups, got)
+    assert_batch_equal(r.read(0), got)
+
+
 def test_tensordict_and_dataproto_batches(tmp_path):
     """Containers are rebuilt around the built fields, as around the staged ones."""
     tensordict = pytest.importorskip("tensordict")

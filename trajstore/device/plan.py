@@ -26,6 +26,7 @@ filled on the CPU as before (``decoder.fill``).
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable
 from typing import Any
@@ -115,6 +116,9 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
         if not _whole(js) or k in part:
             rest += by_out.pop(k)
     fill(rest)
+    # where the values of every output begin: a pad row written after one output's values must not
+    # land on another's (AReaL group cells are slices of one joined column, one after the other)
+    starts = sorted(j.src.data_ptr() for j in jobs if j.src.numel() and j.src.device.type == "cpu")
     # layout: per mask group its starts and lengths, then per output its table
     groups: dict[Any, int] = {}
     ginfo: list[tuple[np.ndarray, int, int, int]] = []
@@ -148,7 +152,7 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
         nvals = 1 if c is not None else sum(s.numel() for s in srcs) // w
         npad = sum(j.pv[1].numel() for j in js) // w if j0.pv is not None else 1
         esize = j0.src.element_size()
-        if c is None and j0.pv is None and not _small(j0, n, T, w) and _at_home(js, home, w * esize):
+        if c is None and j0.pv is None and not _small(j0, n, T, w) and _at_home(js, home, w * esize, starts):
             items.append((k, js, t, n, T, w, c, nvals, npad, -1, groups[gk]))
             continue
         if _small(j0, n, T, w):  # its table at whole rows of the buffer: a flat gather reads them so
@@ -248,14 +252,21 @@ def _npdt(d: torch.dtype) -> np.dtype:
     return n
 
 
-def _at_home(js: list[FillJob], home: tuple[torch.Tensor, int] | None, rowbytes: int) -> bool:
+def _at_home(js: list[FillJob], home: tuple[torch.Tensor, int] | None, rowbytes: int,
+             starts: list[int] | None = None) -> bool:
     """The output's values are one array carved out of ``home`` (at a whole row), with room for a
-    pad row of ``rowbytes`` after them."""
+    pad row of ``rowbytes`` after them: no other output's values (``starts``: where each output's
+    values begin) lie in those bytes, as the next group's do where the values are one group cell's
+    slice of a joined column."""
     if home is None or len(js) != 1 or rowbytes > SPARE:
         return False
     s = js[0].src
     base, p = home[0].data_ptr(), s.data_ptr()
     n = s.numel() * s.element_size()
+    if starts:
+        i = bisect.bisect_left(starts, p + n)
+        if i < len(starts) and starts[i] < p + n + rowbytes:
+            return False
     return (s.device.type == "cpu" and s.is_contiguous() and s.numel() > 0 and base <= p
             and p + n + SPARE <= base + home[1] and (p - base) % rowbytes == 0)
 
