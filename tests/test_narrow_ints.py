@@ -1,6 +1,7 @@
-"""int64 token columns stored as int32 where every value fits (docs/FORMAT.md 3.2, format version 6):
-the batch comes back bit for bit as int64, the column is int32 exactly when every value of the step's
-column fits, outside readers see the same numbers, a file claiming an older version with such a
+"""int64 token-id columns stored as int32 where every value fits (docs/FORMAT.md 3.2, format version 6):
+the batch comes back bit for bit as int64, the column is int32 exactly when it holds identifiers and
+every value of the step's column fits (other int64 fields keep 64 bits, so outside readers' sums of
+them stay exact), outside readers see the same numbers, a file claiming an older version with such a
 column is refused, files written before (int64 columns) still read, and shards that stored one
 column as int32 and as int64 join exactly."""
 
@@ -42,6 +43,7 @@ def _batch(draw, big: bool):
         ids.view(-1)[0] = draw(st.sampled_from(I32))
     return {"input_ids": ids.masked_fill(~mask, draw(st.integers(-5, 5))), "attention_mask": mask.long(),
             "versions": torch.full((B, T), draw(st.integers(0, 3)), dtype=torch.int64),
+            "clock_ms": torch.full((B, T), 2_000_000_000, dtype=torch.int64),  # fits int32; its sums do not
             "rewards": torch.randn(B, generator=torch.Generator().manual_seed(seed))}
 
 
@@ -70,8 +72,9 @@ def test_round_trip_and_column_type(tmp_path_factory, data):
     fits = bool(((b["input_ids"][valid] >= I32[0]) & (b["input_ids"][valid] <= I32[1])).all())
     want = "int32" if fits else "int64"
     assert str(t.schema.field("input_ids").type.value_type) == want
-    assert str(t.schema.field("versions").type.value_type) == "int32"  # its values fit: narrowed too
-    assert (_doc(f)["format_version"] == 6) is True  # versions always narrows
+    for name in ("versions", "attention_mask", "clock_ms"):  # not identifiers: int64, whatever they hold
+        assert str(t.schema.field(name).type.value_type) == "int64", name
+    assert _doc(f)["format_version"] == (6 if fits else 1)
     # outside readers see the numbers, one list per trajectory
     rows = t.column("input_ids").to_pylist()
     assert rows == [b["input_ids"][i][valid[i]].tolist() for i in range(len(rows))]
@@ -230,8 +233,8 @@ def test_int32_stored_ids_are_joined_into_the_arena_at_their_decoded_width(tmp_p
                  trajectory_lists()))
 def test_every_form_round_trips_and_narrows_exactly_the_fitting_token_columns(tmp_path_factory, batch):
     """Over the batch forms (hypothesis: tensors of arbitrary bits, so int64 values of every range): the
-    batch comes back bit for bit, every int64 token column is int32 exactly when all its values fit,
-    and a step holding one records format version 6."""
+    batch comes back bit for bit, every int64 token column is int32 exactly when it holds identifiers
+    (by its name) and all its values fit, and a step holding one records format version 6."""
     d = tmp_path_factory.mktemp("forms")
     with trajstore.Writer(d) as w:
         w.append(0, batch)
@@ -244,7 +247,29 @@ def test_every_form_round_trips_and_narrows_exactly_the_fitting_token_columns(tm
         if m.get(b"trajstore.kind") != b"token" or m.get(b"trajstore.dtype") != b"int64":
             continue
         vals = t.column(f.name).combine_chunks().flatten().to_numpy(zero_copy_only=False)
-        fits = bool(len(vals) == 0 or (vals.min() >= I32[0] and vals.max() <= I32[1]))
+        fits = bool(len(vals) == 0 or (vals.min() >= I32[0] and vals.max() <= I32[1])) \
+            and arrow.is_id_field((f.name.split(".")[-1],))
         assert f.type.value_type == (pa.int32() if fits else pa.int64()), f.name
         narrowed |= fits
     assert (_doc(r.file(0))["format_version"] == 6) == narrowed
+
+
+def test_only_identifier_fields_are_narrowed_so_outside_sums_stay_exact(tmp_path):
+    """A per-token int64 field that is not an identifier (a clock in ms) keeps int64 even where every
+    value fits int32: Polars sums an int32 list in 32 bits (wrapping), so its row sums read from the
+    file would be wrong. The ids beside it are narrowed."""
+    polars = pytest.importorskip("polars")
+    B, T = 2, 4
+    m = torch.ones(B, T, dtype=torch.long)
+    b = {"input_ids": torch.arange(B * T).reshape(B, T), "attention_mask": m,
+         "clock_ms": torch.full((B, T), 2_000_000_000, dtype=torch.int64)}
+    with trajstore.Writer(tmp_path) as w:
+        w.append(0, b)
+    f = trajstore.Reader(tmp_path).file(0)
+    sch = pq.read_schema(f)
+    assert sch.field("input_ids").type.value_type == pa.int32() and sch.field("clock_ms").type.value_type == pa.int64()
+    sums = polars.read_parquet(f).select(polars.col("clock_ms").list.sum())["clock_ms"].to_list()
+    assert sums == [4 * 2_000_000_000] * B
+    assert [arrow.is_id_field((n,)) for n in ("input_ids", "prompt_ids", "position_ids", "responses", "uid_id",
+                                              "versions", "clock_ms", "rewards", "attention_mask")] \
+        == [True] * 5 + [False] * 4

@@ -45,7 +45,18 @@ class ColumnNames:
 
 
 _NULLABLE_KINDS = ("value", "json", "cell", "shape")
-NARROW_TOKENS = True  # int64 token columns whose values fit are stored as int32 (format version 6)
+NARROW_TOKENS = True  # int64 token-id columns whose values fit are stored as int32 (format version 6)
+ID_FIELDS = ("responses", "prompts", "sequences", "tokens")  # ids by name, besides "...ids" / "..._id"
+
+
+def is_id_field(path: tuple) -> bool:
+    """Whether the field at ``path`` holds identifiers (token ids, position ids) by its name: ``input_ids``,
+    ``prompt_ids``, ``completion_ids``, ``position_ids``, ``..._id``, and verl's ``responses`` /
+    ``prompts``, OpenRLHF's ``sequences``. Only such int64 fields are stored as int32 (3.2): arithmetic on
+    identifiers means nothing, while a reader that sums an int32 column in 32 bits (Polars does, and
+    wraps) would give a wrong sum of counts or timestamps stored so."""
+    leaf = str(path[-1]) if path else ""
+    return leaf.endswith(("ids", "_id")) or leaf in ID_FIELDS
 
 
 class TableBuilder:
@@ -67,14 +78,14 @@ class TableBuilder:
         """Append column ``name`` (claimed beforehand) of one row per trajectory. Half-precision
         values (``meta["dtype"]`` bfloat16 / float16) are stored widened to float32, which every
         Parquet reader shows as numbers (format version 3, docs/FORMAT.md 3.2). A token column of
-        int64 values that all fit in 32 bits is stored as int32 (format version 6, 3.2), the
-        numbers unchanged, ``meta["dtype"]`` still int64."""
+        int64 identifiers (``is_id_field``) whose values all fit in 32 bits is stored as int32
+        (format version 6, 3.2), the numbers unchanged, ``meta["dtype"]`` still int64."""
         if len(arr) != self.n:
             raise BatchError(f"field {where(path)!r}: has {len(arr)} rows, the batch has {self.n}")
         if meta.get("dtype") in dt.HALF:
             arr = _widened(arr, meta["dtype"])
             self.needs(dt.WIDE_VERSION)
-        elif NARROW_TOKENS and meta.get("kind") == "token" and meta.get("dtype") == "int64":
+        elif NARROW_TOKENS and meta.get("kind") == "token" and meta.get("dtype") == "int64" and is_id_field(path):
             narrowed = _narrowed(arr)
             if narrowed is not None:
                 arr = narrowed
