@@ -20,6 +20,7 @@ from trajstore.format import arrow
 from trajstore.format.spec import FORMAT_VERSION
 from trajstore.testing import (
     assert_batch_equal,
+    group_lists,
     packed_batches,
     padded_batches,
     prompt_completion_batches,
@@ -230,11 +231,12 @@ def test_int32_stored_ids_are_joined_into_the_arena_at_their_decoded_width(tmp_p
 
 @settings(max_examples=60, deadline=None)
 @given(st.one_of(padded_batches(), two_sided_batches(), prompt_completion_batches(), packed_batches(),
-                 trajectory_lists()))
+                 trajectory_lists(), group_lists()))
 def test_every_form_round_trips_and_narrows_exactly_the_fitting_token_columns(tmp_path_factory, batch):
     """Over the batch forms (hypothesis: tensors of arbitrary bits, so int64 values of every range): the
-    batch comes back bit for bit, every int64 token column is int32 exactly when it holds identifiers
-    (by its name) and all its values fit, and a step holding one records format version 6."""
+    batch comes back bit for bit, every int64 token column (and cell column of a list batch) is int32
+    exactly when it holds identifiers (by its name) and all its values fit, and a step holding one
+    records format version 6."""
     d = tmp_path_factory.mktemp("forms")
     with trajstore.Writer(d) as w:
         w.append(0, batch)
@@ -244,7 +246,7 @@ def test_every_form_round_trips_and_narrows_exactly_the_fitting_token_columns(tm
     narrowed = False
     for f in t.schema:
         m = f.metadata or {}
-        if m.get(b"trajstore.kind") != b"token" or m.get(b"trajstore.dtype") != b"int64":
+        if m.get(b"trajstore.kind") not in (b"token", b"cell") or m.get(b"trajstore.dtype") != b"int64":
             continue
         vals = t.column(f.name).combine_chunks().flatten().to_numpy(zero_copy_only=False)
         fits = bool(len(vals) == 0 or (vals.min() >= I32[0] and vals.max() <= I32[1])) \

@@ -45,7 +45,7 @@ class ColumnNames:
 
 
 _NULLABLE_KINDS = ("value", "json", "cell", "shape")
-NARROW_TOKENS = True  # int64 token-id columns whose values fit are stored as int32 (format version 6)
+NARROW_TOKENS = True  # int64 token-id (and cell) columns whose values fit are stored as int32 (format version 6)
 ID_FIELDS = ("responses", "prompts", "sequences", "tokens")  # ids by name, besides "...ids" / "..._id"
 
 
@@ -77,15 +77,17 @@ class TableBuilder:
     def add(self, name: str, arr: pa.Array, meta: dict[str, str], path: tuple) -> None:
         """Append column ``name`` (claimed beforehand) of one row per trajectory. Half-precision
         values (``meta["dtype"]`` bfloat16 / float16) are stored widened to float32, which every
-        Parquet reader shows as numbers (format version 3, docs/FORMAT.md 3.2). A token column of
-        int64 identifiers (``is_id_field``) whose values all fit in 32 bits is stored as int32
-        (format version 6, 3.2), the numbers unchanged, ``meta["dtype"]`` still int64."""
+        Parquet reader shows as numbers (format version 3, docs/FORMAT.md 3.2). A token column (or a
+        list batch's cell column) of int64 identifiers (``is_id_field``) whose values all fit in 32
+        bits is stored as int32 (format version 6, 3.2), the numbers unchanged, ``meta["dtype"]``
+        still int64."""
         if len(arr) != self.n:
             raise BatchError(f"field {where(path)!r}: has {len(arr)} rows, the batch has {self.n}")
         if meta.get("dtype") in dt.HALF:
             arr = _widened(arr, meta["dtype"])
             self.needs(dt.WIDE_VERSION)
-        elif NARROW_TOKENS and meta.get("kind") == "token" and meta.get("dtype") == "int64" and is_id_field(path):
+        elif NARROW_TOKENS and meta.get("kind") in ("token", "cell") and meta.get("dtype") == "int64" \
+                and is_id_field(path):
             narrowed = _narrowed(arr)
             if narrowed is not None:
                 arr = narrowed
