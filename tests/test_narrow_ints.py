@@ -275,3 +275,27 @@ def test_only_identifier_fields_are_narrowed_so_outside_sums_stay_exact(tmp_path
     assert [arrow.is_id_field((n,)) for n in ("input_ids", "prompt_ids", "position_ids", "responses", "uid_id",
                                               "versions", "clock_ms", "rewards", "attention_mask")] \
         == [True] * 5 + [False] * 4
+
+
+def test_a_list_batch_appended_to_an_int64_dump_keeps_its_columns(tmp_path, monkeypatch):
+    """A list batch (one trajectory None: its cell column built with nullable ``item`` entries) appended
+    by this writer to a dump whose split records the column as int64 keeps the column's name and type."""
+    def batch():
+        return [{"input_ids": torch.tensor([[1, 2, 3]]), "attention_mask": torch.tensor([[1, 1, 1]])}, None,
+                {"input_ids": torch.tensor([[4, 5]]), "attention_mask": torch.tensor([[1, 1]])}]
+
+    monkeypatch.setattr(arrow, "NARROW_TOKENS", False)
+    with trajstore.Writer(tmp_path) as w:
+        w.append(0, batch())
+    monkeypatch.setattr(arrow, "NARROW_TOKENS", True)
+    with trajstore.Writer(tmp_path) as w:
+        w.append(1, batch())
+    r = trajstore.Reader(tmp_path)
+    names = [pq.read_schema(r.file(s)).names for s in (0, 1)]
+    assert names[0] == names[1] and not any(n.startswith("input_ids__") for n in names[1])
+    assert pq.read_schema(r.file(1)).field("input_ids").type.value_type == pa.int64()
+    for s in (0, 1):
+        assert_batch_equal(r[s], batch())
+    with trajstore.Writer(tmp_path / "new") as w:  # a new dump narrows it
+        w.append(0, batch())
+    assert pq.read_schema(trajstore.Reader(tmp_path / "new").file(0)).field("input_ids").type.value_type == pa.int32()

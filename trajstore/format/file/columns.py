@@ -71,8 +71,11 @@ def _widened_back(table: pa.Table, known: Mapping[str, str]) -> pa.Table:
         if not (pa.types.is_large_list(t) and t.value_type == pa.int32()
                 and (f.metadata or {}).get(b"trajstore.dtype") == b"int64" and f.name in known):
             continue
-        wide = pa.large_list(t.value_field.with_type(pa.int64()))
-        if known[f.name] == type_name(wide):
+        # the recorded int64 list type, whatever its item field is called (a list batch's cell column with
+        # null rows is built as ``item``) and whether it is nullable
+        wide = {type_name(w): w for w in (pa.large_list(pa.field(n, pa.int64(), nullable=nb))
+                                          for n in ("element", "item") for nb in (True, False))}.get(known[f.name])
+        if wide is not None:
             table = table.set_column(i, f.with_type(wide), table.column(i).cast(wide))
     return table
 
