@@ -28,7 +28,7 @@ def group(lengths, T, seed=0, pad=0.0):
             "rewards": torch.arange(len(lengths), dtype=torch.float32)}
 
 
-def test_a_group_is_stored_unpadded_and_restored_exactly():
+def test_a_group_is_stored_unpadded_and_restored_exactly(int64_tokens):
     batch = [group([5, 2, 7], 7), None, group([1, 1], 4, seed=1), group([3], 3, seed=2)]  # the last: no padding
     out, doc, t = roundtrip(batch)
     assert_batch_equal(batch, out)
@@ -103,7 +103,7 @@ def test_a_lying_file_is_refused(lie):
         _lie(t, doc, **lie)
 
 
-def test_an_old_version_with_runs_is_refused():
+def test_an_old_version_with_runs_is_refused(int64_tokens):
     _, doc, t = roundtrip([group([2, 3], 4)])
     doc["format_version"] = 2
     with pytest.raises(FormatError, match="version 2"):
