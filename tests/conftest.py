@@ -51,9 +51,10 @@ def s3_dump(request, s3_server, monkeypatch):
 
 
 @pytest.fixture
-def int64_tokens(monkeypatch):
+def int64_tokens():
     """Token columns of int64 stored as int64, as before format version 6 (docs/FORMAT.md 3.2): for
     tests of the lowest version another construct records (a step of int64 token ids records 6)."""
-    from trajstore.format import arrow
+    from _dumps import int64_tokens as int64_token_columns
 
-    monkeypatch.setattr(arrow, "NARROW_TOKENS", False)
+    with int64_token_columns():
+        yield

@@ -252,8 +252,7 @@ def _npdt(d: torch.dtype) -> np.dtype:
     return n
 
 
-def _at_home(js: list[FillJob], home: tuple[torch.Tensor, int] | None, rowbytes: int,
-             starts: list[int] | None = None) -> bool:
+def _at_home(js: list[FillJob], home: tuple[torch.Tensor, int] | None, rowbytes: int, starts: list[int]) -> bool:
     """The output's values are one array carved out of ``home`` (at a whole row), with room for a
     pad row of ``rowbytes`` after them: no other output's values (``starts``: where each output's
     values begin) lie in those bytes, as the next group's do where the values are one group cell's
@@ -263,10 +262,9 @@ def _at_home(js: list[FillJob], home: tuple[torch.Tensor, int] | None, rowbytes:
     s = js[0].src
     base, p = home[0].data_ptr(), s.data_ptr()
     n = s.numel() * s.element_size()
-    if starts:
-        i = bisect.bisect_left(starts, p + n)
-        if i < len(starts) and starts[i] < p + n + rowbytes:
-            return False
+    i = bisect.bisect_left(starts, p + n)
+    if i < len(starts) and starts[i] < p + n + rowbytes:
+        return False
     return (s.device.type == "cpu" and s.is_contiguous() and s.numel() > 0 and base <= p
             and p + n + SPARE <= base + home[1] and (p - base) % rowbytes == 0)
 

@@ -88,6 +88,8 @@ WIDE_VERSION = 3
 
 NARROW_VERSION = 6  # int64 token values stored as int32 where every value of the column fits
 _NARROW = {"int64": np.dtype(np.int32)}
+# dtype -> the other numpy type its values may be read in from a column (``is_wide``; ``narrow`` restores)
+_STORED_AS = {**{h: np.dtype(np.float32) for h in HALF}, **_NARROW}
 
 
 def arrow_type(name: str, version: int = WIDE_VERSION) -> pa.DataType:
@@ -111,12 +113,14 @@ def is_wide(name: str, a: np.ndarray) -> bool:
     """Whether ``a`` holds values of dtype ``name`` in another type than its storage dtype, as read
     from a column: half values widened to float32, or int64 values narrowed to int32 (``narrow``
     restores either)."""
-    return (name in HALF and a.dtype == np.float32) or (name in _NARROW and a.dtype == _NARROW[name])
+    other = _STORED_AS.get(name)  # (not ``a.dtype == None``: numpy reads None as float64)
+    return other is not None and a.dtype == other
 
 
 def is_wide_type(name: str, t: pa.DataType) -> bool:
     """``is_wide`` for a column's Arrow value type."""
-    return (name in HALF and t == pa.float32()) or (name in _NARROW and t == pa.from_numpy_dtype(_NARROW[name]))
+    other = _STORED_AS.get(name)
+    return other is not None and t == pa.from_numpy_dtype(other)
 
 
 def widen(a: np.ndarray, name: str) -> np.ndarray:

@@ -62,6 +62,12 @@ def fit(table: pa.Table, known: Mapping[str, str]) -> tuple[pa.Table, dict[str, 
     return table, moved, {f.name: type_name(f.type) for f in table.schema if f.name != STEP_COLUMN}
 
 
+# the int64 list types a split may record for such a column, whatever its item field is called (a list
+# batch's cell column with null rows is built as ``item``) and whether it is nullable
+_INT64_LISTS = {type_name(t): t for t in (pa.large_list(pa.field(n, pa.int64(), nullable=nb))
+                                          for n in ("element", "item") for nb in (True, False))}
+
+
 def _widened_back(table: pa.Table, known: Mapping[str, str]) -> pa.Table:
     """The table with each int64 token column it stores as int32 (format version 6, 3.2) back to int64
     where the split records that column as int64 (its earlier steps: a dump written before version
@@ -71,10 +77,7 @@ def _widened_back(table: pa.Table, known: Mapping[str, str]) -> pa.Table:
         if not (pa.types.is_large_list(t) and t.value_type == pa.int32()
                 and (f.metadata or {}).get(b"trajstore.dtype") == b"int64" and f.name in known):
             continue
-        # the recorded int64 list type, whatever its item field is called (a list batch's cell column with
-        # null rows is built as ``item``) and whether it is nullable
-        wide = {type_name(w): w for w in (pa.large_list(pa.field(n, pa.int64(), nullable=nb))
-                                          for n in ("element", "item") for nb in (True, False))}.get(known[f.name])
+        wide = _INT64_LISTS.get(known[f.name])
         if wide is not None:
             table = table.set_column(i, f.with_type(wide), table.column(i).cast(wide))
     return table
