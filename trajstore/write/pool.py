@@ -111,7 +111,8 @@ class Steps:
                                                                             "world_size": self.shard[1]}}
         if job.ids is not None:
             extra = {**extra, **idcol.ENVELOPE}
-        table = schema.encode_plain(batch, job.tag, step=job.step, split=self.split, extra=extra, masks=self.masks)
+        table = schema.encode_plain(batch, job.tag, step=job.step, split=self.split, extra=extra, masks=self.masks,
+                                    unpadded=job.snap.unpadded)
         if self.shard is not None:
             table = with_rank(table, self.shard[0], job.step)
         if job.ids is not None:

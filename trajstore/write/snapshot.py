@@ -45,7 +45,9 @@ from ..format.shard.shards import RANK_COLUMN
 from ..format.spec import where
 from ..integrations import areal
 from ..base.threads import PIECE_BYTES, run_parallel, threads
+from ..device import unpad
 from ..device.pinned import CudaSnapshot, PinnedPool, snapshot_cuda
+from ..format.codec.unpadded import Unpadding, placeholder
 from ..device.tree import map_tree
 
 MAX_META_BYTES = 1 << 20
@@ -104,6 +106,7 @@ class _RemoteSlot:
         self.i = i
 
 
+UNPAD = True  # padded CUDA token fields are unpadded on the GPU at append (device/unpad.py)
 STAGE_BYTES = 1 << 20  # a CPU tensor or numpy array this large is copied into a reused pool buffer
 
 
@@ -230,8 +233,11 @@ class Snapshot:
     if a CPU tensor changed since (``copy=False``), and ``release()`` gives the pooled memory back.
     ``pool`` holds the pinned buffers of CUDA copies, ``staging`` (default: ``pool``) those of CPU copies."""
 
-    def __init__(self, batch: Any, copy: bool, pool: PinnedPool, staging: PinnedPool | None = None):
+    def __init__(self, batch: Any, copy: bool, pool: PinnedPool, staging: PinnedPool | None = None,
+                 masks: dict | None = None):
         self.copy, self.pool = copy, pool
+        self.unpadded: Unpadding | None = None  # after batch(): the fields unpadded on the GPU
+        self._unpad = unpad.start(batch, masks, pool) if UNPAD else None
         self.staging = pool if staging is None else staging  # the CPU copies' buffers
         self.versions: list[tuple[str, torch.Tensor, int]] = []
         self.cuda: list[tuple[str, torch.Tensor]] = []
@@ -264,6 +270,8 @@ class Snapshot:
     def _take_one(self, v: Any, path: tuple) -> Any:
         if isinstance(v, torch.Tensor):
             self.nbytes += v.numel() * v.element_size()
+            if self._unpad is not None and len(path) == 1 and path[0] in self._unpad.keys:
+                return placeholder(v)  # its tokens are on their way (device/unpad.py)
             if v.device.type == "cuda":
                 self.cuda.append((where(path), v))
                 return _CudaSlot(len(self.cuda) - 1)
@@ -324,6 +332,8 @@ class Snapshot:
         """The batch to encode, with every CUDA tensor replaced by its host copy (waits for the copies)."""
         for c in self._cuda_snaps:
             c.wait()
+        if self._unpad is not None and self.unpadded is None:
+            self.unpadded = self._unpad.finish()
         fetched = self._fetched()
         if not self._hosts and not fetched:
             return self._batch
@@ -355,6 +365,9 @@ class Snapshot:
         """Give the pinned and staging buffers back to their pool and drop the batch."""
         for c in getattr(self, "_cuda_snaps", []):
             c.release()
+        if getattr(self, "_unpad", None) is not None:
+            self._unpad.release()
+        self._unpad, self.unpadded = None, None
         for b in self._bufs:
             self.staging.give(b, None)
         self._batch, self._hosts, self._cuda_snaps, self.versions, self.cuda = None, [], [], [], []

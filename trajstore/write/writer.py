@@ -240,7 +240,8 @@ class Writer:
             self._admit(step, nbytes)  # before the copy: the buffers of steps written meanwhile are reused
             try:
                 with _threads.using(self.threads):
-                    snap = Snapshot(plain, self.copy if copy is None else bool(copy), self._pool, self._staging)
+                    snap = Snapshot(plain, self.copy if copy is None else bool(copy), self._pool, self._staging,
+                                    self.masks)
             except BaseException:
                 self._done(step, nbytes)
                 raise

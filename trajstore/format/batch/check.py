@@ -321,17 +321,17 @@ def _list_batch_error(batch: list | tuple) -> UnsupportedTypeError:
                                 f"got {sorted({type(e).__name__ for e in batch})}")
 
 
-def plan(batch: Any, read: bool = True, masks: Mapping | None = None) -> Plan:
+def plan(batch: Any, read: bool = True, masks: Mapping | None = None, known: Mapping | None = None) -> Plan:
     """Classify ``batch``; raise BatchError / UnsupportedTypeError for what cannot be stored.
     ``read``: read a packed batch's ``cu_seqlens`` and the masks' values wherever they are (the
     encoder: the plan it encodes from holds every mask's side and row lengths); False reads only a
     ``cu_seqlens`` in CPU memory (``check``): on a GPU its values are the encoder's to check. ``masks``
-    declares which fields follow which mask (``layout.structure``)."""
+    declares which fields follow which mask, ``known`` gives mask values (``layout.structure``)."""
     if isinstance(batch, Mapping):
         for k in batch:
             if type(k) is not str:
                 raise UnsupportedTypeError(f"batch key {k!r} is a {type(k).__name__}; keys must be str")
-        lay = layout.structure(batch, masks, read)
+        lay = layout.structure(batch, masks, read, known)
         w = _Walk(lay.B, lay, trl.splits(batch, lay.B))
         keys = [(k, w.field(v, (k,))) for k, v in batch.items()]
         w.count_segments(batch, read)

@@ -249,10 +249,13 @@ def _mask01(v: Any, src: str) -> torch.Tensor | None:
     return token_mask(mb)
 
 
-def structure(batch: Mapping, masks: Mapping[str, Any] | None = None, read: bool = False) -> Layout:
+def structure(batch: Mapping, masks: Mapping[str, Any] | None = None, read: bool = False,
+              known: Mapping[str, torch.Tensor | None] | None = None) -> Layout:
     """The ``Layout`` of a dict batch. ``masks`` declares ``{mask field: [fields that follow it]}``
     (top-level names). ``read``: read the values of ``cu_seqlens`` and of the masks wherever they are
-    (the encoder); False reads only a ``cu_seqlens`` in CPU memory and no mask (``Writer.append``)."""
+    (the encoder); False reads only a ``cu_seqlens`` in CPU memory and no mask (``Writer.append``).
+    ``known``: the ``[B, T]`` bool token masks of mask fields whose values are not in the batch (None:
+    not 0/1), read instead (a batch unpadded on the GPU: ``format/codec/unpadded.py``)."""
     cu = batch.get("cu_seqlens")
     if is_tensorlike(cu) and not isinstance(cu, np.generic) and np.ndim(cu) == 1:
         _, name = describe(cu, ("cu_seqlens",))
@@ -280,7 +283,7 @@ def structure(batch: Mapping, masks: Mapping[str, Any] | None = None, read: bool
     follows, form, error = _follows(batch, lay), lay.form, None  # the fields follow the form of names and shapes
     if read and lay.groups:
         try:
-            _read_groups(lay.groups, batch)
+            _read_groups(lay.groups, batch, known or {})
         except BatchError as e:
             error = e
         if form == "padded" and (len(lay.groups) > 1 or lay.groups[0].side == "span"):
@@ -355,13 +358,13 @@ def _read_cu_seqlens(cu: Any) -> tuple[int, torch.Tensor]:
     return int(c[-1]), c[1:] - c[:-1]
 
 
-def _read_groups(groups: list[MaskGroup], batch: Mapping) -> None:
+def _read_groups(groups: list[MaskGroup], batch: Mapping, known: Mapping[str, torch.Tensor | None]) -> None:
     """Read every mask group's values (``attention_mask`` must be 0/1; another mask of other values
     stores its fields whole, unless the user declared it): each group's side, mask and lengths."""
     full: dict[str, torch.Tensor | None] = {}
     for g in groups:
         if g.src not in full:
-            full[g.src] = _mask01(batch[g.src], g.src)
+            full[g.src] = known[g.src] if g.src in known else _mask01(batch[g.src], g.src)
         m = full[g.src]
         if m is None:
             if g.src == "attention_mask" or not g.inferred:

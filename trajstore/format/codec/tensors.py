@@ -29,19 +29,20 @@ from .. import dtypes as dt
 from ..arrow import Columns, TableBuilder, empty, list_array
 from ..batch.check import FLAT, GLOBAL, SEGMENTS, TOKENS, Tensor
 from ..batch.layout import Layout
-from ..batch.masks import MaskGroup, Selection, channel_major, len_col, start_col
+from ..batch.masks import MaskGroup, Selection, channel_major
 from ..limits import padded_bytes
 from ..spec import PAD_PREFIX, GTensorNode, SegTensorNode, TensorNode
-from ..values import as_cpu, bits, dumps, storage
+from ..values import as_cpu, bits, describe, dumps, storage
 
-__all__ = ["encode", "encode_starts", "encode_lengths", "decode_global", "decode_sample", "decode_flat", "decode_padded",
+__all__ = ["encode", "encode_selected", "decode_global", "decode_sample", "decode_flat", "decode_padded",
            "decode_segments", "FillJob", "as_lib", "alloc"]
 
 
 # ----------------------------------------------------------------------------- encode
-def encode(enc: TableBuilder, lay: Layout, f: Tensor) -> TensorNode | GTensorNode | SegTensorNode:
-    """The spec node of tensor field ``f`` (classified by ``format.check``); its columns go to ``enc``."""
-    lib, name, x = as_cpu(f.value, f.path)
+def encode(enc: TableBuilder, lay: Layout, f: Tensor, value: Any = None) -> TensorNode | GTensorNode | SegTensorNode:
+    """The spec node of tensor field ``f`` (classified by ``format.check``; its values ``value`` where
+    given, else ``f.value``); its columns go to ``enc``."""
+    lib, name, x = as_cpu(f.value if value is None else value, f.path)
     if f.role == SEGMENTS:
         return _encode_segments(enc, f, lib, name, x)
     if f.role == GLOBAL:
@@ -78,7 +79,8 @@ def encode(enc: TableBuilder, lay: Layout, f: Tensor) -> TensorNode | GTensorNod
             elif sel.differ(b, p):
                 # padded positions hold different values (e.g. -0.0 and 0.0, or garbage computed
                 # past the end): keep them, unpadded tokens stay a token column
-                _encode_padvals(enc, node, f.path, x, sel.padded, B, g.W - g.lengths, w)
+                _encode_padvals(enc, node, f.path, xt[sel.padded] if lib == "torch" else xt[sel.padded].numpy(), B,
+                                g.W - g.lengths, w)
             else:
                 pad = int(p)
         return _encode_token(enc, node, f.path, sel.take(xt), g.lengths, list(x.shape[2:]), pad, lib)
@@ -86,6 +88,21 @@ def encode(enc: TableBuilder, lay: Layout, f: Tensor) -> TensorNode | GTensorNod
         xt = torch.from_numpy(x) if isinstance(x, np.ndarray) else x
         return _encode_token(enc, node, f.path, xt, lay.lengths, list(x.shape[1:]), None, lib)
     return _encode_sample(enc, node, f.path, x, B)
+
+
+def encode_selected(enc: TableBuilder, lay: Layout, f: Tensor, values: Any, padvals: Any, pad: int | None,
+                    w: int) -> TensorNode:
+    """``encode``'s node and columns of a token field (not ``last``) of a group with a side, from its
+    tokens already selected (``x[mask]``, ``w`` elements each) and ``padvals`` (``x[~mask]``, padded
+    positions not one value) or ``pad`` (their one value's bits); ``format/codec/unpadded.py``."""
+    g = lay.groups[f.group]
+    lib, name = describe(f.value, f.path)
+    node: Any = {"t": "tensor", "col": f.col, "lib": lib, "dtype": name}
+    if lay.form == "masked":
+        node["mask"] = f.group
+    if padvals is not None:
+        _encode_padvals(enc, node, f.path, padvals, lay.B, g.W - g.lengths, w)
+    return _encode_token(enc, node, f.path, values, g.lengths, list(f.value.shape[2:]), pad, lib)
 
 
 def _selection(enc: TableBuilder, g: MaskGroup) -> Selection:
@@ -126,30 +143,10 @@ def _encode_ends(enc: TableBuilder, node: dict, raw: np.ndarray) -> None:
     enc.add(node["col"], pa.array(raw[1:]), {"dtype": node["dtype"], "kind": "cu_seqlens"}, ("cu_seqlens",))
 
 
-def encode_starts(enc: TableBuilder, g: MaskGroup) -> None:
-    """A span group's first valid position per row: int64 column ``start_col`` (kind ``start``)."""
-    name = start_col(g)
-    enc.names.claim(name, (g.src,), companion=True)
-    enc.add(name, pa.array(np.asarray(g.starts, dtype=np.int64)), {"dtype": "int64", "kind": "start"}, (g.src,))
-
-
-def encode_lengths(enc: TableBuilder, g: MaskGroup) -> str | None:
-    """A mask group's valid token count per row: int64 column ``len_col`` (kind ``length``), for
-    readers without trajstore (``len(input_ids)`` is the padded width where a mask has holes).
-    None for a mask that is not 0/1 (its fields are stored whole)."""
-    if g.lengths is None:
-        return None
-    name = len_col(g)
-    enc.names.claim(name, (g.src,), companion=True)
-    enc.add(name, pa.array(np.asarray(g.lengths, dtype=np.int64)), {"dtype": "int64", "kind": "length"}, (g.src,))
-    return name
-
-
-def _encode_padvals(enc: TableBuilder, node: dict, path: tuple, x: Any, nm: torch.Tensor, B: int,
-                    npad: torch.Tensor, w: int) -> None:
-    """The values at padded positions, row by row in position order: column ``__pad__<col>``."""
-    xt = torch.from_numpy(x) if isinstance(x, np.ndarray) else x
-    values = _stored_order(node, storage(xt[nm] if node["lib"] == "torch" else xt[nm].numpy()).reshape(-1), npad, w)
+def _encode_padvals(enc: TableBuilder, node: dict, path: tuple, padvals: Any, B: int, npad: torch.Tensor,
+                    w: int) -> None:
+    """The values ``padvals`` at padded positions, row by row in position order: column ``__pad__<col>``."""
+    values = _stored_order(node, storage(padvals).reshape(-1), npad, w)
     offsets = np.zeros(B + 1, dtype=np.int64)
     np.cumsum(np.asarray(npad, dtype=np.int64) * w, out=offsets[1:])
     node["pad_col"] = PAD_PREFIX + node["col"]

@@ -1,0 +1,260 @@
+"""A padded CUDA batch leaves the GPU unpadded, the mirror of replay (``start``, ``Pending``).
+
+At ``Writer.append`` of a dict batch whose token fields and masks are CUDA tensors, the tokens are
+selected on the GPU and only they cross to pinned host memory, not the padding (often most of a
+right-padded long-tail batch). On the module's side stream, after the caller's stream (the same rule
+as ``pinned.snapshot_cuda``), each mask group's token mask orders its fields: every field is written
+into a new device buffer as a permutation of its positions, tokens first (row-major, what ``x[mask]``
+selects), padded positions after. Device-side reductions find the group's token count, whether the
+mask is 0/1, and whether every padded element holds the first one's bits. The caller's stream waits for
+that pass only (on the GPU; the calling thread never blocks), then may reuse or change the fields.
+
+The background thread (``Pending.finish``) waits for those few numbers (and the ``[B, T]`` bool masks),
+then copies each field's tokens (and its padded values only where they are not one value) into a
+pooled pinned buffer, and frees the device buffers. The encoder stores the result exactly as it
+stores ``x[mask]`` of the whole tensor (``format/codec/unpadded.py``): the file is byte-identical.
+
+Costs and limits: device memory of about the padded size of the selected fields, from ``append``
+until the background has copied them (allocated on the side stream; where it cannot be allocated the
+batch takes the whole-tensor path, ``pinned.snapshot_cuda``). Top-level ``[B, W, ...]`` fields following
+a mask group (format/batch/layout.py) only; a field whose token axis is last, an empty one, a mask
+or field on another device, a batch of less than ``MIN_BYTES`` of such fields: the whole-tensor path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ..errors import BatchError
+from ..format import dtypes as dt
+from ..format.batch.check import TOKENS
+from ..format.batch.layout import structure
+from ..format.batch.masks import token_mask
+from ..format.codec.unpadded import Unpadded, Unpadding
+from .pinned import ALIGN, PinnedPool, aligned, side_stream
+
+__all__ = ["start", "Pending", "DEVICES", "MIN_BYTES"]
+
+DEVICES = ("cuda",)  # device types whose batches are unpadded here (the CPU tests add "cpu": the same steps)
+MIN_BYTES = 1 << 20  # a batch with fewer bytes of padded token fields is copied whole
+_BITS = (1, 2, 4, 8)  # element sizes with a same-width integer view (dtypes.bits_view)
+
+
+def _usable(x: Any) -> bool:
+    return (isinstance(x, torch.Tensor) and x.device.type in DEVICES and x.layout == torch.strided
+            and not x.is_quantized and not x.is_nested and not x.is_conj() and not x.is_neg()
+            and x.ndim >= 2 and x.numel() > 0 and x.element_size() in _BITS and x.dtype in dt.TORCH_NAMES)
+
+
+def _plan(plain: Mapping, masks: Mapping | None) -> dict[tuple[str, int, int], list[str]] | None:
+    """The fields to unpad, by the mask group ``(src, lo, W)`` they follow; None where none (or too few bytes)."""
+    try:
+        lay = structure(plain, masks, read=False)
+    except BatchError:  # append's check raised it already; here only to be safe
+        return None
+    if lay.form not in ("padded", "masked"):
+        return None
+    out: dict[tuple[str, int, int], list[str]] = {}
+    device, nbytes = None, 0
+    for path, f in lay.follows.items():
+        if f.role != TOKENS or f.last or len(path) != 1 or f.group is None:
+            continue
+        g = lay.groups[f.group]
+        x, m = plain[path[0]], plain.get(g.src)
+        if not (_usable(x) and _usable(m)) or x.device != m.device or (device is not None and x.device != device):
+            continue
+        if list(x.shape[:2]) != [lay.B, g.W] or int(m.shape[1]) < g.lo + g.W:
+            continue
+        device = x.device
+        out.setdefault((g.src, g.lo, g.W), []).append(path[0])
+        nbytes += x.numel() * x.element_size()
+    return out if out and nbytes >= MIN_BYTES else None
+
+
+def _is01(m: torch.Tensor) -> torch.Tensor:
+    """A 0-d bool device tensor: whether mask ``m`` holds only 0 and 1 (``layout._mask01``'s rule)."""
+    if m.dtype == torch.bool:
+        return torch.ones((), dtype=torch.bool, device=m.device)
+    if m.dtype in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64):
+        lo, hi = torch.aminmax(m)
+        return (lo >= 0) & (hi <= 1)
+    return ((m == 0) | (m == 1)).all()
+
+
+class _Field:
+    """One field's permuted device buffer and what the background needs of it."""
+
+    def __init__(self, key: str, x: torch.Tensor, out: torch.Tensor, group: int):
+        self.key, self.shape, self.dtype, self.out, self.group = key, tuple(x.shape), x.dtype, out, group
+        self.w = math.prod(self.shape[2:])
+
+
+class Pending:
+    """The GPU side of one batch's unpadding, begun by ``start``; ``finish()`` (background thread)
+    returns the host ``Unpadding``, ``release()`` gives its pinned buffers back."""
+
+    def __init__(self, pool: PinnedPool):
+        self.pool = pool
+        self.keys: set[str] = set()
+        self.groups: list[tuple[str, int, int]] = []
+        self.fields: list[_Field] = []
+        self.srcs: list[str] = []
+        self.event: Any = None
+        self._small: torch.Tensor | None = None  # pinned: the stats, then each mask's [B, T] bools
+        self._stats: torch.Tensor | None = None
+        self._masks: list[torch.Tensor] = []
+        self._bufs: list[torch.Tensor] = []
+
+    def finish(self) -> Unpadding:
+        """Wait for the device pass, copy the fields' tokens to pinned memory, and describe them."""
+        if self.event is not None:
+            self.event.synchronize()
+        st = self._stats.tolist() if self._stats is not None else []
+        nG, nS = len(self.groups), len(self.srcs)
+        counts, ok = st[:nG], st[nG:nG + nS]
+        per = st[nG + nS:]
+        masks = {s: (self._masks[i] if ok[i] else None) for i, s in enumerate(self.srcs)}
+        # what each field sends: its tokens, or every position where the padded values differ
+        sends = []
+        for j, f in enumerate(self.fields):
+            n = f.shape[0] * f.shape[1]
+            differ, first = per[2 * j], per[2 * j + 1]
+            count = counts[f.group]
+            k = n if differ else count
+            sends.append((f, count, n, bool(differ), first, k))
+        total = sum(aligned(k * f.w * f.out.element_size()) for f, _, _, _, _, k in sends)
+        hosts = _copy_out([(f.out, k) for f, _, _, _, _, k in sends], self.pool, total, self._bufs)
+        fields = {}
+        for (f, count, n, differ, first, _k), h in zip(sends, hosts):
+            src, lo, W = self.groups[f.group]
+            m = self._masks[self.srcs.index(src)][:, lo:lo + W]
+            fields[f.key] = Unpadded(src, lo, W, f.shape, f.dtype, m, h[:count], h[count:] if differ else None,
+                                     None if (differ or count == n) else int(first))
+            f.out = None  # the device buffer may go
+        return Unpadding(fields, masks)
+
+    def release(self) -> None:
+        for b in self._bufs:
+            self.pool.give(b, None)
+        self._bufs = []
+        self.fields, self._masks, self._stats, self._small = [], [], None, None
+
+
+def _copy_out(parts: list[tuple[torch.Tensor, int]], pool: PinnedPool, total: int,
+              bufs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The first ``k`` rows of each device tensor, copied into one pooled pinned buffer (appended to
+    ``bufs``); waits for the copies."""
+    if not parts:
+        return []
+    dev = parts[0][0].device
+    buf = pool.take(max(total, 1)) if dev.type == "cuda" else torch.empty(max(total, 1), dtype=torch.uint8)
+    if dev.type == "cuda":
+        bufs.append(buf)
+    out, off = [], 0
+    ctx = torch.cuda.stream(side_stream(dev)) if dev.type == "cuda" else contextlib.nullcontext()
+    with ctx:
+        for t, k in parts:
+            rows = t[:k]
+            nb = rows.numel() * rows.element_size()
+            dst = buf[off:off + nb].view(t.dtype).view(rows.shape)
+            dst.copy_(rows, non_blocking=True)
+            out.append(dst)
+            off += aligned(nb)
+        if dev.type == "cuda":
+            ev = torch.cuda.Event()
+            ev.record(side_stream(dev))
+            ev.synchronize()
+    return out
+
+
+def start(plain: Any, masks: Mapping | None, pool: PinnedPool) -> Pending | None:
+    """Begin unpadding ``plain``'s padded CUDA token fields on their device; None where there is
+    nothing to unpad, or the device memory for it could not be allocated (the caller copies the
+    fields whole)."""
+    if not isinstance(plain, dict) or not all(type(k) is str for k in plain):
+        return None
+    groups = _plan(plain, masks)
+    if groups is None:
+        return None
+    dev = plain[next(iter(groups.values()))[0]].device
+    p = Pending(pool)
+    cuda = dev.type == "cuda"
+    cur = torch.cuda.current_stream(dev) if cuda else None
+    side = side_stream(dev) if cuda else None
+    if cuda:
+        side.wait_stream(cur)
+    try:
+        with torch.cuda.stream(side) if cuda else contextlib.nullcontext():
+            _compact(plain, groups, p)
+            if cuda:
+                ev = torch.cuda.Event()
+                ev.record(side)
+                p.event = ev
+    except torch.OutOfMemoryError:
+        p.release()
+        if cuda:
+            cur.wait_stream(side)
+        return None
+    if cuda:
+        cur.wait_event(p.event)  # the caller may change or free the fields once the pass is done
+    return p
+
+
+def _compact(plain: Mapping, groups: dict[tuple[str, int, int], list[str]], p: Pending) -> None:
+    """The device pass (on the current stream): permuted fields, the stats, the masks to the host."""
+    tms: dict[str, torch.Tensor] = {}
+    stats: list[torch.Tensor] = []
+    oks: list[torch.Tensor] = []
+    per: list[torch.Tensor] = []
+    for (src, lo, W), keys in groups.items():
+        if src not in tms:
+            tms[src] = token_mask(plain[src].detach()).contiguous()
+            oks.append(_is01(plain[src].detach()))
+            p.srcs.append(src)
+        m = tms[src][:, lo:lo + W].reshape(-1)
+        n = m.numel()
+        cum = torch.cumsum(m, 0)
+        count = cum[-1:]
+        ar = torch.arange(n, device=m.device)
+        dest = torch.where(m, cum - 1, count + ar - cum)
+        gi = len(p.groups)
+        p.groups.append((src, lo, W))
+        stats.append(count)
+        after = ar >= count  # the padded positions, in the permuted order
+        for k in keys:
+            x = plain[k].detach()
+            xs = x.reshape(n, *x.shape[2:])
+            out = torch.empty_like(xs, memory_format=torch.contiguous_format)
+            out.index_copy_(0, dest, xs)
+            b = dt.bits_view(out).reshape(n, -1)
+            first = b.index_select(0, count.clamp(max=n - 1)).reshape(-1)[:1]
+            differ = ((b != first).any(1) & after).any().reshape(1)
+            per += [differ.to(torch.int64), first.to(torch.int64)]
+            p.fields.append(_Field(k, x, out, gi))
+            p.keys.add(k)
+    vals = torch.cat([*stats, *(o.reshape(1).to(torch.int64) for o in oks), *per])
+    sizes = [aligned(vals.numel() * 8)] + [aligned(t.numel()) for t in tms.values()]
+    dev = vals.device
+    if dev.type == "cuda":
+        small = p.pool.take(sum(sizes))
+        p._bufs.append(small)
+    else:
+        small = torch.empty(sum(sizes), dtype=torch.uint8)
+    off = 0
+    parts = [vals, *tms.values()]
+    host = []
+    for t, size in zip(parts, sizes):
+        nb = t.numel() * t.element_size()
+        dst = small[off:off + nb].view(t.dtype).view(t.shape)
+        dst.copy_(t, non_blocking=True)
+        host.append(dst)
+        off += size
+    p._stats, p._masks, p._small = host[0], host[1:], small
+
+
+assert ALIGN % 8 == 0  # the stats (int64) at the start of an aligned piece
