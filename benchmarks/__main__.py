@@ -29,7 +29,7 @@ import trajstore
 from trajstore import schema
 from trajstore.store import checksums
 
-from . import encodings, padded, scale
+from . import cuda_writes, encodings, padded, scale
 from .writes import writer_figures
 from . import workload as W
 
@@ -342,11 +342,13 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write every figure here")
     ap.add_argument("--dir", help="scratch folder (default: a temporary one, removed)")
     ap.add_argument("--no-gpu", action="store_true")
-    ap.add_argument("--skip", default="", help="comma list of sections to skip: encodings,rewards,scale,s3,padded")
+    ap.add_argument("--skip", default="",
+                    help="comma list of sections to skip: encodings,rewards,scale,s3,padded,cuda_writes")
     ap.add_argument("--only-encodings", action="store_true",
                     help="only the encoding benchmark (benchmarks/encodings.py): columns, then whole steps")
-    ap.add_argument("--only", choices=["padded"], help="only this section, on a dump written for it: padded "
-                    "(replay to CUDA padded vs packed, benchmarks/padded.py)")
+    ap.add_argument("--only", choices=["padded", "cuda_writes"], help="only this section: padded (replay to CUDA "
+                    "padded vs packed, on a dump written for it, benchmarks/padded.py), cuda_writes (a padded CUDA "
+                    "batch dumped, benchmarks/cuda_writes.py)")
     a = ap.parse_args(argv)
     q = a.quick
     B, max_len, n, m, repeat = (128, 4096, 4, 100, 3) if q else (1024, 8192, 8, 1000, 5)
@@ -380,6 +382,10 @@ def main(argv=None) -> int:
             padded.run(rep, d, raw, n, repeat, torch.cuda.is_available() and not a.no_gpu)
             print("\n" + rep.markdown(), flush=True)
             return 0
+        if a.only == "cuda_writes":
+            cuda_writes.run(rep, tmp, batches, raw, n)
+            print("\n" + rep.markdown(), flush=True)
+            return 0
         b = baselines(rep, tmp, P, F, raw, repeat)
         d = writer_figures(rep, tmp, batches, raw, n, b)
         reader_figures(rep, d, b, repeat)
@@ -403,6 +409,8 @@ def main(argv=None) -> int:
                 rep.add(name, t * 1e3, "ms", None, "")
         if torch.cuda.is_available() and not a.no_gpu:
             gpu_figures(rep, d, raw, n, b, tmp, calibrate_sleep())
+        if "cuda_writes" not in skip and not a.no_gpu:  # a padded CUDA batch dumped (issue 23); skipped without CUDA
+            cuda_writes.run(rep, tmp, batches, raw, n)
         if "padded" not in skip:  # padded replay to CUDA against packed (issue 16); GPU rows skipped without CUDA
             padded.run(rep, d, raw, n, repeat, torch.cuda.is_available() and not a.no_gpu)
         enc = [] if "encodings" in skip else encodings.run(P)

@@ -51,8 +51,10 @@ def _usable(x: Any) -> bool:
             and x.ndim >= 2 and x.numel() > 0 and x.element_size() in _BITS and x.dtype in dt.TORCH_NAMES)
 
 
-def _plan(plain: Mapping, masks: Mapping | None) -> dict[tuple[str, int, int], list[str]] | None:
-    """The fields to unpad, by the mask group ``(src, lo, W)`` they follow; None where none (or too few bytes)."""
+def _plan(plain: Mapping, masks: Mapping | None) -> tuple[dict[tuple[str, int, int], list[str]], list[str]] | None:
+    """The fields to unpad, by the mask group ``(src, lo, W)`` they follow, and every mask field on their
+    device (the encoder reads each one's token mask: a mask field may itself be unpadded by another
+    group); None where there is nothing (or too few bytes) to unpad."""
     try:
         lay = structure(plain, masks, read=False)
     except BatchError:  # append's check raised it already; here only to be safe
@@ -73,7 +75,10 @@ def _plan(plain: Mapping, masks: Mapping | None) -> dict[tuple[str, int, int], l
         device = x.device
         out.setdefault((g.src, g.lo, g.W), []).append(path[0])
         nbytes += x.numel() * x.element_size()
-    return out if out and nbytes >= MIN_BYTES else None
+    if not out or nbytes < MIN_BYTES:
+        return None
+    srcs = [g.src for g in lay.groups if _usable(plain.get(g.src)) and plain[g.src].device == device]
+    return out, list(dict.fromkeys(srcs))
 
 
 def _is01(m: torch.Tensor) -> torch.Tensor:
@@ -178,10 +183,11 @@ def start(plain: Any, masks: Mapping | None, pool: PinnedPool) -> Pending | None
     fields whole)."""
     if not isinstance(plain, dict) or not all(type(k) is str for k in plain):
         return None
-    groups = _plan(plain, masks)
-    if groups is None:
+    planned = _plan(plain, masks)
+    if planned is None:
         return None
-    dev = plain[next(iter(groups.values()))[0]].device
+    groups, srcs = planned
+    dev = plain[srcs[0]].device
     p = Pending(pool)
     cuda = dev.type == "cuda"
     cur = torch.cuda.current_stream(dev) if cuda else None
@@ -190,7 +196,7 @@ def start(plain: Any, masks: Mapping | None, pool: PinnedPool) -> Pending | None
         side.wait_stream(cur)
     try:
         with torch.cuda.stream(side) if cuda else contextlib.nullcontext():
-            _compact(plain, groups, p)
+            _compact(plain, groups, srcs, p)
             if cuda:
                 ev = torch.cuda.Event()
                 ev.record(side)
@@ -205,17 +211,14 @@ def start(plain: Any, masks: Mapping | None, pool: PinnedPool) -> Pending | None
     return p
 
 
-def _compact(plain: Mapping, groups: dict[tuple[str, int, int], list[str]], p: Pending) -> None:
+def _compact(plain: Mapping, groups: dict[tuple[str, int, int], list[str]], srcs: list[str], p: Pending) -> None:
     """The device pass (on the current stream): permuted fields, the stats, the masks to the host."""
-    tms: dict[str, torch.Tensor] = {}
+    tms = {src: token_mask(plain[src].detach()).contiguous() for src in srcs}
+    oks = [_is01(plain[src].detach()) for src in srcs]
+    p.srcs = list(srcs)
     stats: list[torch.Tensor] = []
-    oks: list[torch.Tensor] = []
     per: list[torch.Tensor] = []
     for (src, lo, W), keys in groups.items():
-        if src not in tms:
-            tms[src] = token_mask(plain[src].detach()).contiguous()
-            oks.append(_is01(plain[src].detach()))
-            p.srcs.append(src)
         m = tms[src][:, lo:lo + W].reshape(-1)
         n = m.numel()
         cum = torch.cumsum(m, 0)
