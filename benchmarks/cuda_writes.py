@@ -43,9 +43,10 @@ def _run(d: Path, batches: list[dict], n: int) -> dict[str, Any]:
         held.append(time.perf_counter() - a0)
     w.flush()
     wall = time.perf_counter() - t0
-    pinned = w._pool.cached_bytes
+    pinned, st = w._pool.cached_bytes, w.stats
     w.close()
-    return {"append": statistics.median(blocks), "held": statistics.median(held), "wall": wall, "pinned": pinned}
+    return {"append": statistics.median(blocks), "held": statistics.median(held), "wall": wall, "pinned": pinned,
+            "waited": st["wait_s"] / max(1, st["appended"])}
 
 
 def run(rep: Any, tmp: Path, batches: list[dict], raw: int, n: int) -> None:
@@ -70,6 +71,8 @@ def run(rep: Any, tmp: Path, batches: list[dict], raw: int, n: int) -> None:
     u, whole = best[True], best[False]
     rep.add("padded CUDA batch: append blocking time, unpadded on the GPU", u["append"] * 1e3, "ms",
             whole["append"] * 1e3, "whole tensors copied")
+    rep.add("padded CUDA batch: of which waiting at the pending limit (mean)", u["waited"] * 1e3, "ms",
+            whole["waited"] * 1e3, "whole tensors copied")
     rep.add("padded CUDA batch: caller's stream held after append", u["held"] * 1e3, "ms",
             whole["held"] * 1e3, "whole tensors copied")
     rep.add("padded CUDA batch: append + flush, raw bytes", n * raw / u["wall"] / 1e9, "GB/s",
