@@ -219,8 +219,9 @@ def test_on_the_gpu_the_step_is_the_same(monkeypatch, batch):
 @needs_gpu
 def test_on_the_gpu_a_long_tail_batch_copies_its_tokens_only_and_later_updates_do_not_reach_it(tmp_path):
     """[128, 16384] int64 ids right-padded (about 1/8 of their width tokens): what reaches pinned memory is
-    the tokens and the [B, T] bool mask, not the padded fields; the caller's stream overwrites every field right after ``append`` without waiting, and the
-    step holds the values as they were at ``append``."""
+    the tokens and the [B, T] bool mask, not the padded fields; ``append`` never synchronizes (torch's sync
+    debug mode raises if it does); the caller's stream overwrites every field right after ``append``
+    without waiting, and the step holds the values as they were at ``append``."""
     g = torch.Generator().manual_seed(1)
     B, T = 128, 16384
     L = torch.randint(1, T // 4, (B,), generator=g)
@@ -230,7 +231,11 @@ def test_on_the_gpu_a_long_tail_batch_copies_its_tokens_only_and_later_updates_d
     dev = {k: v.cuda() for k, v in cpu.items()}
     pool = PinnedPool()
     torch.cuda.synchronize()
-    snap = Snapshot(dev, True, pool)
+    torch.cuda.set_sync_debug_mode("error")  # append never synchronizes the device or a stream
+    try:
+        snap = Snapshot(dev, True, pool)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
     for v in dev.values():  # queued on the caller's stream: ordered after the device pass
         v.fill_(7)
     try:
@@ -254,6 +259,12 @@ def test_on_the_gpu_a_long_tail_batch_copies_its_tokens_only_and_later_updates_d
     want = schema.encode_plain(cpu, None, step=0, split="train")
     _same(got, want)
     with trajstore.Writer(tmp_path) as w:
-        w.append(0, {k: v.cuda() for k, v in cpu.items()})
+        step = {k: v.cuda() for k, v in cpu.items()}
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            w.append(0, step)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
     assert_batch_equal(cpu, trajstore.Reader(tmp_path)[0])
 

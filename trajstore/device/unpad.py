@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Mapping
 from typing import Any
 
@@ -114,9 +116,16 @@ class Pending:
         self._stats: torch.Tensor | None = None
         self._masks: list[torch.Tensor] = []
         self._bufs: list[torch.Tensor] = []
+        self._future: Future | None = None
 
     def finish(self) -> Unpadding:
-        """Wait for the device pass, copy the fields' tokens to pinned memory, and describe them."""
+        """The fields' tokens in pinned memory, described (waits for the copier thread's ``_collect``)."""
+        return self._collect() if self._future is None else self._future.result()
+
+    def _collect(self) -> Unpadding:
+        """On the copier thread, as soon as the device pass is done (not when a writer worker takes the
+        step: the device buffers are freed within milliseconds, whatever the writer's backlog): copy
+        the fields' tokens to pinned memory and describe them."""
         if self.event is not None:
             self.event.synchronize()
         st = self._stats.tolist() if self._stats is not None else []
@@ -144,6 +153,12 @@ class Pending:
         return Unpadding(fields, masks)
 
     def release(self) -> None:
+        """Give the pinned buffers back (after the copier thread is done with them)."""
+        if self._future is not None:
+            try:
+                self._future.result()
+            except Exception:  # noqa: BLE001 - raised to the step by finish(); here only its buffers go back
+                pass
         for b in self._bufs:
             self.pool.give(b, None)
         self._bufs = []
@@ -161,7 +176,9 @@ def _copy_out(parts: list[tuple[torch.Tensor, int]], pool: PinnedPool, total: in
     if dev.type == "cuda":
         bufs.append(buf)
     out, off = [], 0
-    ctx = torch.cuda.stream(side_stream(dev)) if dev.type == "cuda" else contextlib.nullcontext()
+    # the pass that wrote the buffers is done (its event was synchronized); the buffers are freed only after
+    # this copy's event is synchronized below, so their memory is not reused under it
+    ctx = torch.cuda.stream(_copy_stream(dev)) if dev.type == "cuda" else contextlib.nullcontext()
     with ctx:
         for t, k in parts:
             rows = t[:k]
@@ -172,7 +189,7 @@ def _copy_out(parts: list[tuple[torch.Tensor, int]], pool: PinnedPool, total: in
             off += aligned(nb)
         if dev.type == "cuda":
             ev = torch.cuda.Event()
-            ev.record(side_stream(dev))
+            ev.record(_copy_stream(dev))
             ev.synchronize()
     return out
 
@@ -208,7 +225,37 @@ def start(plain: Any, masks: Mapping | None, pool: PinnedPool) -> Pending | None
         return None
     if cuda:
         cur.wait_event(p.event)  # the caller may change or free the fields once the pass is done
+    try:
+        p._future = _copier().submit(p._collect)
+    except RuntimeError:  # the interpreter is exiting: finish() collects on the writer's thread
+        pass
     return p
+
+
+_pool_lock = threading.Lock()
+_executor: list[ThreadPoolExecutor] = []
+
+
+def _copier() -> ThreadPoolExecutor:
+    """The process's one copier thread (the copies are PCIe-bound: one at a time is enough)."""
+    with _pool_lock:
+        if not _executor:
+            _executor.append(ThreadPoolExecutor(1, thread_name_prefix="trajstore-unpad"))
+        return _executor[0]
+
+
+def _copy_stream(dev: torch.device) -> Any:
+    """The copier's own stream on ``dev``: its copies never queue behind a later pass on the side stream
+    (which waits for the caller's stream)."""
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    with _pool_lock:
+        s = _streams.get(idx)
+        if s is None:
+            s = _streams[idx] = torch.cuda.Stream(device=idx)
+        return s
+
+
+_streams: dict[int, Any] = {}
 
 
 def _compact(plain: Mapping, groups: dict[tuple[str, int, int], list[str]], srcs: list[str], p: Pending) -> None:
