@@ -38,7 +38,7 @@ from ..format.batch.check import TOKENS
 from ..format.batch.layout import structure
 from ..format.batch.masks import token_mask
 from ..format.codec.unpadded import Unpadded, Unpadding
-from .pinned import ALIGN, PinnedPool, aligned, side_stream
+from .pinned import PinnedPool, aligned, side_stream
 
 __all__ = ["start", "Pending", "DEVICES", "MIN_BYTES"]
 
@@ -112,9 +112,8 @@ class Pending:
         self.fields: list[_Field] = []
         self.srcs: list[str] = []
         self.event: Any = None
-        self._small: torch.Tensor | None = None  # pinned: the stats, then each mask's [B, T] bools
-        self._stats: torch.Tensor | None = None
-        self._masks: list[torch.Tensor] = []
+        self._small: list[torch.Tensor] = []  # on the device: the stats, then each mask's [B, T] bools
+        self._masks: list[torch.Tensor] = []  # those masks on the host
         self._bufs: list[torch.Tensor] = []
         self._future: Future | None = None
 
@@ -128,7 +127,10 @@ class Pending:
         the fields' tokens to pinned memory and describe them."""
         if self.event is not None:
             self.event.synchronize()
-        st = self._stats.tolist() if self._stats is not None else []
+        small = _copy_out([(t, t.shape[0]) for t in self._small], self.pool,
+                          sum(aligned(t.numel() * t.element_size()) for t in self._small), self._bufs)
+        self._small = []
+        st, self._masks = small[0].tolist(), small[1:]
         nG, nS = len(self.groups), len(self.srcs)
         counts, ok = st[:nG], st[nG:nG + nS]
         per = st[nG + nS:]
@@ -162,7 +164,7 @@ class Pending:
         for b in self._bufs:
             self.pool.give(b, None)
         self._bufs = []
-        self.fields, self._masks, self._stats, self._small = [], [], None, None
+        self.fields, self._masks, self._small = [], [], []
 
 
 def _copy_out(parts: list[tuple[torch.Tensor, int]], pool: PinnedPool, total: int,
@@ -258,9 +260,16 @@ def _copy_stream(dev: torch.device) -> Any:
 _streams: dict[int, Any] = {}
 
 
+def _own(t: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """``t`` contiguous and in memory of its own (a bool mask is its own token mask: the caller's memory,
+    which the copier thread reads after the caller's stream may have changed it)."""
+    t = t.contiguous()
+    return t.clone() if t.data_ptr() == src.data_ptr() else t
+
+
 def _compact(plain: Mapping, groups: dict[tuple[str, int, int], list[str]], srcs: list[str], p: Pending) -> None:
     """The device pass (on the current stream): permuted fields, the stats, the masks to the host."""
-    tms = {src: token_mask(plain[src].detach()).contiguous() for src in srcs}
+    tms = {src: _own(token_mask(plain[src].detach()), plain[src]) for src in srcs}
     oks = [_is01(plain[src].detach()) for src in srcs]
     p.srcs = list(srcs)
     stats: list[torch.Tensor] = []
@@ -276,35 +285,19 @@ def _compact(plain: Mapping, groups: dict[tuple[str, int, int], list[str]], srcs
         p.groups.append((src, lo, W))
         stats.append(count)
         after = ar >= count  # the padded positions, in the permuted order
+        at = count.clamp(max=n - 1)  # the first padded position, in the permuted order
         for k in keys:
             x = plain[k].detach()
             xs = x.reshape(n, *x.shape[2:])
             out = torch.empty_like(xs, memory_format=torch.contiguous_format)
             out.index_copy_(0, dest, xs)
             b = dt.bits_view(out).reshape(n, -1)
-            first = b.index_select(0, count.clamp(max=n - 1)).reshape(-1)[:1]
+            first = b.index_select(0, at).reshape(-1)[:1]
             differ = ((b != first).any(1) & after).any().reshape(1)
             per += [differ.to(torch.int64), first.to(torch.int64)]
             p.fields.append(_Field(k, x, out, gi))
             p.keys.add(k)
-    vals = torch.cat([*stats, *(o.reshape(1).to(torch.int64) for o in oks), *per])
-    sizes = [aligned(vals.numel() * 8)] + [aligned(t.numel()) for t in tms.values()]
-    dev = vals.device
-    if dev.type == "cuda":
-        small = p.pool.take(sum(sizes))
-        p._bufs.append(small)
-    else:
-        small = torch.empty(sum(sizes), dtype=torch.uint8)
-    off = 0
-    parts = [vals, *tms.values()]
-    host = []
-    for t, size in zip(parts, sizes):
-        nb = t.numel() * t.element_size()
-        dst = small[off:off + nb].view(t.dtype).view(t.shape)
-        dst.copy_(t, non_blocking=True)
-        host.append(dst)
-        off += size
-    p._stats, p._masks, p._small = host[0], host[1:], small
+    # copied to the host by the copier thread (no pinned buffer taken on the caller's thread)
+    p._small = [torch.cat([*stats, *(o.reshape(1).to(torch.int64) for o in oks), *per]), *tms.values()]
 
 
-assert ALIGN % 8 == 0  # the stats (int64) at the start of an aligned piece
