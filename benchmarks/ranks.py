@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 import trajstore
 from trajstore.format.file import parquet
+from trajstore.write import snapshot
 
 from . import workload as W
 
@@ -74,6 +75,7 @@ def _all(x: float, op=dist.ReduceOp.SUM) -> float:
 def write(a, rank: int, world: int, dev: torch.device) -> dict:
     batches = {s: {k: v.to(dev) for k, v in shard(s, rank, a.batch, a.max_len, a.scale).items()} for s in range(a.steps)}
     raw = sum(W.raw_bytes(b) for b in batches.values())
+    snapshot.UNPAD = not a.whole_copy
     _sync(dev)
     dist.barrier()
     t0 = time.perf_counter()
@@ -84,7 +86,8 @@ def write(a, rank: int, world: int, dev: torch.device) -> dict:
     t = time.perf_counter() - t0
     return {"phase": "write", "ranks": world, "steps": a.steps, "GB": _all(raw) / 1e9,
             "seconds": t, "GB/s": _all(raw) / t / 1e9, "threads per rank": w.stats["threads"],
-            "workers per rank": w.stats["workers"], "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}
+            "workers per rank": w.stats["workers"], "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+            "unpadded on the GPU": snapshot.UNPAD}
 
 
 def replay(a, rank: int, world: int, dev: torch.device) -> dict:
@@ -187,6 +190,8 @@ def main(argv=None) -> int:
     ap.add_argument("--layout", choices=["padded", "packed"], default=None,
                     help="replay: Reader.iter's layout (default: as dumped, padded; packed is timed only)")
     ap.add_argument("--cpu", action="store_true", help="no GPU: batches and replay on the CPU (a smoke test)")
+    ap.add_argument("--whole-copy", action="store_true", help="write: copy the padded CUDA tensors whole to the "
+                    "host (the path before they were unpadded on the GPU, trajstore/device/unpad.py), to compare")
     a = ap.parse_args(argv)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
