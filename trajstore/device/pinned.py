@@ -84,17 +84,18 @@ class PinnedPool:
                 total -= b.numel()
 
 
-_side: dict[int, torch.cuda.Stream] = {}
+_side: dict[tuple[str, int], torch.cuda.Stream] = {}
 _side_lock = threading.Lock()
 
 
-def side_stream(device: torch.device) -> torch.cuda.Stream:
-    """The module's copy stream for ``device`` (one per device, shared by all threads)."""
+def side_stream(device: torch.device, name: str = "copy") -> torch.cuda.Stream:
+    """The module's copy stream for ``device`` (one per device, shared by all threads); another ``name``,
+    another stream (``unpad.py``'s copier has its own)."""
     idx = device.index if device.index is not None else torch.cuda.current_device()
     with _side_lock:
-        s = _side.get(idx)
+        s = _side.get((name, idx))
         if s is None:
-            s = _side[idx] = torch.cuda.Stream(device=idx)
+            s = _side[(name, idx)] = torch.cuda.Stream(device=idx)
         return s
 
 

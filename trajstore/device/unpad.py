@@ -249,15 +249,7 @@ def _copier() -> ThreadPoolExecutor:
 def _copy_stream(dev: torch.device) -> Any:
     """The copier's own stream on ``dev``: its copies never queue behind a later pass on the side stream
     (which waits for the caller's stream)."""
-    idx = dev.index if dev.index is not None else torch.cuda.current_device()
-    with _pool_lock:
-        s = _streams.get(idx)
-        if s is None:
-            s = _streams[idx] = torch.cuda.Stream(device=idx)
-        return s
-
-
-_streams: dict[int, Any] = {}
+    return side_stream(dev, "unpad")
 
 
 def _own(t: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
