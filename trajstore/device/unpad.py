@@ -114,6 +114,7 @@ class Pending:
         self.event: Any = None
         self._small: list[torch.Tensor] = []  # on the device: the stats, then each mask's [B, T] bools
         self._masks: list[torch.Tensor] = []  # those masks on the host
+        self._order: list[int] = []  # the fields in the order of their first padded values in the stats
         self._bufs: list[torch.Tensor] = []
         self._future: Future | None = None
 
@@ -132,14 +133,17 @@ class Pending:
         self._small = []
         st, self._masks = small[0].tolist(), small[1:]
         nG, nS = len(self.groups), len(self.srcs)
-        counts, ok = st[:nG], st[nG:nG + nS]
-        per = st[nG + nS:]
+        nF = len(self.fields)
+        counts, ok, differs = st[:nG], st[nG:nG + nS], st[nG + nS:nG + nS + nF]
+        firsts = [0] * nF
+        for j, v in zip(self._order, st[nG + nS + nF:]):
+            firsts[j] = v
         masks = {s: (self._masks[i] if ok[i] else None) for i, s in enumerate(self.srcs)}
         # what each field sends: its tokens, or every position where the padded values differ
         sends = []
         for j, f in enumerate(self.fields):
             n = f.shape[0] * f.shape[1]
-            differ, first = per[2 * j], per[2 * j + 1]
+            differ, first = differs[j], firsts[j]
             count = counts[f.group]
             k = n if differ else count
             sends.append((f, count, n, bool(differ), first, k))
@@ -265,7 +269,8 @@ def _compact(plain: Mapping, groups: dict[tuple[str, int, int], list[str]], srcs
     oks = [_is01(plain[src].detach()) for src in srcs]
     p.srcs = list(srcs)
     stats: list[torch.Tensor] = []
-    per: list[torch.Tensor] = []
+    differs: list[torch.Tensor] = []
+    firsts: list[torch.Tensor] = []
     for (src, lo, W), keys in groups.items():
         m = tms[src][:, lo:lo + W].reshape(-1)
         n = m.numel()
@@ -276,7 +281,7 @@ def _compact(plain: Mapping, groups: dict[tuple[str, int, int], list[str]], srcs
         gi = len(p.groups)
         p.groups.append((src, lo, W))
         stats.append(count)
-        after = ar >= count  # the padded positions, in the permuted order
+        after = (ar >= count).view(n, 1)  # the padded positions, in the permuted order
         at = count.clamp(max=n - 1)  # the first padded position, in the permuted order
         for k in keys:
             x = plain[k].detach()
@@ -284,12 +289,17 @@ def _compact(plain: Mapping, groups: dict[tuple[str, int, int], list[str]], srcs
             out = torch.empty_like(xs, memory_format=torch.contiguous_format)
             out.index_copy_(0, dest, xs)
             b = dt.bits_view(out).reshape(n, -1)
-            first = b.index_select(0, at).reshape(-1)[:1]
-            differ = ((b != first).any(1) & after).any().reshape(1)
-            per += [differ.to(torch.int64), first.to(torch.int64)]
+            first = b.index_select(0, at)[:, :1]
+            differs.append(torch.ne(b, first).logical_and_(after).any())
+            firsts.append(first.reshape(1))
             p.fields.append(_Field(k, x, out, gi))
             p.keys.add(k)
+    # the first padded values, one cat per bits dtype (fewer kernels than one conversion per field)
+    by: dict[torch.dtype, list[int]] = {}
+    for j, f in enumerate(firsts):
+        by.setdefault(f.dtype, []).append(j)
+    p._order = [j for js in by.values() for j in js]
+    vals = torch.cat([*stats, torch.stack(oks).to(torch.int64), torch.stack(differs).to(torch.int64),
+                      *(torch.cat([firsts[j] for j in js]).to(torch.int64) for js in by.values())])
     # copied to the host by the copier thread (no pinned buffer taken on the caller's thread)
-    p._small = [torch.cat([*stats, *(o.reshape(1).to(torch.int64) for o in oks), *per]), *tms.values()]
-
-
+    p._small = [vals, *tms.values()]
