@@ -153,14 +153,20 @@ def test_small_batches_and_cpu_tensors_are_copied_whole(monkeypatch):
     assert unpad.start(batch, None, PinnedPool()) is not None
 
 
-def test_no_device_memory_takes_the_whole_tensor_path(on_cpu, monkeypatch):
+@pytest.mark.parametrize("where", ["append", "pass"])
+def test_no_device_memory_takes_the_whole_tensor_path(on_cpu, monkeypatch, where):
+    """Out of device memory for the copies made at ``append`` (the fields are copied whole instead), or
+    for the copier's pass (the fields go whole from those copies): the same step either way."""
     def no_memory(*a, **k):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(unpad.torch, "empty_like", no_memory)
-    batch = {"input_ids": torch.tensor([[1, 2, 0]]), "attention_mask": torch.tensor([[1, 1, 0]])}
+    monkeypatch.setattr(unpad, "_snapshot", no_memory) if where == "append" else \
+        monkeypatch.setattr(unpad.torch, "empty_like", no_memory)
+    batch = {"input_ids": torch.tensor([[1, 2, 0]]), "attention_mask": torch.tensor([[1, 1, 0]]),
+             "logprobs": torch.tensor([[0.5, -0.5, 0.0]])}
     got, want, u = _tables(batch)
-    assert u is None and not on_cpu
+    assert u is None
+    assert on_cpu == ([] if where == "append" else [None])  # the pass ran (and gave up) only in the second case
     _same(got, want)
 
 

@@ -1,24 +1,26 @@
 """A padded CUDA batch leaves the GPU unpadded, the mirror of replay (``start``, ``Pending``).
 
-At ``Writer.append`` of a dict batch whose token fields and masks are CUDA tensors, the tokens are
-selected on the GPU and only they cross to pinned host memory, not the padding (often most of a
-right-padded long-tail batch). On the module's side stream, after the caller's stream (the same rule
-as ``pinned.snapshot_cuda``), each mask group's token mask orders its fields: every field is written
-into a new device buffer as a permutation of its positions, tokens first (row-major, what ``x[mask]``
-selects), padded positions after. Device-side reductions find the group's token count, whether the
-mask is 0/1, and whether every padded element holds the first one's bits. The caller's stream waits for
-that pass only (on the GPU; the calling thread never blocks), then may reuse or change the fields.
+At ``Writer.append`` of a dict batch whose token fields and masks are CUDA tensors, only the tokens
+cross to pinned host memory, not the padding (often most of a right-padded long-tail batch). On the
+calling thread ``append`` enqueues one device copy per field and mask on the module's side stream,
+after the caller's stream (the rule of ``pinned.snapshot_cuda``); the caller's stream waits for those
+copies only (on the GPU: the calling thread never blocks), then may reuse or change the fields.
 
-The background thread (``Pending.finish``) waits for those few numbers (and the ``[B, T]`` bool masks),
-then copies each field's tokens (and its padded values only where they are not one value) into a
-pooled pinned buffer, and frees the device buffers. The encoder stores the result exactly as it
-stores ``x[mask]`` of the whole tensor (``format/codec/unpadded.py``): the file is byte-identical.
+Everything else runs on one copier thread, on a stream of its own (``_collect``), right away: per mask
+group, the token mask orders the copies' fields, each written into a new device buffer as a
+permutation of its positions, tokens first (row-major, what ``x[mask]`` selects), padded positions
+after; device-side reductions find the group's token count, whether the mask is 0/1, and whether every
+padded element holds the first one's bits. Then those few numbers and the ``[B, T]`` bool masks come to
+the host, each field's tokens (and its padded values only where they are not one value) are copied
+into a pooled pinned buffer, and the device buffers are freed. The encoder stores the result exactly as
+it stores ``x[mask]`` of the whole tensor (``format/codec/unpadded.py``): the file is byte-identical.
 
-Costs and limits: device memory of about the padded size of the selected fields, from ``append``
-until the background has copied them (allocated on the side stream; where it cannot be allocated the
-batch takes the whole-tensor path, ``pinned.snapshot_cuda``). Top-level ``[B, W, ...]`` fields following
-a mask group (format/batch/layout.py) only; a field whose token axis is last, an empty one, a mask
-or field on another device, a batch of less than ``MIN_BYTES`` of such fields: the whole-tensor path.
+Costs and limits: device memory of the fields' copies and, during the pass, their permuted buffers (about
+twice the padded size of the selected fields, for milliseconds after ``append``); where the copies cannot
+be allocated the fields take the whole-tensor path (``pinned.snapshot_cuda``), where the pass cannot, the
+copies go to the host whole (``Pending.whole``): never an error. Top-level ``[B, W, ...]`` fields following
+a mask group (format/batch/layout.py) only; a field whose token axis is last, an empty one, a mask or
+field on another device, a batch of less than ``MIN_BYTES`` of such fields: the whole-tensor path.
 """
 
 from __future__ import annotations
@@ -102,15 +104,17 @@ class _Field:
 
 
 class Pending:
-    """The GPU side of one batch's unpadding, begun by ``start``; ``finish()`` (background thread)
-    returns the host ``Unpadding``, ``release()`` gives its pinned buffers back."""
+    """One batch's unpadding, begun by ``start`` (the device copies) and run by the copier thread;
+    ``finish()`` (the writer's thread) returns the host ``Unpadding``, ``release()`` gives its pinned
+    buffers back."""
 
-    def __init__(self, pool: PinnedPool):
-        self.pool = pool
-        self.keys: set[str] = set()
+    def __init__(self, pool: PinnedPool, plan: dict[tuple[str, int, int], list[str]], srcs: list[str]):
+        self.pool, self.plan, self.srcs = pool, plan, list(srcs)
+        self.keys: set[str] = {k for ks in plan.values() for k in ks}
+        self.clones: dict[str, torch.Tensor] = {}  # device copies made at append (fields and masks)
+        self.whole: dict[str, torch.Tensor] = {}  # host copies of the fields where unpadding ran out of memory
         self.groups: list[tuple[str, int, int]] = []
         self.fields: list[_Field] = []
-        self.srcs: list[str] = []
         self.event: Any = None
         self._small: list[torch.Tensor] = []  # on the device: the stats, then each mask's [B, T] bools
         self._masks: list[torch.Tensor] = []  # those masks on the host
@@ -118,19 +122,32 @@ class Pending:
         self._bufs: list[torch.Tensor] = []
         self._future: Future | None = None
 
-    def finish(self) -> Unpadding:
-        """The fields' tokens in pinned memory, described (waits for the copier thread's ``_collect``)."""
+    def finish(self) -> Unpadding | None:
+        """The fields' tokens in pinned memory, described (waits for the copier thread's ``_collect``);
+        None where the device pass ran out of memory: ``whole`` holds the fields' host copies."""
         return self._collect() if self._future is None else self._future.result()
 
-    def _collect(self) -> Unpadding:
-        """On the copier thread, as soon as the device pass is done (not when a writer worker takes the
-        step: the device buffers are freed within milliseconds, whatever the writer's backlog): copy
-        the fields' tokens to pinned memory and describe them."""
-        if self.event is not None:
-            self.event.synchronize()
+    def _collect(self) -> Unpadding | None:
+        """On the copier thread, right after ``append`` (not when a writer worker takes the step: the
+        device copies are freed within milliseconds, whatever the writer's backlog): the device pass on
+        the copies, on the copier's own stream, then the fields' tokens copied to pinned memory."""
+        dev = next(iter(self.clones.values())).device
+        cuda = dev.type == "cuda"
+        with torch.cuda.stream(_copy_stream(dev)) if cuda else contextlib.nullcontext():
+            if cuda:
+                torch.cuda.current_stream(dev).wait_event(self.event)
+            try:
+                _compact(self.clones, self.plan, self.srcs, self)
+            except torch.OutOfMemoryError:  # the fields go whole, as the copies hold them
+                self.fields, self.groups, self._small = [], [], []
+                keys = list(self.keys)
+                hosts = _copy_out([(self.clones[k], self.clones[k].shape[0]) for k in keys], self.pool,
+                                  sum(aligned(self.clones[k].nbytes) for k in keys), self._bufs)
+                self.whole, self.clones = dict(zip(keys, hosts)), {}
+                return None
         small = _copy_out([(t, t.shape[0]) for t in self._small], self.pool,
                           sum(aligned(t.numel() * t.element_size()) for t in self._small), self._bufs)
-        self._small = []
+        self._small, self.clones = [], {}  # the pass is done (its stream synchronized by the copy)
         st, self._masks = small[0].tolist(), small[1:]
         nG, nS = len(self.groups), len(self.srcs)
         nF = len(self.fields)
@@ -168,7 +185,7 @@ class Pending:
         for b in self._bufs:
             self.pool.give(b, None)
         self._bufs = []
-        self.fields, self._masks, self._small = [], [], []
+        self.fields, self._masks, self._small, self.clones, self.whole = [], [], [], {}, {}
 
 
 def _copy_out(parts: list[tuple[torch.Tensor, int]], pool: PinnedPool, total: int,
@@ -211,7 +228,7 @@ def start(plain: Any, masks: Mapping | None, pool: PinnedPool) -> Pending | None
         return None
     groups, srcs = planned
     dev = plain[srcs[0]].device
-    p = Pending(pool)
+    p = Pending(pool, groups, srcs)
     cuda = dev.type == "cuda"
     cur = torch.cuda.current_stream(dev) if cuda else None
     side = side_stream(dev) if cuda else None
@@ -219,23 +236,28 @@ def start(plain: Any, masks: Mapping | None, pool: PinnedPool) -> Pending | None
         side.wait_stream(cur)
     try:
         with torch.cuda.stream(side) if cuda else contextlib.nullcontext():
-            _compact(plain, groups, srcs, p)
+            p.clones = {k: _snapshot(plain[k]) for k in dict.fromkeys([*srcs, *p.keys])}
             if cuda:
                 ev = torch.cuda.Event()
                 ev.record(side)
                 p.event = ev
     except torch.OutOfMemoryError:
-        p.release()
+        p.clones = {}
         if cuda:
             cur.wait_stream(side)
         return None
     if cuda:
-        cur.wait_event(p.event)  # the caller may change or free the fields once the pass is done
+        cur.wait_event(p.event)  # the caller may change or free the fields once they are copied
     try:
         p._future = _copier().submit(p._collect)
     except RuntimeError:  # the interpreter is exiting: finish() collects on the writer's thread
         pass
     return p
+
+
+def _snapshot(x: torch.Tensor) -> torch.Tensor:
+    """A device copy of ``x`` (one kernel on the current stream), contiguous."""
+    return x.detach().clone(memory_format=torch.contiguous_format)
 
 
 _pool_lock = threading.Lock()
@@ -256,18 +278,11 @@ def _copy_stream(dev: torch.device) -> Any:
     return side_stream(dev, "unpad")
 
 
-def _own(t: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
-    """``t`` contiguous and in memory of its own (a bool mask is its own token mask: the caller's memory,
-    which the copier thread reads after the caller's stream may have changed it)."""
-    t = t.contiguous()
-    return t.clone() if t.data_ptr() == src.data_ptr() else t
-
-
 def _compact(plain: Mapping, groups: dict[tuple[str, int, int], list[str]], srcs: list[str], p: Pending) -> None:
-    """The device pass (on the current stream): permuted fields, the stats, the masks to the host."""
-    tms = {src: _own(token_mask(plain[src].detach()), plain[src]) for src in srcs}
-    oks = [_is01(plain[src].detach()) for src in srcs]
-    p.srcs = list(srcs)
+    """The device pass over the copies ``plain`` (on the current stream): each group's fields permuted
+    (tokens first), the stats and the masks, for ``_collect`` to copy to the host."""
+    tms = {src: token_mask(plain[src]).contiguous() for src in srcs}
+    oks = [_is01(plain[src]) for src in srcs]
     stats: list[torch.Tensor] = []
     differs: list[torch.Tensor] = []
     firsts: list[torch.Tensor] = []
@@ -293,7 +308,6 @@ def _compact(plain: Mapping, groups: dict[tuple[str, int, int], list[str]], srcs
             differs.append(torch.ne(b, first).logical_and_(after).any())
             firsts.append(first.reshape(1))
             p.fields.append(_Field(k, x, out, gi))
-            p.keys.add(k)
     # the first padded values, one cat per bits dtype (fewer kernels than one conversion per field)
     by: dict[torch.dtype, list[int]] = {}
     for j, f in enumerate(firsts):

@@ -334,6 +334,9 @@ class Snapshot:
             c.wait()
         if self._unpad is not None and self.unpadded is None:
             self.unpadded = self._unpad.finish()
+            if self.unpadded is None:  # the device ran out of memory: the fields' whole host copies
+                self._batch.update(self._unpad.whole)
+                self._unpad.whole = {}
         fetched = self._fetched()
         if not self._hosts and not fetched:
             return self._batch
