@@ -170,6 +170,19 @@ def test_no_device_memory_takes_the_whole_tensor_path(on_cpu, monkeypatch, where
     _same(got, want)
 
 
+def test_without_the_copier_thread_the_writer_thread_collects(on_cpu, monkeypatch):
+    """At interpreter exit no new work reaches the copier thread: ``finish`` runs the pass itself, once."""
+    class Closed:
+        def submit(self, *a, **k):
+            raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+
+    monkeypatch.setattr(unpad, "_copier", Closed)
+    batch = {"input_ids": torch.tensor([[1, 2, 0], [3, 0, 0]]), "attention_mask": torch.tensor([[1, 1, 0], [1, 0, 0]])}
+    got, want, u = _tables(batch)
+    assert u is not None and u.fields["input_ids"].values.tolist() == [1, 2, 3] and len(on_cpu) == 1
+    _same(got, want)
+
+
 @SETTINGS
 @given(st.data())
 def test_unpadded_rebuilds_its_tensor_bit_for_bit(data):

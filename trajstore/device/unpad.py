@@ -125,7 +125,13 @@ class Pending:
     def finish(self) -> Unpadding | None:
         """The fields' tokens in pinned memory, described (waits for the copier thread's ``_collect``);
         None where the device pass ran out of memory: ``whole`` holds the fields' host copies."""
-        return self._collect() if self._future is None else self._future.result()
+        if self._future is None:  # not submitted (the interpreter is exiting): collected here, once
+            self._future = Future()
+            try:
+                self._future.set_result(self._collect())
+            except BaseException as e:  # noqa: BLE001 - raised below, as the copier's would be
+                self._future.set_exception(e)
+        return self._future.result()
 
     def _collect(self) -> Unpadding | None:
         """On the copier thread, right after ``append`` (not when a writer worker takes the step: the
