@@ -30,7 +30,7 @@ from trajstore import schema
 from trajstore.store import checksums
 
 from . import cuda_writes, encodings, padded, scale
-from .writes import writer_figures
+from .writes import throughput, writer_figures
 from . import workload as W
 
 
@@ -346,9 +346,10 @@ def main(argv=None) -> int:
                     help="comma list of sections to skip: encodings,rewards,scale,s3,padded,cuda_writes")
     ap.add_argument("--only-encodings", action="store_true",
                     help="only the encoding benchmark (benchmarks/encodings.py): columns, then whole steps")
-    ap.add_argument("--only", choices=["padded", "cuda_writes"], help="only this section: padded (replay to CUDA "
-                    "padded vs packed, on a dump written for it, benchmarks/padded.py), cuda_writes (a padded CUDA "
-                    "batch dumped, benchmarks/cuda_writes.py)")
+    ap.add_argument("--only", choices=["padded", "cuda_writes", "writes"], help="only this section: padded (replay "
+                    "to CUDA padded vs packed, on a dump written for it, benchmarks/padded.py), cuda_writes (a padded "
+                    "CUDA batch dumped, benchmarks/cuda_writes.py), writes (background write throughput, "
+                    "benchmarks/writes.py)")
     a = ap.parse_args(argv)
     q = a.quick
     B, max_len, n, m, repeat = (128, 4096, 4, 100, 3) if q else (1024, 8192, 8, 1000, 5)
@@ -384,6 +385,10 @@ def main(argv=None) -> int:
             return 0
         if a.only == "cuda_writes":
             cuda_writes.run(rep, tmp, batches, raw, n)
+            print("\n" + rep.markdown(), flush=True)
+            return 0
+        if a.only == "writes":
+            throughput(rep, tmp, batches, raw, n)
             print("\n" + rep.markdown(), flush=True)
             return 0
         b = baselines(rep, tmp, P, F, raw, repeat)
