@@ -59,6 +59,13 @@ def is_id_field(path: tuple) -> bool:
     return leaf.endswith(("ids", "_id")) or leaf in ID_FIELDS
 
 
+def is_position_column(name: str) -> bool:
+    """Whether column ``name`` holds positions by its field's name (``position_ids``, ``positions``):
+    runs counting up from 0 in every row, which zstd compresses well as PLAIN values and a dictionary
+    does not (docs/FORMAT.md 3.5)."""
+    return name.rsplit(".", 1)[-1].startswith("position")
+
+
 class TableBuilder:
     """The columns of one step's table, in order, each with its trajstore field metadata."""
 
