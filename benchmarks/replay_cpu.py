@@ -1,0 +1,166 @@
+"""Where replay's CPU goes, by thread (``python -m benchmarks.replay_cpu``; issue 23): the decoder ceiling
+(``pq.read_table`` of the same files, 8 at a time, as ``python -m benchmarks`` measures it) and
+``Reader.iter(layout="packed")`` at each prefetch depth, each timed over a warm pass of the same steps,
+with the process's CPU time a step split by thread kind:
+
+* ``trajstore-read``: the prefetch threads (opening a step, waiting on Arrow's scan, the joins of
+  deep prefetch);
+* ``trajstore-decode``: the shared pool (stream joins, arena joins, copies);
+* ``python main``: the consumer (staging, launching the copies to the GPU);
+* ``native``: every thread Python did not start (Arrow's CPU pool decoding the row groups, CUDA's and
+  torch's own threads).
+
+Thread times come from ``/proc/self/task/*/stat`` (Linux), sampled every 20 ms so that threads which
+end before the pass does are counted; the process total (``getrusage``) is printed beside their sum.
+Off Linux the split is left out. ``--device cuda`` replays to the GPU (default where CUDA is present).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import trajstore
+from . import workload as W
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _thread_times() -> dict[int, float]:
+    """CPU seconds of each thread of this process (user + system), by native thread id."""
+    out: dict[int, float] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for t in tids:
+        try:
+            with open(f"/proc/self/task/{t}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            out[int(t)] = (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime: fields 14, 15
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+class ThreadCPU:
+    """Samples every thread's CPU time while a pass runs; ``by_kind()`` the CPU each kind of thread used."""
+
+    def __init__(self, every: float = 0.02):
+        self.every, self.names = every, {}
+        self.first = _thread_times()
+        self.last = dict(self.first)
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, name="replay-cpu-sampler", daemon=True)
+        self._t.start()
+
+    def _sample(self) -> None:
+        for th in threading.enumerate():
+            if th.native_id is not None:
+                self.names[th.native_id] = th.name
+        self.last.update(_thread_times())
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self._sample()
+
+    def stop(self) -> None:
+        self._sample()
+        self._stop.set()
+        self._t.join()
+
+    def by_kind(self) -> dict[str, float]:
+        kinds: dict[str, float] = {}
+        main = threading.main_thread().native_id
+        for tid, t in self.last.items():
+            name = self.names.get(tid)
+            if name == "replay-cpu-sampler":
+                continue
+            if tid == main:
+                kind = "python main"
+            elif name is None:
+                kind = "native"
+            elif name.startswith("trajstore-"):
+                kind = name.split("_")[0]
+            else:
+                kind = "python other"
+            kinds[kind] = kinds.get(kind, 0.0) + t - self.first.get(tid, 0.0)
+        return kinds
+
+
+def _cpu() -> tuple[float, float]:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime, r.ru_stime
+
+
+def measure(fn, n_steps: int, raw: int) -> dict[str, Any]:
+    """One warm pass of ``fn``, then a timed one: GB/s and CPU ms a step, in all and by thread kind."""
+    fn()
+    probe = ThreadCPU()
+    c0, t0 = _cpu(), time.perf_counter()
+    fn()
+    wall, c1 = time.perf_counter() - t0, _cpu()
+    probe.stop()
+    user, sys_ = c1[0] - c0[0], c1[1] - c0[1]
+    return {"gbps": n_steps * raw / wall / 1e9, "cpu_ms": (user + sys_) / n_steps * 1e3,
+            "sys_ms": sys_ / n_steps * 1e3,
+            "kinds": {k: v / n_steps * 1e3 for k, v in sorted(probe.by_kind().items())}}
+
+
+def run(d: Path, raw: int, steps: list[int], device: Any, prefetches: tuple[int, ...]) -> list[tuple[str, dict]]:
+    import pyarrow.parquet as pq
+
+    r = trajstore.Reader(d)
+    files = [r.file(s) for s in steps]
+    cols = [c for c in pq.ParquetFile(files[0]).schema_arrow.names if c != "attention_mask"]
+
+    def ceiling() -> None:
+        with ThreadPoolExecutor(8) as ex:
+            list(ex.map(lambda f: pq.read_table(f, columns=cols, use_threads=False, pre_buffer=False), files))
+
+    rows = [("decoder ceiling: read_table, 8 at a time", measure(ceiling, len(steps), raw))]
+    for k in prefetches:
+        def replay(k: int = k) -> None:
+            for _ in r.iter(steps=steps, device=device, prefetch=k, layout="packed"):
+                pass
+            if device is not None and torch.device(device).type == "cuda":
+                torch.cuda.synchronize()
+        rows.append((f"Reader.iter(prefetch={k}, packed) to {device or 'CPU'}", measure(replay, len(steps), raw)))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.replay_cpu", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=8, help="distinct steps written (each read 3 times a pass)")
+    ap.add_argument("--batch", type=int, default=1024)
+    ap.add_argument("--max-len", type=int, default=8192)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else None)
+    ap.add_argument("--prefetch", default="4,8", help="comma list of prefetch depths")
+    a = ap.parse_args(argv)
+    batches = [W.padded_batch(B=a.batch, max_len=a.max_len, seed=i) for i in range(3)]
+    raw = W.raw_bytes(batches[0])
+    with tempfile.TemporaryDirectory(prefix="trajstore-replay-cpu-") as tmp:
+        d = Path(tmp) / "dump"
+        with trajstore.Writer(d) as w:
+            for s in range(a.steps):
+                w.append(s, batches[s % len(batches)])
+        rows = run(d, raw, list(range(a.steps)) * 3, a.device, tuple(int(x) for x in a.prefetch.split(",")))
+    print(f"# {os.cpu_count()} cores, torch {torch.__version__}, device {a.device or 'CPU'}; CPU ms a step by thread kind")
+    for label, m in rows:
+        kinds = ", ".join(f"{k} {v:.1f}" for k, v in m["kinds"].items())
+        print(f"{label:48s} {m['gbps']:6.2f} GB/s  CPU {m['cpu_ms']:6.1f} ms a step, system {m['sys_ms']:5.1f}"
+              f"  ({kinds})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
