@@ -4,7 +4,7 @@
 
 Every trial starts a writer in a fresh process (forked from a preloaded fork server) on the
 same dump, appends steps (or overwrites earlier ones), and kills it with SIGKILL: in half the
-trials after a random delay, in the other half at a random os-level call (fsync, link, replace,
+trials after a random delay from the writer's creation, in the other half at a random os-level call (fsync, link, replace,
 write, unlink, open; just before or just after it), which lands kills inside every commit window.  After each kill it checks that
   * every visible step reads back (checksum verified) exactly as one version that was appended;
   * leftovers of the interrupted step (temporary files) are invisible to readers;
@@ -76,10 +76,12 @@ def _kill_at(k: int, after: bool) -> None:
         setattr(os, name, wrap(getattr(os, name)))
 
 
-def _child(path: str, steps: list[int], version: int, overwrite: bool, kill_at=None) -> None:
+def _child(path: str, steps: list[int], version: int, overwrite: bool, kill_at=None, ready=None) -> None:
     if kill_at is not None:
         _kill_at(*kill_at)
     w = trajstore.Writer(path, overwrite=overwrite)
+    if ready is not None:  # a timed kill counts from here: the process's start-up is not what is tested
+        ready.set()
     for s in steps:
         w.append(s, batch_for(s, version), meta={"version": version})
     w.close()
@@ -158,9 +160,13 @@ def run(trials: int, seed: int = 0, workdir: str | None = None, max_delay: float
                 attempted.setdefault(s, set()).add(version)
             # half the trials: a kill at a random time; half: at a random os call of a commit
             kill_at = (rng.randint(1, 12 * len(steps)), rng.random() < 0.5) if rng.random() < 0.5 else None
-            p = ctx.Process(target=_child, args=(str(path), steps, version, overwrite, kill_at), daemon=True)
+            ready = ctx.Event() if kill_at is None else None
+            p = ctx.Process(target=_child, args=(str(path), steps, version, overwrite, kill_at, ready), daemon=True)
             p.start()
             if kill_at is None:
+                # the delay runs from the writer's creation (a kill at the k-th os call covers the
+                # start-up), so a slow machine's start-up does not eat every timed trial's window
+                ready.wait(timeout=60)
                 time.sleep(rng.uniform(0, max_delay))
                 if p.exitcode is None:
                     os.kill(p.pid, signal.SIGKILL)
