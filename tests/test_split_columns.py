@@ -167,3 +167,74 @@ def test_two_writers_of_a_split_share_the_record(tmp_path):
     a.close()
     assert _schema(tmp_path, 1).names == ["step", "score__string"]
     assert _record(tmp_path) == {"score": "double", "score__string": "string"}
+
+
+def _list_batch(draw, with_none: bool):
+    n = draw(st.integers(1, 4))
+    rows = []
+    for i in range(n):
+        L = draw(st.integers(0, 5))
+        rows.append({"input_ids": torch.arange(L, dtype=torch.int64) * (i + 1),
+                     "logprobs": torch.full((L,), -0.5 * i, dtype=torch.float32)})
+    if with_none:
+        rows.insert(draw(st.integers(0, n)), None)
+    return rows
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.data())
+def test_list_batches_with_and_without_none_keep_their_columns(tmp_path_factory, data):
+    """A list batch with ``None`` trajectories stores nullable list items, one without stores them
+    non-null (and a dict batch non-null too): steps of a split in any order of these keep one column
+    per field (the recorded type: items differ only in nullability), read back exactly, and a glob read
+    by DuckDB sees every trajectory's values under the field's name."""
+    kinds = data.draw(st.lists(st.sampled_from(["none", "full", "dict"]), min_size=2, max_size=5))
+    batches = []
+    for k in kinds:
+        if k == "dict":
+            m = torch.tensor([[True, True, False], [True, True, True]])
+            batches.append({"input_ids": torch.tensor([[7, 8, 0], [9, 10, 11]]), "attention_mask": m,
+                            "logprobs": torch.tensor([[-1.0, -2.0, 0.0], [-3.0, -4.0, -5.0]])})
+        else:
+            batches.append(_list_batch(data.draw, k == "none"))
+    d = tmp_path_factory.mktemp("d")
+    with trajstore.Writer(d) as w:
+        for s, b in enumerate(batches):
+            w.append(s, b)
+    r = trajstore.Reader(d)
+    want = []
+    for s, b in enumerate(batches):
+        assert_batch_equal(r[s], b)
+        names = _schema(d, s).names
+        assert "input_ids" in names and "logprobs" in names, (kinds, s, names)
+        assert not any("__large_list" in n for n in names), (kinds, s, names)
+        if isinstance(b, dict):
+            want += [b["input_ids"][i][b["attention_mask"][i]].tolist() for i in range(len(b["input_ids"]))]
+        else:
+            want += [None if e is None else e["input_ids"].tolist() for e in b]
+    import duckdb
+
+    rows = []
+    for s in range(len(batches)):
+        rows += pq.read_table(d / "train" / f"step_{s:08d}.parquet", columns=["input_ids"]).column(0).to_pylist()
+    assert rows == want
+    assert duckdb.sql(f"SELECT count(*) FROM read_parquet('{d}/train/*.parquet', union_by_name=true) "
+                      "WHERE input_ids IS NULL").fetchall()[0][0] == sum(x is None for x in want)
+
+
+def test_items_that_are_null_never_take_a_non_null_record():
+    """The rule casts only what holds: a column with null items keeps its own type (and moves) where
+    the split records non-null items."""
+    import pyarrow as pa
+
+    from trajstore.format.file import columns as fc
+
+    nullable = pa.large_list(pa.field("element", pa.int32(), nullable=True))
+    strict = pa.large_list(pa.field("element", pa.int32(), nullable=False))
+    meta = {b"trajstore": b'{"batch": {"t": "batch", "keys": [["x", {"t": "tensor", "col": "x"}]]}}'}
+    with_null = pa.table({"x": pa.array([[1, None]], type=nullable)}).replace_schema_metadata(meta)
+    table, moved, types = fc.fit(with_null, {"x": str(strict)})
+    assert moved == {"x": "x__large_list_int32"} and table.column_names == ["x__large_list_int32"]
+    without = pa.table({"x": pa.array([[1, 2]], type=nullable)}).replace_schema_metadata(meta)
+    table, moved, types = fc.fit(without, {"x": str(strict)})
+    assert moved == {} and types == {"x": str(strict)} and table.column(0).to_pylist() == [[1, 2]]

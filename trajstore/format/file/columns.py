@@ -3,7 +3,9 @@ types its split already holds.
 
 ``fit(table, known)`` keeps every column whose name is new to the split or whose Arrow type is the
 one the split recorded for that name (``known``: name -> ``str`` of the Arrow type; an int64 token
-column stored as int32, format version 6, goes back to int64 where the split records it so); a column whose
+column stored as int32, format version 6, goes back to int64 where the split records it so; a list
+column whose items differ from the record only in their field's name or nullability takes the recorded
+type); a column whose
 type differs is stored under another name, ``<name>__<type tag>`` (``__2``... if taken), with the
 spec's references to it (``col``, ``pad_col``, ``shape_col``, ``start_col``) rewritten, so that
 no reader of a glob of the split casts one step's values to another step's type: the field's
@@ -43,7 +45,7 @@ def fit(table: pa.Table, known: Mapping[str, str]) -> tuple[pa.Table, dict[str, 
     """``(table, moved, types)``: the table with every column whose type differs from ``known``
     moved to a name of its own (``moved``: old name -> new name), and the type of each of its
     columns (by its name in the returned table), for the split's record."""
-    table = _widened_back(table, known)
+    table = _relaxed(_widened_back(table, known), known)
     taken = set(table.column_names)
     moved: dict[str, str] = {}
     for f in table.schema:
@@ -80,6 +82,35 @@ def _widened_back(table: pa.Table, known: Mapping[str, str]) -> pa.Table:
         wide = _INT64_LISTS.get(known[f.name])
         if wide is not None:
             table = table.set_column(i, f.with_type(wide), table.column(i).cast(wide))
+    return table
+
+
+def _list_variants(t: pa.DataType) -> dict[str, pa.DataType]:
+    """The types a list column of ``t``'s items may be recorded as: its item field called ``element`` or
+    ``item``, nullable or not (a list batch's cell column with ``None`` trajectories has nullable items,
+    one without has not), by their names."""
+    v = t.value_type
+    return {type_name(x): x for x in (pa.large_list(pa.field(n, v, nullable=nb))
+                                      for n in ("element", "item") for nb in (True, False))}
+
+
+def _relaxed(table: pa.Table, known: Mapping[str, str]) -> pa.Table:
+    """The table with each list column whose type differs from the split's record only in its item
+    field's name or nullability cast to the recorded type, so it keeps its name (a list batch's step
+    without ``None`` trajectories after one with them, or the other way round): the same values.
+    Never where items would have to be non-null and some are null (that column moves, as before)."""
+    for i, f in enumerate(table.schema):
+        t = f.type
+        if f.name not in known or type_name(t) == known[f.name] or not pa.types.is_large_list(t) \
+                or pa.types.is_nested(t.value_type):
+            continue
+        want = _list_variants(t).get(known[f.name])
+        if want is None:
+            continue
+        col = table.column(i)
+        if not want.value_field.nullable and any(c.values.null_count for c in col.chunks):
+            continue
+        table = table.set_column(i, f.with_type(want), col.cast(want))
     return table
 
 
