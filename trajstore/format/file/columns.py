@@ -64,10 +64,18 @@ def fit(table: pa.Table, known: Mapping[str, str]) -> tuple[pa.Table, dict[str, 
     return table, moved, {f.name: type_name(f.type) for f in table.schema if f.name != STEP_COLUMN}
 
 
+def _list_variants(t: pa.DataType) -> dict[str, pa.DataType]:
+    """The types a list column of ``t``'s items may be recorded as: its item field called ``element`` or
+    ``item``, nullable or not (a list batch's cell column with ``None`` trajectories has nullable items,
+    one without has not), by their names."""
+    v = t.value_type
+    return {type_name(x): x for x in (pa.large_list(pa.field(n, v, nullable=nb))
+                                      for n in ("element", "item") for nb in (True, False))}
+
+
 # the int64 list types a split may record for such a column, whatever its item field is called (a list
 # batch's cell column with null rows is built as ``item``) and whether it is nullable
-_INT64_LISTS = {type_name(t): t for t in (pa.large_list(pa.field(n, pa.int64(), nullable=nb))
-                                          for n in ("element", "item") for nb in (True, False))}
+_INT64_LISTS = _list_variants(pa.large_list(pa.int64()))
 
 
 def _widened_back(table: pa.Table, known: Mapping[str, str]) -> pa.Table:
@@ -83,15 +91,6 @@ def _widened_back(table: pa.Table, known: Mapping[str, str]) -> pa.Table:
         if wide is not None:
             table = table.set_column(i, f.with_type(wide), table.column(i).cast(wide))
     return table
-
-
-def _list_variants(t: pa.DataType) -> dict[str, pa.DataType]:
-    """The types a list column of ``t``'s items may be recorded as: its item field called ``element`` or
-    ``item``, nullable or not (a list batch's cell column with ``None`` trajectories has nullable items,
-    one without has not), by their names."""
-    v = t.value_type
-    return {type_name(x): x for x in (pa.large_list(pa.field(n, v, nullable=nb))
-                                      for n in ("element", "item") for nb in (True, False))}
 
 
 def _relaxed(table: pa.Table, known: Mapping[str, str]) -> pa.Table:
