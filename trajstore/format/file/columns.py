@@ -45,7 +45,7 @@ def fit(table: pa.Table, known: Mapping[str, str]) -> tuple[pa.Table, dict[str, 
     """``(table, moved, types)``: the table with every column whose type differs from ``known``
     moved to a name of its own (``moved``: old name -> new name), and the type of each of its
     columns (by its name in the returned table), for the split's record."""
-    table = _relaxed(_widened_back(table, known), known)
+    table = _fitted_lists(table, known)
     taken = set(table.column_names)
     moved: dict[str, str] = {}
     for f in table.schema:
@@ -73,37 +73,22 @@ def _list_variants(t: pa.DataType) -> dict[str, pa.DataType]:
                                       for n in ("element", "item") for nb in (True, False))}
 
 
-# the int64 list types a split may record for such a column, whatever its item field is called (a list
-# batch's cell column with null rows is built as ``item``) and whether it is nullable
-_INT64_LISTS = _list_variants(pa.large_list(pa.int64()))
-
-
-def _widened_back(table: pa.Table, known: Mapping[str, str]) -> pa.Table:
-    """The table with each int64 token column it stores as int32 (format version 6, 3.2) back to int64
-    where the split records that column as int64 (its earlier steps: a dump written before version
-    6, or steps whose values needed 64 bits), so the column keeps its name: the same numbers."""
-    for i, f in enumerate(table.schema):
-        t = f.type
-        if not (pa.types.is_large_list(t) and t.value_type == pa.int32()
-                and (f.metadata or {}).get(b"trajstore.dtype") == b"int64" and f.name in known):
-            continue
-        wide = _INT64_LISTS.get(known[f.name])
-        if wide is not None:
-            table = table.set_column(i, f.with_type(wide), table.column(i).cast(wide))
-    return table
-
-
-def _relaxed(table: pa.Table, known: Mapping[str, str]) -> pa.Table:
-    """The table with each list column whose type differs from the split's record only in its item
-    field's name or nullability cast to the recorded type, so it keeps its name (a list batch's step
-    without ``None`` trajectories after one with them, or the other way round): the same values.
-    Never where items would have to be non-null and some are null (that column moves, as before)."""
+def _fitted_lists(table: pa.Table, known: Mapping[str, str]) -> pa.Table:
+    """The table with each list column whose recorded type holds the same values cast to it, so the
+    column keeps its name: an int64 token column stored as int32 (format version 6, 3.2) back to int64
+    where the split records it as int64 (its earlier steps: a dump written before version 6, or steps
+    whose values needed 64 bits), and a list column whose items differ from the record only in their
+    field's name or nullability (a list batch's step without ``None`` trajectories after one with
+    them, or the other way round). Never where items would have to be non-null and some are null
+    (that column moves)."""
     for i, f in enumerate(table.schema):
         t = f.type
         if f.name not in known or type_name(t) == known[f.name] or not pa.types.is_large_list(t) \
                 or pa.types.is_nested(t.value_type):
             continue
         want = _list_variants(t).get(known[f.name])
+        if want is None and t.value_type == pa.int32() and (f.metadata or {}).get(b"trajstore.dtype") == b"int64":
+            want = _list_variants(pa.large_list(pa.int64())).get(known[f.name])
         if want is None:
             continue
         col = table.column(i)
