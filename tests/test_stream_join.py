@@ -20,6 +20,7 @@ import trajstore
 from trajstore.base import threads as _threads
 from trajstore.format.file import joining, parquet
 from trajstore.read import decode as read_decode
+from trajstore.read import prefetch as prefetch_mod
 from trajstore.testing.bits import TORCH_DTYPES, tensors
 from trajstore.testing.compare import assert_batch_equal
 from trajstore.testing import batches
@@ -201,8 +202,10 @@ def test_submit_runs_inline_or_on_the_pool(threads):
 
 
 @pytest.mark.parametrize("prefetch", [0, 2, 8])
-def test_replay_on_the_cpu_joins_while_it_reads_at_every_prefetch_depth(tmp_path, prefetch):
-    """``Reader.iter`` to host memory: decoder threads (serial ones from prefetch 4 on) join as they read."""
+def test_replay_on_the_cpu_joins_while_it_reads_below_the_serial_prefetch_depth(tmp_path, prefetch):
+    """``Reader.iter`` to host memory: below ``SERIAL_PREFETCH`` the decoder threads join as they read;
+    from it on, each of the serial threads joins a column in a few calls after its read
+    (``Columns._combined``, tests/test_serial_join.py), not as the row groups arrive."""
     g = torch.Generator().manual_seed(0)
     steps = {}
     with many_row_groups():
@@ -215,8 +218,11 @@ def test_replay_on_the_cpu_joins_while_it_reads_at_every_prefetch_depth(tmp_path
                 w.append(s, steps[s])
         with spied() as joined:
             got = dict(trajstore.Reader(tmp_path / "r").iter(prefetch=prefetch, layout="packed"))
-    assert sorted(got) == list(range(6)) and len(joined) == 6
-    assert all(j == ["input_ids", "loss_mask"] for j in joined)
+    assert sorted(got) == list(range(6))
+    if prefetch >= prefetch_mod.SERIAL_PREFETCH:
+        assert joined == []
+    else:
+        assert len(joined) == 6 and all(j == ["input_ids", "loss_mask"] for j in joined)
     for s, b in steps.items():
         m = b["attention_mask"]
         assert torch.equal(got[s]["input_ids"], b["input_ids"][m]) and torch.equal(got[s]["loss_mask"], b["loss_mask"][m])

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..base.threads import PIECE_BYTES, balance, run_parallel
+from ..base.threads import PIECE_BYTES, balance, is_serial, run_parallel
 from ..errors import BatchError, FormatError, foreign_errors
 from . import dtypes as dt
 from .spec import COMPANION_PREFIXES, RESERVED, STEP_COLUMN, where
@@ -286,6 +286,11 @@ class Columns:
             self._join(names)
 
     def _join(self, names: list[tuple[str, str]]) -> None:
+        if is_serial():  # several steps decode at once, one a thread: few calls a column (below)
+            for name, dtype in names:
+                if name not in self._parts and self.has(name):
+                    self._parts[name] = self._combined(name, dtype)
+            return
         copies: list = []
         for name, dtype in names:
             if name in self._parts or not self.has(name):
@@ -325,6 +330,36 @@ class Columns:
 
         run_parallel(copy, balance(copies, lambda x: x[3].nbytes, PIECE_BYTES),
                      sum(x[3].nbytes for x in copies))
+
+    def _combined(self, name: str, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+        """A column joined on a serial thread in a few calls that release the GIL for a whole column or
+        chunk (numbers: one ``np.concatenate``, widening int32 ids; bools: Arrow joins the bitmaps, one
+        unpack), not ``_join``'s pieces on the pool, whose calls serialize on the GIL (RESULTS.md)."""
+        col = self._list_col(name)
+        if dtype == "bool" or col.num_chunks == 1:
+            c = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+            o = c.offsets.to_numpy()
+            a, b = (int(o[0]), int(o[-1])) if len(o) else (0, 0)
+            src = _raw(c.values.slice(a, b - a), dtype, name, self.where)
+            if not dt.is_wide(dtype, src) and (self.alloc is empty or col.num_chunks == 1):
+                return o - a, src  # Arrow's memory, or the bools just unpacked
+            parts, off = [src], o - a
+        else:
+            off = _offsets(col.chunks)
+            parts = []
+            for c in col.chunks:
+                o = c.offsets.to_numpy()
+                a, b = (int(o[0]), int(o[-1])) if len(o) else (0, 0)
+                parts.append(_raw(c.values.slice(a, b - a), dtype, name, self.where))
+        out = self.alloc(int(off[-1]), dt.storage_numpy(dtype))
+        if dtype in dt.HALF and any(dt.is_wide(dtype, v) for v in parts):
+            p = 0
+            for v in parts:
+                dt.narrow(v, dtype, out=out[p:p + len(v)])
+                p += len(v)
+        else:
+            np.concatenate(parts, out=out, casting="same_kind")
+        return off, out
 
     def joined(self, name: str, dtype: str) -> tuple[np.ndarray, np.ndarray] | None:
         """``list_parts`` of a column already joined (``join``), else None."""

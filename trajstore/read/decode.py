@@ -11,6 +11,7 @@ from typing import Any
 import pyarrow as pa
 
 from .. import schema
+from ..base.threads import is_serial
 from ..errors import ConfigError, FormatError, foreign_errors
 from ..format.arrow import flat_nbytes
 from ..format.file.joining import StreamJoin
@@ -27,9 +28,10 @@ def decode_file(sf: StepFile, step: int, columns: list[str] | None, layout: str 
                 arena: Any = None) -> Any:
     """``columns`` of the opened step file ``sf`` of ``step``, in ``layout``, decoded (``decode``).
     Read to host memory (no ``arena``), the columns the decode joins first (``joined_first``) are
-    joined as the row groups arrive (``StreamJoin``)."""
+    joined as the row groups arrive (``StreamJoin``), except on a thread decoding serially (a deep
+    prefetch): there each column is joined after the read in a few calls (``Columns._combined``)."""
     join = None
-    if arena is None and sf.pf.metadata.num_row_groups > 1:
+    if arena is None and sf.pf.metadata.num_row_groups > 1 and not is_serial():
         names = joined_first(sf.doc["batch"], columns, layout)
         join = StreamJoin(names, sf.pf.metadata.num_rows) if names else None  # (the doc's num_rows: checked equal)
     table = read_table(sf, step, columns, layout, on_batch=None if join is None else join.feed)

@@ -1,0 +1,140 @@
+"""A thread that decodes serially (``Reader.iter`` with a deep prefetch: several steps decode at once,
+one a thread) joins each token column in a few calls (``Columns._combined``: Arrow concatenates its
+chunks, then one conversion or copy) instead of the pool join's copies in pieces, whose hundreds of
+Python calls a step serialize on the GIL across the prefetch threads. The batch is bit for bit the
+one the pool join gives, in every form and layout, to host memory and into the pinned arena the
+GPU path decodes into."""
+
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from unittest import mock
+
+import _dumps
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import trajstore
+from trajstore import torch_bridge
+from trajstore.base import threads as _threads
+from trajstore.format.arrow import Columns
+from trajstore.testing import batches
+from trajstore.testing.compare import assert_batch_equal
+from trajstore.testing.forms import (
+    group_lists,
+    packed_batches,
+    padded_batches,
+    prompt_completion_batches,
+    trajectory_lists,
+    two_sided_batches,
+)
+
+
+@contextmanager
+def serial():
+    _threads.serial()
+    try:
+        yield
+    finally:
+        _threads.serial(False)
+
+
+@contextmanager
+def counted():
+    """``calls``: the columns each ``Columns._combined`` joined."""
+    calls: list[str] = []
+    real = Columns._combined
+
+    def combined(self, name, dtype):
+        calls.append(name)
+        return real(self, name, dtype)
+
+    with mock.patch.object(Columns, "_combined", combined):
+        yield calls
+
+
+def _reads(r, layout, arena):
+    """(the step read serially, the step read with the pool join, the columns joined serially)."""
+    def read():
+        if not arena:
+            return r._read(0, None, layout)
+        pool = torch_bridge.PinnedPool()
+        a = torch_bridge.Arena(pool, defer=True)
+        out, _ = torch_bridge.launch(torch_bridge.stage(r._read(0, None, layout, a), pool, a), torch.device("cpu"), None)
+        assert pool.in_use == 0
+        return out
+
+    with serial(), counted() as calls:
+        got = read()
+    with _threads.using(3):
+        want = read()
+    return got, want, calls
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.one_of(batches(), padded_batches(), two_sided_batches(), prompt_completion_batches(), packed_batches(),
+                 trajectory_lists(), group_lists()),
+       st.sampled_from([None, "packed", "padded"]), st.booleans())
+def test_a_serial_decode_is_the_pool_join_bit_for_bit(batch, layout, arena):
+    """Hypothesis over the batch forms (tensors of arbitrary bits: int64 ids stored int32, half
+    values stored widened, bools), each step in several row groups: the serial read equals the pool
+    join's read and, in the recorded layout, the batch written."""
+    mp = pytest.MonkeyPatch()
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            _dumps.many_row_groups(mp)
+            with trajstore.Writer(Path(d) / "r") as w:
+                w.append(0, batch)
+            r = trajstore.Reader(Path(d) / "r")
+            try:
+                got, want, _ = _reads(r, layout, arena)
+            except trajstore.errors.ConfigError:
+                return  # no such layout for this batch
+            assert_batch_equal(got, want)
+            if layout is None:
+                assert_batch_equal(got, batch)
+    finally:
+        mp.undo()
+
+
+@pytest.mark.parametrize("arena", [False, True])
+def test_a_serial_decode_joins_each_token_column_once_with_its_values_exact(tmp_path, monkeypatch, arena):
+    """A padded step of several row groups read packed on a serial thread: every token column is
+    joined by ``_combined`` (each once), int64 ids stored as int32 come back int64, the masks' bools
+    and the bf16 values exact; into the arena, the joined columns are in its pinned memory."""
+    _dumps.many_row_groups(monkeypatch)
+    g = torch.Generator().manual_seed(3)
+    lengths = torch.randint(1, 50, (16,), generator=g)
+    m = torch.arange(50)[None, :] < lengths[:, None]
+    b = {"input_ids": torch.randint(0, 152_064, (16, 50), generator=g).masked_fill(~m, 0), "attention_mask": m,
+         "loss_mask": (torch.rand(16, 50, generator=g) < 0.5) & m,
+         "logprobs": torch.randn(16, 50, generator=g).to(torch.bfloat16).masked_fill(~m, 0)}
+    with trajstore.Writer(tmp_path / "r") as w:
+        w.append(0, b)
+    r = trajstore.Reader(tmp_path / "r")
+    if arena:
+        pool = torch_bridge.PinnedPool()
+        a = torch_bridge.Arena(pool)
+        with serial(), counted() as calls:
+            got = r._read(0, None, "packed", a)
+        assert a.holds(got["input_ids"]) and a.holds(got["loss_mask"]) and a.holds(got["logprobs"])
+        got = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in got.items()}
+        a.release()
+    else:
+        with serial(), counted() as calls:
+            got = r._read(0, None, "packed")
+    assert sorted(calls) == ["input_ids", "logprobs", "loss_mask"]
+    assert got["input_ids"].dtype == torch.int64 and torch.equal(got["input_ids"], b["input_ids"][m])
+    assert torch.equal(got["loss_mask"], b["loss_mask"][m])
+    assert torch.equal(got["logprobs"].view(torch.int16), b["logprobs"][m].view(torch.int16))
+
+
+def test_a_thread_that_is_not_serial_keeps_the_pool_join(tmp_path, monkeypatch):
+    _dumps.many_row_groups(monkeypatch)
+    with trajstore.Writer(tmp_path / "r") as w:
+        w.append(0, {"input_ids": torch.arange(64).reshape(8, 8), "attention_mask": torch.ones(8, 8, dtype=torch.bool)})
+    r = trajstore.Reader(tmp_path / "r", threads=2)
+    with counted() as calls:
+        got = r.read(0, layout="packed")
+    assert calls == [] and torch.equal(got["input_ids"], torch.arange(64))
