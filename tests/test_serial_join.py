@@ -138,3 +138,31 @@ def test_a_thread_that_is_not_serial_keeps_the_pool_join(tmp_path, monkeypatch):
     with counted() as calls:
         got = r.read(0, layout="packed")
     assert calls == [] and torch.equal(got["input_ids"], torch.arange(64))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("layout", [None, "packed", "padded"])
+def test_a_deep_prefetch_to_the_gpu_is_the_cpu_read_bit_for_bit(tmp_path, monkeypatch, layout):
+    """``Reader.iter(device="cuda", prefetch=8)``: the serial threads join into the pinned arena
+    (``_combined``), the batches on the GPU are the CPU reads, int64 ids and bf16 values included."""
+    _dumps.many_row_groups(monkeypatch)
+    g = torch.Generator().manual_seed(5)
+    steps = {}
+    with trajstore.Writer(tmp_path / "r") as w:
+        for s in range(10):
+            lengths = torch.randint(0, 60, (20,), generator=g)
+            m = torch.arange(60)[None, :] < lengths[:, None]
+            steps[s] = {"input_ids": torch.randint(0, 152_064, (20, 60), generator=g).masked_fill(~m, 151_643),
+                        "attention_mask": m, "loss_mask": (torch.rand(20, 60, generator=g) < 0.5) & m,
+                        "logprobs": torch.randn(20, 60, generator=g).to(torch.bfloat16).masked_fill(~m, 0),
+                        "rewards": torch.randn(20, generator=g)}
+            w.append(s, steps[s])
+    r = trajstore.Reader(tmp_path / "r")
+    with counted() as calls:
+        got = list(r.iter(device="cuda", prefetch=8, layout=layout))
+    assert [s for s, _ in got] == list(range(10)) and "input_ids" in calls
+    for s, b in got:
+        devices = []
+        host = torch_bridge.map_tensors(b, lambda t: devices.append(t.device.type) or t.cpu())
+        assert devices and set(devices) == {"cuda"}
+        assert_batch_equal(host, r.read(s, layout=layout))
