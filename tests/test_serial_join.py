@@ -11,6 +11,7 @@ from pathlib import Path
 from unittest import mock
 
 import _dumps
+import pyarrow as pa
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -166,3 +167,16 @@ def test_a_deep_prefetch_to_the_gpu_is_the_cpu_read_bit_for_bit(tmp_path, monkey
         host = torch_bridge.map_tensors(b, lambda t: devices.append(t.device.type) or t.cpu())
         assert devices and set(devices) == {"cuda"}
         assert_batch_equal(host, r.read(s, layout=layout))
+
+
+@pytest.mark.parametrize("stored, dtype", [(pa.int32(), "int64"), (pa.float32(), "float32"), (pa.bool_(), "bool"),
+                                           (pa.float32(), "bfloat16")])
+@pytest.mark.parametrize("chunks", [0, 1, 3])
+def test_a_column_of_no_or_empty_chunks_joins_serially_as_the_pool_does(stored, dtype, chunks):
+    """A column of no chunks at all (an empty slice of a shard), or of empty ones, joins to no values of
+    the spec's storage dtype, on a serial thread as with the pool join."""
+    t = pa.table({"x": pa.chunked_array([pa.array([], pa.large_list(stored))] * chunks, type=pa.large_list(stored))})
+    with serial():
+        off, v = Columns(t, "w").list_parts("x", dtype)
+    off2, v2 = Columns(t, "w").list_parts("x", dtype)
+    assert off.tolist() == off2.tolist() == [0] and len(v) == len(v2) == 0 and v.dtype == v2.dtype

@@ -357,7 +357,7 @@ class Columns:
             for v in parts:
                 dt.narrow(v, dtype, out=out[p:p + len(v)])
                 p += len(v)
-        else:
+        elif parts:  # (a column of no chunks: nothing to copy)
             np.concatenate(parts, out=out, casting="same_kind")
         return off, out
 
