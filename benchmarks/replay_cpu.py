@@ -13,6 +13,8 @@ with the process's CPU time a step split by thread kind:
 Thread times come from ``/proc/self/task/*/stat`` (Linux), sampled every 20 ms so that threads which
 end before the pass does are counted; the process total (``getrusage``) is printed beside their sum.
 Off Linux the split is left out. ``--device cuda`` replays to the GPU (default where CUDA is present).
+``--stages`` adds a step's read stage by stage on 8 serial threads (``stages``): the scan alone, then scan
+and decode, the rows that showed where replay left cores idle.
 """
 
 from __future__ import annotations
@@ -126,10 +128,35 @@ def ceiling(files: list[Path]) -> None:
         list(ex.map(lambda f: pq.read_table(f, columns=cols, use_threads=False, pre_buffer=False), files))
 
 
-def run(d: Path, raw: int, steps: list[int], device: Any, prefetches: tuple[int, ...]) -> list[tuple[str, dict]]:
+def stages(r: Any, steps: list[int], threads: int = 8) -> list[tuple[str, Any]]:
+    """A step's read, stage by stage, on ``threads`` plain threads each decoding serially (as ``Reader.iter``'s
+    prefetch threads do from prefetch 4): trajstore's scan alone (its dataset reader, page checksums checked),
+    then scan and decode (``Reader._read``, to host memory). Beside the ceiling they show which stage leaves
+    cores idle (benchmarks/RESULTS.md, issue 23 sixth round)."""
+    from trajstore.base import threads as _threads
+    from trajstore.read import decode as _decode
+
+    def on_threads(fn: Any) -> Any:
+        def run() -> None:
+            def one(s: int) -> None:
+                _threads.serial()
+                fn(s)
+            with ThreadPoolExecutor(threads) as ex:
+                list(ex.map(one, steps))
+        return run
+
+    return [(f"trajstore scan alone, {threads} serial threads",
+             on_threads(lambda s: _decode.read_table(r._open(s), s, None, "packed"))),
+            (f"scan + decode (Reader._read), {threads} serial threads", on_threads(lambda s: r._read(s, None, "packed")))]
+
+
+def run(d: Path, raw: int, steps: list[int], device: Any, prefetches: tuple[int, ...],
+        by_stage: bool = False) -> list[tuple[str, dict]]:
     r = trajstore.Reader(d)
     files = [r.file(s) for s in steps]
     rows = [("decoder ceiling: read_table, 8 at a time", measure(lambda: ceiling(files), len(steps), raw))]
+    if by_stage:
+        rows += [(label, measure(fn, len(steps), raw)) for label, fn in stages(r, steps)]
     for k in prefetches:
         def replay(k: int = k) -> None:
             for _ in r.iter(steps=steps, device=device, prefetch=k, layout="packed"):
@@ -147,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-len", type=int, default=8192)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else None)
     ap.add_argument("--prefetch", default="4,8", help="comma list of prefetch depths")
+    ap.add_argument("--stages", action="store_true", help="also the scan alone and scan + decode on 8 serial threads")
     a = ap.parse_args(argv)
     batches = [W.padded_batch(B=a.batch, max_len=a.max_len, seed=i) for i in range(3)]
     raw = W.raw_bytes(batches[0])
@@ -155,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         with trajstore.Writer(d) as w:
             for s in range(a.steps):
                 w.append(s, batches[s % len(batches)])
-        rows = run(d, raw, list(range(a.steps)) * 3, a.device, tuple(int(x) for x in a.prefetch.split(",")))
+        rows = run(d, raw, list(range(a.steps)) * 3, a.device, tuple(int(x) for x in a.prefetch.split(",")), a.stages)
     print(f"# {os.cpu_count()} cores, torch {torch.__version__}, device {a.device or 'CPU'}; CPU ms a step by thread kind")
     for label, m in rows:
         kinds = ", ".join(f"{k} {v:.1f}" for k, v in m["kinds"].items())
