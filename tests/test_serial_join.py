@@ -15,6 +15,7 @@ import pyarrow as pa
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
+from test_device_pad import device_read
 
 import trajstore
 from trajstore import torch_bridge
@@ -58,13 +59,7 @@ def counted():
 def _reads(r, layout, arena):
     """(the step read serially, the step read with the pool join, the columns joined serially)."""
     def read():
-        if not arena:
-            return r._read(0, None, layout)
-        pool = torch_bridge.PinnedPool()
-        a = torch_bridge.Arena(pool, defer=True)
-        out, _ = torch_bridge.launch(torch_bridge.stage(r._read(0, None, layout, a), pool, a), torch.device("cpu"), None)
-        assert pool.in_use == 0
-        return out
+        return device_read(r, 0, layout)[0] if arena else r._read(0, None, layout)
 
     with serial(), counted() as calls:
         got = read()

@@ -197,11 +197,16 @@ def _checked(vals: pa.Array, dtype: str, name: str, where: str) -> np.ndarray:
     return v
 
 
-def _values(c: pa.Array, dtype: str, name: str, where: str) -> np.ndarray:
-    """The values of one large_list chunk, as numpy (zero-copy but for bools), checked."""
+def _sliced(c: pa.Array) -> pa.Array:
+    """The values of one large_list chunk's rows (a chunk may be a slice of a longer values array)."""
     o = c.offsets.to_numpy()
     a, b = (int(o[0]), int(o[-1])) if len(o) else (0, 0)
-    return _checked(c.values.slice(a, b - a), dtype, name, where)
+    return c.values.slice(a, b - a)
+
+
+def _values(c: pa.Array, dtype: str, name: str, where: str) -> np.ndarray:
+    """The values of one large_list chunk, as numpy (zero-copy but for bools), checked."""
+    return _checked(_sliced(c), dtype, name, where)
 
 
 class Columns:
@@ -257,9 +262,7 @@ class Columns:
         with foreign_errors(self.where, "reading column {!r}", name):
             off, parts, r = _offsets(col.chunks), [], 0
             for c in col.chunks:
-                o = c.offsets.to_numpy()
-                a, b = (int(o[0]), int(o[-1])) if len(o) else (0, 0)
-                parts.append((r, _raw(c.values.slice(a, b - a), dtype, name, self.where) if dtype != "bool"
+                parts.append((r, _raw(_sliced(c), dtype, name, self.where) if dtype != "bool"
                               else _values(c, dtype, name, self.where)))
                 r += len(c)
         if any(dt.is_wide(dtype, v) for _, v in parts):  # widened half values, narrowed in pieces on the pool
@@ -312,9 +315,7 @@ class Columns:
                 if dtype == "bool":  # unpacked from its bitmap on the pool thread
                     copies.append((c, dtype, name, dst))
                     continue
-                o = c.offsets.to_numpy()
-                a, b = (int(o[0]), int(o[-1])) if len(o) else (0, 0)
-                src = _raw(c.values.slice(a, b - a), dtype, name, self.where)
+                src = _raw(_sliced(c), dtype, name, self.where)
                 step = max(1, PIECE_BYTES // max(1, src.itemsize))
                 how = dtype if dt.is_wide(dtype, src) else None
                 copies += [(src[i:i + step], how, name, dst[i:i + step]) for i in range(0, len(src), step)]
@@ -336,21 +337,10 @@ class Columns:
         chunk (numbers: one ``np.concatenate``, widening int32 ids; bools: Arrow joins the bitmaps, one
         unpack), not ``_join``'s pieces on the pool, whose calls serialize on the GIL (RESULTS.md)."""
         col = self._list_col(name)
-        if dtype == "bool" or col.num_chunks == 1:
-            c = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
-            o = c.offsets.to_numpy()
-            a, b = (int(o[0]), int(o[-1])) if len(o) else (0, 0)
-            src = _raw(c.values.slice(a, b - a), dtype, name, self.where)
-            if not dt.is_wide(dtype, src) and (self.alloc is empty or col.num_chunks == 1):
-                return o - a, src  # Arrow's memory, or the bools just unpacked
-            parts, off = [src], o - a
-        else:
-            off = _offsets(col.chunks)
-            parts = []
-            for c in col.chunks:
-                o = c.offsets.to_numpy()
-                a, b = (int(o[0]), int(o[-1])) if len(o) else (0, 0)
-                parts.append(_raw(c.values.slice(a, b - a), dtype, name, self.where))
+        chunks = [col.combine_chunks()] if dtype == "bool" and col.num_chunks != 1 else col.chunks
+        off, parts = _offsets(chunks), [_raw(_sliced(c), dtype, name, self.where) for c in chunks]
+        if len(parts) == 1 and not dt.is_wide(dtype, parts[0]) and (self.alloc is empty or col.num_chunks == 1):
+            return off, parts[0]  # Arrow's memory, or the bools just unpacked
         out = self.alloc(int(off[-1]), dt.storage_numpy(dtype))
         if dtype in dt.HALF and any(dt.is_wide(dtype, v) for v in parts):
             p = 0
