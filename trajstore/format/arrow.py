@@ -155,11 +155,18 @@ def empty(n: int, dtype: Any) -> np.ndarray:
 
 
 def to_numpy(a: pa.Array) -> np.ndarray:
-    """A null-free Arrow array as numpy: zero-copy for numbers; bools are unpacked from the bitmap
-    with ``np.unpackbits``, much faster than Arrow's conversion (benchmarks/RESULTS.md)."""
-    if pa.types.is_boolean(a.type) and not a.null_count and len(a):
-        bits = np.frombuffer(a.buffers()[1], np.uint8)
-        return np.unpackbits(bits, count=a.offset + len(a), bitorder="little")[a.offset:].view(np.bool_)
+    """A null-free Arrow array as numpy: numbers a zero-copy view of the data buffer, taken without
+    pyarrow's conversion, which releases and retakes the GIL on every call (a wait each time several
+    steps decode at once: benchmarks/RESULTS.md); bools are unpacked from the bitmap with
+    ``np.unpackbits``, much faster than Arrow's conversion (benchmarks/RESULTS.md)."""
+    t = a.type
+    if len(a) and not a.null_count:
+        if pa.types.is_integer(t) or pa.types.is_floating(t):
+            d = np.dtype(t.to_pandas_dtype())
+            return np.frombuffer(a.buffers()[1], d, count=len(a), offset=a.offset * d.itemsize)
+        if pa.types.is_boolean(t):
+            bits = np.frombuffer(a.buffers()[1], np.uint8)
+            return np.unpackbits(bits, count=a.offset + len(a), bitorder="little")[a.offset:].view(np.bool_)
     return a.to_numpy(zero_copy_only=False)
 
 
@@ -169,7 +176,7 @@ def _offsets(chunks: list) -> np.ndarray:
     off = np.empty(rows + 1, np.int64)
     off[0] = r = p = 0
     for c in chunks:
-        o = c.offsets.to_numpy()
+        o = to_numpy(c.offsets)
         off[r + 1:r + len(o)] = o[1:] - o[0] + p
         r, p = r + len(o) - 1, p + int(o[-1] - o[0])
     return off
@@ -199,7 +206,7 @@ def _checked(vals: pa.Array, dtype: str, name: str, where: str) -> np.ndarray:
 
 def _sliced(c: pa.Array) -> pa.Array:
     """The values of one large_list chunk's rows (a chunk may be a slice of a longer values array)."""
-    o = c.offsets.to_numpy()
+    o = to_numpy(c.offsets)
     a, b = (int(o[0]), int(o[-1])) if len(o) else (0, 0)
     return c.values.slice(a, b - a)
 
@@ -302,7 +309,7 @@ class Columns:
             wide = dt.is_wide_type(dtype, col.type.value_type)  # converted as it is copied
             if col.num_chunks == 1 and not wide:
                 c = col.chunk(0)
-                o = c.offsets.to_numpy()
+                o = to_numpy(c.offsets)
                 self._parts[name] = (o - o[0], _values(c, dtype, name, self.where))
                 continue
             off = _offsets(col.chunks)

@@ -55,7 +55,7 @@ class StreamJoin:
         dtype = self.want[name]
         if not pa.types.is_large_list(a.type) or a.null_count:
             raise ValueError(name)
-        o = a.offsets.to_numpy()
+        o = to_numpy(a.offsets)
         lo, hi = (int(o[0]), int(o[-1])) if len(o) else (0, 0)
         vals = a.values.slice(lo, hi - lo)
         want = np.dtype(dt.storage_numpy(dtype))
