@@ -13,8 +13,12 @@ with the process's CPU time a step split by thread kind:
 Thread times come from ``/proc/self/task/*/stat`` (Linux), sampled every 20 ms so that threads which
 end before the pass does are counted; the process total (``getrusage``) is printed beside their sum.
 Off Linux the split is left out. ``--device cuda`` replays to the GPU (default where CUDA is present).
-``--stages`` adds a step's read stage by stage on 8 serial threads (``stages``): the scan alone, then scan
-and decode, the rows that showed where replay left cores idle.
+``--stages`` adds a step's read stage by stage on 8 serial threads (``stages``): the scan alone, the decode
+alone (of tables read before the pass), then scan and decode, the rows that showed where replay left cores idle.
+
+Each row also gives how long a thread waits to take the GIL back (``GilWait``: a thread that sleeps 0.2 ms
+again and again, timing how late it wakes; idle, that is the timer's own slack): the mean and the 90th
+percentile. Where the decoding threads' calls serialize on the GIL, it grows (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -85,7 +89,7 @@ class ThreadCPU:
         main = threading.main_thread().native_id
         for tid, t in self.last.items():
             name = self.names.get(tid)
-            if name == "replay-cpu-sampler":
+            if name in ("replay-cpu-sampler", "replay-cpu-gil"):
                 continue
             if tid == main:
                 kind = "python main"
@@ -99,6 +103,29 @@ class ThreadCPU:
         return kinds
 
 
+class GilWait:
+    """A thread that sleeps ``nap`` seconds again and again while a pass runs; how late each wake-up
+    comes back (its wait for the GIL, and the timer's slack) gives ``mean_p90()`` in ms."""
+
+    def __init__(self, nap: float = 0.0002):
+        self.nap, self.late = nap, []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, name="replay-cpu-gil", daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            t0 = time.perf_counter()
+            time.sleep(self.nap)
+            self.late.append(time.perf_counter() - t0 - self.nap)
+
+    def stop(self) -> tuple[float, float]:
+        self._stop.set()
+        self._t.join()
+        late = sorted(self.late) or [0.0]
+        return sum(late) / len(late) * 1e3, late[int(len(late) * 0.9)] * 1e3
+
+
 def _cpu() -> tuple[float, float]:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime, r.ru_stime
@@ -107,14 +134,14 @@ def _cpu() -> tuple[float, float]:
 def measure(fn, n_steps: int, raw: int) -> dict[str, Any]:
     """One warm pass of ``fn``, then a timed one: GB/s and CPU ms a step, in all and by thread kind."""
     fn()
-    probe = ThreadCPU()
+    probe, gil = ThreadCPU(), GilWait()
     c0, t0 = _cpu(), time.perf_counter()
     fn()
     wall, c1 = time.perf_counter() - t0, _cpu()
     probe.stop()
     user, sys_ = c1[0] - c0[0], c1[1] - c0[1]
     return {"gbps": n_steps * raw / wall / 1e9, "cpu_ms": (user + sys_) / n_steps * 1e3,
-            "sys_ms": sys_ / n_steps * 1e3,
+            "sys_ms": sys_ / n_steps * 1e3, "gil_ms": gil.stop(),
             "kinds": {k: v / n_steps * 1e3 for k, v in sorted(probe.by_kind().items())}}
 
 
@@ -131,10 +158,14 @@ def ceiling(files: list[Path]) -> None:
 def stages(r: Any, steps: list[int], threads: int = 8) -> list[tuple[str, Any]]:
     """A step's read, stage by stage, on ``threads`` plain threads each decoding serially (as ``Reader.iter``'s
     prefetch threads do from prefetch 4): trajstore's scan alone (its dataset reader, page checksums checked),
-    then scan and decode (``Reader._read``, to host memory). Beside the ceiling they show which stage leaves
-    cores idle (benchmarks/RESULTS.md, issue 23 sixth round)."""
+    the decode alone (of each step's table, read before the pass), then scan and decode (``Reader._read``, to
+    host memory). Beside the ceiling they show which stage leaves cores idle (benchmarks/RESULTS.md, issue 23
+    sixth and seventh rounds)."""
     from trajstore.base import threads as _threads
     from trajstore.read import decode as _decode
+
+    opened = {s: r._open(s) for s in set(steps)}
+    tables = {s: _decode.read_table(f, s, None, "packed") for s, f in opened.items()}
 
     def on_threads(fn: Any) -> Any:
         def run() -> None:
@@ -147,6 +178,8 @@ def stages(r: Any, steps: list[int], threads: int = 8) -> list[tuple[str, Any]]:
 
     return [(f"trajstore scan alone, {threads} serial threads",
              on_threads(lambda s: _decode.read_table(r._open(s), s, None, "packed"))),
+            (f"decode alone (tables read before), {threads} serial threads",
+             on_threads(lambda s: _decode.decode(opened[s].doc, tables[s], opened[s].path, None, "packed"))),
             (f"scan + decode (Reader._read), {threads} serial threads", on_threads(lambda s: r._read(s, None, "packed")))]
 
 
@@ -187,8 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {os.cpu_count()} cores, torch {torch.__version__}, device {a.device or 'CPU'}; CPU ms a step by thread kind")
     for label, m in rows:
         kinds = ", ".join(f"{k} {v:.1f}" for k, v in m["kinds"].items())
-        print(f"{label:48s} {m['gbps']:6.2f} GB/s  CPU {m['cpu_ms']:6.1f} ms a step, system {m['sys_ms']:5.1f}"
-              f"  ({kinds})")
+        print(f"{label:52s} {m['gbps']:6.2f} GB/s  CPU {m['cpu_ms']:6.1f} ms a step, system {m['sys_ms']:5.1f}"
+              f"  ({kinds}); GIL wait mean {m['gil_ms'][0]:.2f} ms, p90 {m['gil_ms'][1]:.2f}")
     return 0
 
 

@@ -1,5 +1,6 @@
 """``python -m benchmarks.replay_cpu`` (the replay probe of benchmarks/RESULTS.md) runs end to end on a small
-step: every row it promises is printed with a rate and a CPU time, the stages included. No time is asserted."""
+step: every row it promises is printed with a rate, a CPU time and the GIL wait, the stages included. No time is
+asserted."""
 
 import re
 
@@ -12,8 +13,11 @@ def test_the_probe_prints_every_row_with_its_figures(capsys):
     lines = capsys.readouterr().out.splitlines()
     rows = {line.split("  ")[0].strip(): line for line in lines[1:]}
     assert list(rows) == ["decoder ceiling: read_table, 8 at a time", "trajstore scan alone, 8 serial threads",
+                          "decode alone (tables read before), 8 serial threads",
                           "scan + decode (Reader._read), 8 serial threads", "Reader.iter(prefetch=1, packed) to cpu",
                           "Reader.iter(prefetch=4, packed) to cpu"]
     for line in rows.values():
         m = re.search(r"([\d.]+) GB/s\s+CPU\s+([\d.]+) ms a step", line)
         assert m and float(m.group(1)) > 0, line
+        g = re.search(r"GIL wait mean ([\d.]+) ms, p90 ([\d.]+)$", line)
+        assert g and float(g.group(2)) >= 0, line
