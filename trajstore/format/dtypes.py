@@ -12,6 +12,7 @@ values that all fit in 32 bits is stored as int32 (``arrow.TableBuilder.add``; r
 
 from __future__ import annotations
 
+import threading
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -189,10 +190,39 @@ def from_storage(a: np.ndarray, name: str) -> torch.Tensor:
 
     if name == "bfloat16":
         a = a.view(np.int16)
-    with warnings.catch_warnings():  # Arrow buffers are read-only but owned by this result
-        warnings.simplefilter("ignore", UserWarning)
-        t = torch.from_numpy(a)
+    t = torch.from_numpy(a) if _read_only_quiet or a.flags.writeable else _quiet_from_numpy(a)
     return t.view(torch.bfloat16) if name == "bfloat16" else t
+
+
+_read_only_quiet = False  # torch has given its warning about read-only arrays (``_quiet_from_numpy``)
+_quiet_lock = threading.Lock()
+
+
+def _quiet_from_numpy(a: np.ndarray) -> torch.Tensor:
+    """``torch.from_numpy`` of a read-only array (Arrow's buffers are immutable, the tensor owns a view of
+    them) without torch's UserWarning about it. torch gives that warning once a process, so it is taken
+    here once, under a lock, inside ``warnings.catch_warnings``; later arrays are converted without
+    touching the warning filters. (``catch_warnings`` on every call, from the prefetch threads decoding
+    at once, is not thread-safe: interleaved, it left an "ignore UserWarning" filter behind, silencing the
+    program's warnings.) A torch that warns every time keeps the lock and the filter on every call."""
+    import torch
+
+    global _read_only_quiet
+    with _quiet_lock:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            t = torch.from_numpy(a)
+            first = len(seen)
+            torch.from_numpy(a)
+        ours = [i for i, w in enumerate(seen) if _TORCH_READ_ONLY in str(w.message)]
+        _read_only_quiet = not any(i >= first for i in ours)  # the second conversion said nothing
+        for i, w in enumerate(seen):  # another thread's warning caught in passing: shown as it would be
+            if i not in ours:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return t
+
+
+_TORCH_READ_ONLY = "NumPy array is not writable"
 
 
 def as_value(a: np.ndarray, node: dict):
