@@ -207,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-len", type=int, default=8192)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else None)
     ap.add_argument("--prefetch", default="4,8", help="comma list of prefetch depths")
-    ap.add_argument("--stages", action="store_true", help="also the scan alone and scan + decode on 8 serial threads")
+    ap.add_argument("--stages", action="store_true", help="also the scan alone, the decode alone and "
+                    "scan + decode on 8 serial threads")
     a = ap.parse_args(argv)
     batches = [W.padded_batch(B=a.batch, max_len=a.max_len, seed=i) for i in range(3)]
     raw = W.raw_bytes(batches[0])

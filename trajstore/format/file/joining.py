@@ -14,7 +14,7 @@ import pyarrow as pa
 from ...base.threads import submit
 from .. import dtypes as dt
 from .. import limits
-from ..arrow import _offsets, _raw, empty, to_numpy
+from ..arrow import _offsets, _raw, _sliced, empty, to_numpy
 
 __all__ = ["StreamJoin"]
 
@@ -55,9 +55,7 @@ class StreamJoin:
         dtype = self.want[name]
         if not pa.types.is_large_list(a.type) or a.null_count:
             raise ValueError(name)
-        o = to_numpy(a.offsets)
-        lo, hi = (int(o[0]), int(o[-1])) if len(o) else (0, 0)
-        vals = a.values.slice(lo, hi - lo)
+        vals = _sliced(a)
         want = np.dtype(dt.storage_numpy(dtype))
         if dtype == "bool" and pa.types.is_boolean(vals.type) and not vals.null_count:
             src: Any = vals  # unpacked from its bitmap by the copy, on the pool
