@@ -73,3 +73,78 @@ def test_a_mask_on_another_device_stays_there():
     assert token_mask(m).device.type == "meta" and token_mask(m).dtype == torch.bool
     assert host_empty((2, 3), torch.int32, m).device.type == "meta"
     assert host_empty((2, 3), torch.int32).device.type == "cpu"
+
+
+def _classify_elementwise(m):
+    """``classify`` as it was written before its CPU comparisons moved to numpy and 64-bit words: every
+    position compared by torch, one by one (the reference the fast paths must agree with)."""
+    W = m.shape[1]
+    lengths = m.sum(1)
+    if m.shape[0] == 0:
+        return "right", lengths, None
+    ar = torch.arange(W)
+    if torch.equal(m, ar[None, :] < lengths[:, None]):
+        return "right", lengths, None
+    if torch.equal(m, ar[None, :] >= (W - lengths)[:, None]):
+        return "left", lengths, None
+    starts = torch.where(lengths > 0, m.to(torch.uint8).argmax(1), 0)
+    if torch.equal(m, (ar[None, :] >= starts[:, None]) & (ar[None, :] < (starts + lengths)[:, None])):
+        return "span", lengths, starts
+    return None, lengths, None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data(), st.sampled_from(["right", "left", "span", "holes"]), st.integers(0, 5), st.integers(1, 40),
+       st.sampled_from(["contiguous", "columns", "offset"]))
+def test_classify_agrees_with_the_elementwise_comparison(data, side, B, W, memory):
+    """Right, left, span or holes, in contiguous memory, as columns of a wider mask (not contiguous) or at an
+    odd storage offset (not whole words): the side, lengths and starts ``classify`` finds are the
+    elementwise reference's."""
+    m = run_mask(data.draw, B, W, "span" if side == "holes" else side)
+    if side == "holes" and B:
+        r, c = data.draw(st.integers(0, B - 1)), data.draw(st.integers(0, W - 1))
+        m[r, c] = ~m[r, c]
+    if memory == "columns":
+        wide = torch.zeros(B, W + 3, dtype=torch.bool)
+        wide[:, 1:W + 1] = m
+        m = wide[:, 1:W + 1]
+    elif memory == "offset":
+        m = torch.cat([torch.zeros(3, dtype=torch.bool), m.reshape(-1)])[3:].view(B, W)
+    got, want = classify(m), _classify_elementwise(m)
+    assert got[0] == want[0] and torch.equal(got[1], want[1])
+    assert (got[2] is None) == (want[2] is None) and (got[2] is None or torch.equal(got[2], want[2]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+                        torch.bfloat16, torch.float32, torch.float64]), st.integers(0, 4), st.integers(1, 24),
+       st.integers(0, 2**31 - 1), st.booleans())
+def test_token_mask_of_a_numeric_mask_is_its_nonzero_positions(dtype, B, W, seed, strided):
+    """A mask of numbers is valid where non-zero (NaN included), whatever its dtype or memory."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(-2, 3, (B, 2 * W if strided else W), generator=g).to(dtype)
+    if dtype.is_floating_point and x.numel():
+        x.view(-1)[0] = float("nan")
+    x = x[:, ::2] if strided else x
+    got = token_mask(x)
+    assert got.dtype == torch.bool and torch.equal(got, x != 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(masks(), st.sampled_from([torch.uint8, torch.int16, torch.int32, torch.int64]), st.integers(0, 2**31 - 1),
+       st.integers(0, 3))
+def test_differ_is_any_padded_position_holding_other_bits(m, dtype, seed, trail):
+    """The pad check (``Selection.differ``): whether a padded position of the bits ``b`` holds other bits
+    than ``p`` (a 0-d tensor, as the encoder passes it, or an int), tokens never counted."""
+    if m.all():
+        return
+    sel = Selection(m, *classify(m))
+    g = torch.Generator().manual_seed(seed)
+    shape = m.shape + ((trail,) if trail else ())
+    b = torch.randint(0, 3, shape, generator=g).to(dtype)
+    pads = ~m if not trail else (~m)[..., None].expand(shape)
+    p = b.reshape(-1)[sel.first * max(trail, 1)]
+    want = bool((b != p)[pads].any())
+    assert sel.differ(b, p) == want and sel.differ(b, int(p)) == want
+    b[pads] = p  # every padded position the first one's bits: no difference
+    assert not sel.differ(b, p)

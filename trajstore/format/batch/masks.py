@@ -86,7 +86,7 @@ def token_mask(m: torch.Tensor | np.ndarray) -> torch.Tensor:
     inspection tools share)."""
     t = torch.as_tensor(m)
     if t.dtype != torch.bool:  # (a bool mask is its own token mask: ``!= 0`` would widen it to int64)
-        t = torch.ne(t, 0, out=host_empty(t.shape, torch.bool, t))
+        t = _ne(t, 0)
     while t.ndim > 2:
         t = t.all(dim=-1)
     return t
@@ -136,14 +136,55 @@ def classify(mask: torch.Tensor) -> tuple[str | None, torch.Tensor, torch.Tensor
         return "right", lengths, None
     ar = torch.arange(W)
     want = host_empty(mask.shape, torch.bool, mask)
-    if torch.equal(mask, torch.lt(ar[None, :], lengths[:, None], out=want)):
+    if _same(mask, _aligned(ar, lengths, "right", want)):
         return "right", lengths, None
-    if torch.equal(mask, torch.ge(ar[None, :], (W - lengths)[:, None], out=want)):
+    if _same(mask, _aligned(ar, lengths, "left", want)):
         return "left", lengths, None
     starts = torch.where(lengths > 0, mask.to(torch.uint8).argmax(1), 0)
-    if torch.equal(mask, (ar[None, :] >= starts[:, None]) & (ar[None, :] < (starts + lengths)[:, None])):
+    if _same(mask, (ar[None, :] >= starts[:, None]) & (ar[None, :] < (starts + lengths)[:, None])):
         return "span", lengths, starts
     return None, lengths, None
+
+
+def _cpu_numpy(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a CPU tensor numpy can view (every dtype but the half-precision bfloat16 and complex)."""
+    return t.device.type == "cpu" and t.dtype != torch.bfloat16 and not t.is_complex()
+
+
+def _ne(t: torch.Tensor, p: Any) -> torch.Tensor:
+    """``t != p`` as a new bool tensor; on the CPU by numpy's comparison, which runs 2-3x torch's on a
+    step-sized tensor (both give up the GIL: several writer workers compare at once)."""
+    out = host_empty(t.shape, torch.bool, t)
+    if _cpu_numpy(t):
+        np.not_equal(t.numpy(), p.item() if isinstance(p, torch.Tensor) else p, out=out.numpy())
+        return out
+    return torch.ne(t, p, out=out)
+
+
+def _aligned(ar: torch.Tensor, lengths: torch.Tensor, side: str, out: torch.Tensor) -> torch.Tensor:
+    """``out``, the ``[B, W]`` mask of rows of ``lengths`` tokens right- or left-aligned (``ar``: ``arange(W)``);
+    on the CPU by numpy's comparison (as ``_ne``)."""
+    W = out.shape[1]
+    if out.device.type == "cpu":
+        a, n = ar.numpy()[None, :], lengths.numpy()[:, None]
+        if side == "right":
+            np.less(a, n, out=out.numpy())
+        else:
+            np.greater_equal(a, W - n, out=out.numpy())
+        return out
+    if side == "right":
+        return torch.lt(ar[None, :], lengths[:, None], out=out)
+    return torch.ge(ar[None, :], (W - lengths)[:, None], out=out)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """``torch.equal`` of two bool masks of one shape, on the CPU 8 positions at a time where both are
+    contiguous whole words (torch compares bools one by one, ~7x slower on a step's mask)."""
+    if a.device.type == "cpu" and a.is_contiguous() and b.is_contiguous() and a.shape == b.shape:
+        wa, wb = _words(a.reshape(-1)), _words(b.reshape(-1))
+        if wa is not None and wb is not None:
+            return torch.equal(wa, wb)
+    return torch.equal(a, b)
 
 
 def extent(mask: torch.Tensor) -> torch.Tensor:
@@ -264,7 +305,7 @@ class Selection:
 
     def differ(self, b: torch.Tensor, p: Any) -> bool:
         """Whether the bits ``b`` (``[B, W, ...]``) differ from ``p`` at a padded position."""
-        return self.any_padded(torch.ne(b, p, out=host_empty(b.shape, torch.bool, b)))
+        return self.any_padded(_ne(b, p))
 
 
 def _run_positions(lengths: torch.Tensor, starts: torch.Tensor | None, side: str, W: int) -> np.ndarray:
