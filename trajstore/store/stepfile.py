@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import FormatError, foreign_errors

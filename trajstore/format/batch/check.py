@@ -29,7 +29,7 @@ from ...integrations import areal
 from ...integrations import trl
 from . import classes, layout
 from ..arrow import ColumnNames
-from .layout import FLAT, GLOBAL, SAMPLE, SEGMENTS, TOKENS, Layout, length_error
+from .layout import FLAT, GLOBAL, SAMPLE, SEGMENTS, TOKENS, Layout
 from ..limits import MAX_DIMS, MAX_SPEC_DEPTH
 from ..spec import SHAPE_PREFIX, where
 from ..typed import check_np_dtype, needs_typed
