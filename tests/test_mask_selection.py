@@ -148,3 +148,9 @@ def test_differ_is_any_padded_position_holding_other_bits(m, dtype, seed, trail)
     assert sel.differ(b, p) == want and sel.differ(b, int(p)) == want
     b[pads] = p  # every padded position the first one's bits: no difference
     assert not sel.differ(b, p)
+
+
+def test_token_mask_of_a_float_mask_that_requires_grad():
+    """A float mask still attached to autograd (numpy cannot view it) is compared by torch: the same positions."""
+    x = torch.tensor([[1.0, 0.5, 0.0], [0.0, 0.0, 2.0]], requires_grad=True)
+    assert torch.equal(token_mask(x), torch.tensor([[True, True, False], [False, False, True]]))

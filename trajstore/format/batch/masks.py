@@ -147,8 +147,10 @@ def classify(mask: torch.Tensor) -> tuple[str | None, torch.Tensor, torch.Tensor
 
 
 def _cpu_numpy(t: torch.Tensor) -> bool:
-    """Whether ``t`` is a CPU tensor numpy can view (every dtype but the half-precision bfloat16 and complex)."""
-    return t.device.type == "cpu" and t.dtype != torch.bfloat16 and not t.is_complex()
+    """Whether ``t`` is a CPU tensor numpy can view as it is: strided, no autograd, no lazy negation, and
+    a dtype numpy has (every one but bfloat16 and complex)."""
+    return (t.device.type == "cpu" and t.layout == torch.strided and t.dtype != torch.bfloat16
+            and not t.is_complex() and not t.requires_grad and not t.is_neg())
 
 
 def _ne(t: torch.Tensor, p: Any) -> torch.Tensor:
