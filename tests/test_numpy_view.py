@@ -79,3 +79,37 @@ def test_bools_are_unpacked_exactly_from_any_offset(bits, start, length):
     a = pa.array(bits, pa.bool_()).slice(min(start, len(bits)), length)
     got = to_numpy(a)
     assert got.dtype == np.bool_ and got.tolist() == a.to_pylist()
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, 255), max_size=300), st.integers(1, 3), st.integers(0, 2**31 - 1),
+       st.booleans())
+def test_list_array_of_bools_is_pyarrows_packing(raw, step, seed, nulls):
+    """``list_array`` packs numpy bools with ``np.packbits`` instead of pyarrow's conversion: the same
+    Arrow array (values, offsets, nulls, type) for any bytes behind the bools (non-zero is True), any
+    stride, and the same Parquet bytes."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    from trajstore.format.arrow import list_array
+
+    vals = np.frombuffer(bytes(raw), np.uint8).view(np.bool_)[::step]
+    rng = np.random.default_rng(seed)
+    cuts = np.sort(rng.integers(0, len(vals) + 1, rng.integers(0, 5)))
+    offsets = np.concatenate([[0], cuts, [len(vals)]]).astype(np.int64)
+    mask = rng.random(len(offsets) - 1) < 0.3 if nulls else None
+    got = list_array(offsets, vals, mask)
+    want_vals = pa.array(vals != 0)
+    want = (pa.LargeListArray.from_arrays(pa.array(offsets), want_vals, mask=pa.array(mask))
+            if mask is not None and mask.any() else
+            pa.LargeListArray.from_arrays(pa.array(offsets), want_vals,
+                                          type=pa.large_list(pa.field("element", pa.bool_(), nullable=False))))
+    assert got.type == want.type and got.equals(want) and got.to_pylist() == want.to_pylist()
+
+    def parquet(a: pa.Array) -> bytes:
+        sink = io.BytesIO()
+        pq.write_table(pa.table({"m": a}), sink)
+        return sink.getvalue()
+
+    assert parquet(got) == parquet(want)

@@ -114,7 +114,8 @@ class TableBuilder:
 def list_array(offsets: np.ndarray, values: np.ndarray, mask: np.ndarray | None = None) -> pa.Array:
     """A ``large_list`` array of ``values`` cut at ``offsets``; rows where ``mask`` is set are null."""
     off = pa.array(np.asarray(offsets, dtype=np.int64))
-    vals = pa.array(values)
+    vals = pa.array(values) if values.dtype != np.bool_ or values.ndim != 1 else pa.Array.from_buffers(
+        pa.bool_(), len(values), [None, pa.py_buffer(np.packbits(values, bitorder="little"))])  # 8x pa.array's
     if mask is not None and mask.any():
         return pa.LargeListArray.from_arrays(off, vals, mask=pa.array(mask))
     # no nulls: the values are declared non-nullable, so Parquet has no per-value null state to
