@@ -1,15 +1,34 @@
 """System packages some tests need, installed by the tests themselves on a fresh machine (CI runs as
 root on Debian): ``ensure_apt(...)`` installs missing Debian packages once per session with
 ``apt-get``; where that is impossible (not root, no apt-get, no network) the caller skips with the
-command to run."""
+command to run. The suite runs on two processes (``pytest -n 2``): a lock file makes one wait while
+the other installs, instead of both running ``apt-get`` (the second would find dpkg locked)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
+import tempfile
 
 _tried: dict[tuple[str, ...], str | None] = {}
+
+
+@contextlib.contextmanager
+def _one_at_a_time():
+    """Held by one test process of this machine at a time (POSIX; elsewhere a no-op)."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(os.path.join(tempfile.gettempdir(), "trajstore-tests-apt.lock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def ensure_apt(*packages: str) -> str | None:
@@ -18,6 +37,12 @@ def ensure_apt(*packages: str) -> str | None:
     key = tuple(packages)
     if key in _tried:
         return _tried[key]
+    with _one_at_a_time():
+        _tried[key] = _install(packages)
+    return _tried[key]
+
+
+def _install(packages: tuple[str, ...]) -> str | None:
     cmd = ["apt-get", "install", "-y", "--no-install-recommends", *packages]
     missing = [p for p in packages
                if subprocess.run(["dpkg", "-s", p], capture_output=True).returncode != 0] if shutil.which("dpkg") else list(packages)
@@ -33,5 +58,4 @@ def ensure_apt(*packages: str) -> str | None:
                 p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
             if p.returncode != 0:
                 why = f"`{' '.join(cmd)}` failed: {p.stderr.strip()[-300:]}"
-    _tried[key] = why
     return why
