@@ -3,7 +3,7 @@
 The writer runs up to 16 workers at once and replay up to 8 prefetch threads: a call that keeps the GIL
 for a step-sized pass stalls every one of them, and a call that gives it up and takes it back waits in
 line behind them each time. Each stage runs on one thread (trajstore's serial budget: no pool threads,
-one torch thread), alone and then beside a thread spinning pure Python with a 0.2 ms switch interval:
+one torch thread, Arrow's CPU pool at one thread), alone and then beside a thread spinning pure Python with a 0.2 ms switch interval:
 
 * ``alone``: the stage's time (median of ``--repeat``);
 * ``beside``: its time while the spinner competes for the GIL;
@@ -16,6 +16,12 @@ one torch thread), alone and then beside a thread spinning pure Python with a 0.
 The stages: the encode (``schema.encode_plain``), the Parquet write (``pq.write_table``), the index's
 digests (``store/digest.py``), the commit's fsync and hash (``commit.prepare``), and a serial read
 (``Reader._read``, a prefetch thread's unit). Figures move with the host; compare rows of one run.
+
+Arrow's CPU pool is set to one thread for the run (and restored), and the read's Reader has a budget of
+one thread (else it raises the pool to its budget while it reads): a read decodes on that pool even from
+a serial thread, and where its threads and the spinner outnumber the free cores the spinner also waits
+for a core, which would show as "holds" of one scheduler tick (4 ms on the 2-core VM with Arrow's two
+threads; gone with one: benchmarks/RESULTS.md, ninth round). Run on a host with at least two free cores.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
@@ -99,7 +106,8 @@ def stages(batch: dict, tmp: Path) -> list[tuple[str, Any]]:
     pq.write_table(table, f, **opts)
     with trajstore.Writer(tmp / "dump", workers=1) as w:
         w.append(0, batch)
-    r = trajstore.Reader(tmp / "dump")
+    r = trajstore.Reader(tmp / "dump", threads=1)  # its scan on one Arrow thread (module doc); a serial read
+    # makes the same Python calls at any budget (its joins are whole columns: format/arrow.py ``_combined``)
 
     def prepare() -> None:
         commit.prepare(f)
@@ -118,8 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-len", type=int, default=8192)
     ap.add_argument("--repeat", type=int, default=5, help="timed calls of each stage, alone and beside the spinner")
     a = ap.parse_args(argv)
-    torch_threads = torch.get_num_threads()
+    torch_threads, arrow_threads = torch.get_num_threads(), pa.cpu_count()
     torch.set_num_threads(1)
+    pa.set_cpu_count(1)
     _threads.serial()  # this thread's work on itself alone, as a writer worker's or a prefetch thread's
     try:
         batch = W.padded_batch(B=a.batch, max_len=a.max_len, seed=0)
@@ -127,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
             rows = [(label, measure(fn, a.repeat)) for label, fn in stages(batch, Path(tmp))]
     finally:
         torch.set_num_threads(torch_threads)
-    print(f"# one thread, serial budget; a pure-Python thread beside it at a {SWITCH * 1e3:.1f} ms switch interval")
+        pa.set_cpu_count(arrow_threads)
+    print(f"# one thread, serial budget, Arrow's pool at one thread; a pure-Python thread beside it at a {SWITCH * 1e3:.1f} ms switch interval")
     print(f"{'stage':38s} {'alone':>10s} {'beside':>10s} {'hand-offs':>10s} {'longest hold':>13s}")
     for label, m in rows:
         print(f"{label:38s} {m['alone_ms']:7.2f} ms {m['beside_ms']:7.2f} ms {m['handoffs']:10.0f} "

@@ -16,7 +16,9 @@ Off Linux the split is left out. ``--device cuda`` replays to the GPU (default w
 ``--stages`` adds a step's read stage by stage on 8 serial threads (``stages``): the scan alone, the decode
 alone (of tables read before the pass), then scan and decode, the rows that showed where replay left cores idle.
 
-Each row also gives how long a thread waits to take the GIL back (``GilWait``: a thread that sleeps 0.2 ms
+Each row gives the cores it kept busy (the process's CPU time over the pass's wall time): replay is
+bound by the CPU where that is every core, and leaves cores idle where it is fewer than the ceiling's
+(benchmarks/RESULTS.md, issue 23, ninth round). Each row also gives how long a thread waits to take the GIL back (``GilWait``: a thread that sleeps 0.2 ms
 again and again, timing how late it wakes; idle, that is the timer's own slack): the mean and the 90th
 percentile. Where the decoding threads' calls serialize on the GIL, it grows (benchmarks/RESULTS.md).
 """
@@ -140,7 +142,7 @@ def measure(fn, n_steps: int, raw: int) -> dict[str, Any]:
     wall, c1 = time.perf_counter() - t0, _cpu()
     probe.stop()
     user, sys_ = c1[0] - c0[0], c1[1] - c0[1]
-    return {"gbps": n_steps * raw / wall / 1e9, "cpu_ms": (user + sys_) / n_steps * 1e3,
+    return {"gbps": n_steps * raw / wall / 1e9, "cpu_ms": (user + sys_) / n_steps * 1e3, "busy": (user + sys_) / wall,
             "sys_ms": sys_ / n_steps * 1e3, "gil_ms": gil.stop(),
             "kinds": {k: v / n_steps * 1e3 for k, v in sorted(probe.by_kind().items())}}
 
@@ -221,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {os.cpu_count()} cores, torch {torch.__version__}, device {a.device or 'CPU'}; CPU ms a step by thread kind")
     for label, m in rows:
         kinds = ", ".join(f"{k} {v:.1f}" for k, v in m["kinds"].items())
-        print(f"{label:52s} {m['gbps']:#6.3g} GB/s  CPU {m['cpu_ms']:6.1f} ms a step, system {m['sys_ms']:5.1f}"
+        print(f"{label:52s} {m['gbps']:#6.3g} GB/s  CPU {m['cpu_ms']:6.1f} ms a step ({m['busy']:5.2f} of "
+              f"{os.cpu_count()} cores busy), system {m['sys_ms']:5.1f}"
               f"  ({kinds}); GIL wait mean {m['gil_ms'][0]:.2f} ms, p90 {m['gil_ms'][1]:.2f}")
     return 0
 

@@ -5,15 +5,16 @@ interval and torch thread count are left as they were. No time is asserted."""
 import re
 import sys
 
+import pyarrow as pa
 import torch
 
 from benchmarks import gil
 
 
 def test_the_probe_prints_every_stage_and_restores_the_interpreter(capsys):
-    interval, threads = sys.getswitchinterval(), torch.get_num_threads()
+    interval, threads, arrow = sys.getswitchinterval(), torch.get_num_threads(), pa.cpu_count()
     assert gil.main(["--batch", "8", "--max-len", "48", "--repeat", "1"]) == 0
-    assert sys.getswitchinterval() == interval and torch.get_num_threads() == threads
+    assert sys.getswitchinterval() == interval and torch.get_num_threads() == threads and pa.cpu_count() == arrow
     lines = capsys.readouterr().out.splitlines()
     rows = {line[:38].strip(): line[38:] for line in lines[2:]}
     assert list(rows) == ["encode (schema.encode_plain)", "Parquet write (pq.write_table)",
