@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {os.cpu_count()} cores, torch {torch.__version__}, device {a.device or 'CPU'}; CPU ms a step by thread kind")
     for label, m in rows:
         kinds = ", ".join(f"{k} {v:.1f}" for k, v in m["kinds"].items())
-        print(f"{label:52s} {m['gbps']:#6.3g} GB/s  CPU {m['cpu_ms']:6.1f} ms a step ({m['busy']:5.2f} of "
+        print(f"{label:52s} {m['gbps']:#6.3g} GB/s  CPU {m['cpu_ms']:6.1f} ms a step ({m['busy']:#5.3g} of "
               f"{os.cpu_count()} cores busy), system {m['sys_ms']:5.1f}"
               f"  ({kinds}); GIL wait mean {m['gil_ms'][0]:.2f} ms, p90 {m['gil_ms'][1]:.2f}")
     return 0

@@ -1,6 +1,6 @@
 """``python -m benchmarks.gil`` (the GIL probe of benchmarks/RESULTS.md) runs end to end on a small step:
 every stage it promises is printed with its times, hand-offs and longest hold, and the process's switch
-interval and torch thread count are left as they were. No time is asserted."""
+interval, torch thread count and Arrow's pool are left as they were. No time is asserted."""
 
 import re
 import sys

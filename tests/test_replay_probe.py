@@ -18,7 +18,7 @@ def test_the_probe_prints_every_row_with_its_figures(capsys):
                           "scan + decode (Reader._read), 8 serial threads", "Reader.iter(prefetch=1, packed) to cpu",
                           "Reader.iter(prefetch=4, packed) to cpu"]
     for line in rows.values():
-        m = re.search(r"([\d.e+-]+) GB/s\s+CPU\s+([\d.]+) ms a step \(\s*([\d.]+) of (\d+) cores busy\)", line)
+        m = re.search(r"([\d.e+-]+) GB/s\s+CPU\s+([\d.]+) ms a step \(\s*([\d.e+-]+) of (\d+) cores busy\)", line)
         assert m and float(m.group(1)) > 0 and float(m.group(3)) > 0 and int(m.group(4)) == os.cpu_count(), line
         g = re.search(r"GIL wait mean ([\d.]+) ms, p90 ([\d.]+)$", line)
         assert g and float(g.group(2)) >= 0, line
