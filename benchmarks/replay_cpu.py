@@ -128,9 +128,9 @@ class GilWait:
         return sum(late) / len(late) * 1e3, late[int(len(late) * 0.9)] * 1e3
 
 
-def _cpu() -> tuple[float, float]:
+def _cpu() -> tuple[float, float, int]:
     r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime, r.ru_stime
+    return r.ru_utime, r.ru_stime, r.ru_minflt
 
 
 def measure(fn, n_steps: int, raw: int) -> dict[str, Any]:
@@ -143,7 +143,7 @@ def measure(fn, n_steps: int, raw: int) -> dict[str, Any]:
     probe.stop()
     user, sys_ = c1[0] - c0[0], c1[1] - c0[1]
     return {"gbps": n_steps * raw / wall / 1e9, "cpu_ms": (user + sys_) / n_steps * 1e3, "busy": (user + sys_) / wall,
-            "sys_ms": sys_ / n_steps * 1e3, "gil_ms": gil.stop(),
+            "sys_ms": sys_ / n_steps * 1e3, "faults": (c1[2] - c0[2]) / n_steps, "gil_ms": gil.stop(),
             "kinds": {k: v / n_steps * 1e3 for k, v in sorted(probe.by_kind().items())}}
 
 
@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     for label, m in rows:
         kinds = ", ".join(f"{k} {v:.1f}" for k, v in m["kinds"].items())
         print(f"{label:52s} {m['gbps']:#6.3g} GB/s  CPU {m['cpu_ms']:6.1f} ms a step ({m['busy']:#5.3g} of "
-              f"{os.cpu_count()} cores busy), system {m['sys_ms']:5.1f}"
+              f"{os.cpu_count()} cores busy), system {m['sys_ms']:5.1f}, {m['faults']:7.0f} page faults"
               f"  ({kinds}); GIL wait mean {m['gil_ms'][0]:.2f} ms, p90 {m['gil_ms'][1]:.2f}")
     return 0
 

@@ -61,8 +61,9 @@ out.update(read=seen[:], after_read=settled(), threads=r.threads)
 seen.clear()
 for prefetch in (2, 4):  # 4: each step decoded on its own prefetch thread, several at once
     ok &= all(exact(x, steps[s]) for s, x in r.iter(prefetch=prefetch))
-out.update(iter=seen[:], after_iter=settled())
-seen.clear()
+    out[f"iter{prefetch}"] = seen[:]
+    seen.clear()
+out.update(after_iter=settled())
 for k in range(3):  # three ranks replaying the two-rank dump: each cuts a shard
     x = trajstore.Reader(d, rank=k, world_size=3).read(0)
     ok &= exact(x, {n: v[k * 4:(k + 1) * 4] for n, v in steps[0].items()})
@@ -75,9 +76,9 @@ print(json.dumps(out))
 def test_a_rank_under_torchrun_decodes_on_arrows_pool_of_its_budget(tmp_path, budget):
     """A child with torchrun's variables (OMP_NUM_THREADS=1, two ranks on this host) and this machine's
     cores: Arrow's pool is the rank's budget (``TRAJSTORE_THREADS=4``, or this machine's cores halved)
-    whenever a step's row groups decode -- whole reads, replay with read-ahead (also one step per
-    thread) and a slice cut from the shards -- and one thread again once the reads and the replay are
-    over."""
+    whenever a step's row groups decode -- whole reads, replay with read-ahead and a slice cut from the
+    shards -- three quarters of it where replay decodes one step per thread (3 of 4), and one thread
+    again once the reads and the replay are over."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "LOCAL_WORLD_SIZE": "2",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1])])}
     env.pop(_threads.ENV, None)
@@ -89,8 +90,9 @@ def test_a_rank_under_torchrun_decodes_on_arrows_pool_of_its_budget(tmp_path, bu
     got = json.loads(p.stdout.strip().splitlines()[-1])
     n = int(budget) if budget else max(1, min(_threads.MAX_DEFAULT, _threads.cores() // 2))
     assert got["before"] == 1 and got["threads"] == n and got["exact"]
-    assert got["read"] and got["iter"] and len(got["cut"]) >= 3
-    assert set(got["read"]) == set(got["iter"]) == set(got["cut"]) == {n}
+    assert got["read"] and got["iter2"] and got["iter4"] and len(got["cut"]) >= 3
+    assert set(got["read"]) == set(got["iter2"]) == set(got["cut"]) == {n}
+    assert set(got["iter4"]) == {n - n // 4}
     assert got["after_read"] == got["after_iter"] == got["after_cut"] == 1
 
 
@@ -133,6 +135,46 @@ def test_a_larger_pool_is_never_lowered(tmp_path, one):
     with pool.arrow_pool(8):
         assert pa.cpu_count() == 8
     assert pa.cpu_count() == 6
+
+
+def test_a_deep_prefetch_decodes_on_three_quarters_of_the_budget(tmp_path, one):
+    """Replay decoding one step a thread (prefetch 4) sets the pool to three quarters of the budget, from
+    below (torchrun's one thread) or from above (a pool of the host's cores), and gives back the size found;
+    a plain read keeps its whole budget; every value exact."""
+    steps = {s: batch(s) for s in range(4)}
+    write(tmp_path, steps)
+    r = trajstore.Reader(tmp_path, threads=8)
+    for found in (1, 8, 16):
+        pa.set_cpu_count(found)
+        one.clear()
+        assert all(torch.equal(x["input_ids"], steps[s]["input_ids"]) for s, x in r.iter(prefetch=4))
+        assert one == [(8, 6)] * 4 and pa.cpu_count() == found
+        assert torch.equal(r.read(1)["rewards"], steps[1]["rewards"])
+        assert one[4:] == [(8, max(8, found))] and pa.cpu_count() == found
+    assert _threads.arrow_share(1) == 1 and _threads.arrow_share(2) == 2 and _threads.arrow_share(3) == 3
+    assert _threads.arrow_share(16) == 12 and _threads.arrow_share(64) == 48
+
+
+def test_an_exact_size_is_not_lowered_under_another_read(one):
+    """A deep prefetch's size is the pool's where no other read is in flight; beside a plain read, or a
+    read of a larger size, the pool is not lowered, and a plain read raises it back over the size found."""
+    pa.set_cpu_count(8)
+    with pool.arrow_pool(6, exact=True):
+        assert pa.cpu_count() == 6
+        with pool.arrow_pool(4):  # a plain read: at least the size found
+            assert pa.cpu_count() == 8
+            with pool.arrow_pool(6, exact=True):
+                assert pa.cpu_count() == 8
+        assert pa.cpu_count() == 8  # not lowered while a read is in flight
+    assert pa.cpu_count() == 8
+    with pool.arrow_pool(4):
+        with pool.arrow_pool(6, exact=True):  # beside a plain read of a pool it left untouched
+            assert pa.cpu_count() == 8
+    with pool.arrow_pool(3, exact=True):
+        with pool.arrow_pool(5, exact=True):
+            assert pa.cpu_count() == 5
+        pa.set_cpu_count(2)  # someone resizes it meanwhile: theirs stays
+    assert pa.cpu_count() == 2
 
 
 def test_overlapping_reads_share_one_raise(one):

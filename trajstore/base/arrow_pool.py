@@ -1,20 +1,25 @@
-"""Arrow's process-wide CPU pool raised to a read's thread budget while the read is in flight, and
-given back once no such read is (README "Threads").
+"""Arrow's process-wide CPU pool sized for the reads in flight, and given back once none is (README
+"Threads").
 
 Arrow sizes its CPU pool from ``OMP_NUM_THREADS``, which torchrun sets to 1: in every rank
 ``pyarrow.cpu_count()`` is then 1, and a step's row groups would decode on one thread whatever the
 rank's budget (``threads.budget``). ``arrow_pool(n)`` around a read raises the pool to ``n`` where it is
-smaller (``pyarrow.set_cpu_count``). Concurrent reads (prefetch threads, several Readers) share one
-raise: the pool is the largest budget among them, never lowered while one of them runs, and restored to
-the size found before the first of them once the last one has ended and the pool has been idle for
-``LINGER`` seconds (a timer): a read that follows within that moment (a replay loop) finds the same
-threads. Restoring at once made back-to-back reads slower (Arrow starts a thread per task up to the
-pool's size and lets extra threads exit when it shrinks, so each read started its threads anew;
-measured in README "Threads"). A pool at least ``n`` (set by the user, or sized from the cores) is
-never touched, so never shrunk; a size someone else set while it was raised is the one kept (a later
-read raises it again where it is below its budget). A failing ``set_cpu_count`` never fails a read: it
-is logged once and the read goes on with the pool as it is. A forked child, and the process at exit,
-get the size found back at once.
+smaller (``pyarrow.set_cpu_count``). ``arrow_pool(n, exact=True)``, around each read of a replay that
+decodes several steps at once, one a thread (``threads.serial``: a deep prefetch), sets it to ``n``
+(``threads.arrow_share``: three quarters of the budget, the rest left to those threads' joins),
+lowering it where it is larger: on 16 cores that replay ran 5-12% faster with Arrow's pool at 12 threads
+than at 16 (benchmarks/RESULTS.md, issue 23, tenth round). Concurrent reads (prefetch threads, several
+Readers) share one resize: the pool is the largest size among them (a plain read's at least the size
+found), never lowered while one of them runs, and restored to the size found before the first of them
+once the last one has ended and the pool has been idle for ``LINGER`` seconds (a timer): a read that
+follows within that moment (a replay loop) finds the same threads. Restoring at once made back-to-back
+reads slower (Arrow starts a thread per task up to the pool's size and lets extra threads exit when it
+shrinks, so each read started its threads anew; measured in README "Threads"). A pool at least ``n``
+(set by the user, or sized from the cores) is never touched by a plain read, so never shrunk by one; a
+size someone else set while it was resized is the one kept (a later read resizes it again where it is
+below its budget, or where a deep prefetch's share differs). A failing ``set_cpu_count`` never fails a
+read: it is logged once and the read goes on with the pool as it is. A forked child, and the process at
+exit, get the size found back at once.
 
 May import: pyarrow (this module alone of ``base/``), the standard library.
 """
@@ -37,9 +42,9 @@ LINGER = 0.5  # seconds the pool stays raised after the last read, for the next 
 log = logging.getLogger("trajstore.reader")
 
 _lock = threading.Lock()
-_reads = 0  # reads in flight that wanted more threads than the pool had before the first raise
-_found: int | None = None  # the pool's size before that first raise (None: not raised)
-_set = 0  # the size the raise set
+_reads = 0  # reads in flight
+_found: int | None = None  # the pool's size before trajstore first resized it (None: not resized)
+_set = 0  # the size trajstore last set
 _timer: threading.Timer | None = None  # the restore waiting for the pool to stay idle
 _warned = False
 
@@ -58,25 +63,24 @@ def _resize(n: int) -> bool:
         return False
 
 
-def _enter(n: int) -> bool:
+def _enter(n: int, exact: bool) -> None:
     global _reads, _found, _set, _timer
     with _lock:
         cur = pa.cpu_count()
         if _found is not None and not _reads and cur != _set:
             _found = None  # resized by someone else while it lingered: that size is the one to keep
-        if _found is None:
-            if cur >= n or not _resize(n):
-                return False
-            _found, _set = cur, n
-        elif n <= _found:
-            return False
-        elif n > cur and _resize(n):
-            _set = n
+        base = cur if _found is None else _found  # the size found before trajstore resized it
+        target = n if exact else max(n, base)
+        if _reads:  # never lowered while a read is in flight
+            target = max(target, cur)
+        if target != cur and _resize(target):
+            if _found is None:
+                _found = cur
+            _set = target
         if _timer is not None:
             _timer.cancel()
             _timer = None
         _reads += 1
-        return True
 
 
 def _exit() -> None:
@@ -111,14 +115,14 @@ def settle() -> None:
 
 
 @contextmanager
-def arrow_pool(n: int) -> Iterator[None]:
-    """Arrow's CPU pool has at least ``n`` threads inside the block (see the module doc)."""
-    entered = _enter(n)
+def arrow_pool(n: int, exact: bool = False) -> Iterator[None]:
+    """Arrow's CPU pool has at least ``n`` threads inside the block, or (``exact``) ``n`` where no other
+    read is in flight (see the module doc)."""
+    _enter(n, exact)
     try:
         yield
     finally:
-        if entered:
-            _exit()
+        _exit()
 
 
 def _after_fork() -> None:  # a forked child has none of the reads in flight, nor the timer

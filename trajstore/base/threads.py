@@ -22,7 +22,7 @@ from typing import Any
 from ..errors import ConfigError
 
 __all__ = ["run_parallel", "map_parallel", "parallel", "serial", "is_serial", "balance", "threads", "budget", "using",
-           "shared_pool", "submit", "cores", "local_ranks", "PARALLEL_BYTES", "PIECE_BYTES", "ENV", "MAX_DEFAULT"]
+           "shared_pool", "submit", "arrow_share", "cores", "local_ranks", "PARALLEL_BYTES", "PIECE_BYTES", "ENV", "MAX_DEFAULT"]
 
 ENV = "TRAJSTORE_THREADS"
 MAX_DEFAULT = 16  # the default budget's cap: more threads than this only contend for the GIL
@@ -119,6 +119,13 @@ def serial(on: bool = True) -> None:
 
 def is_serial() -> bool:
     return getattr(_serial, "on", False)
+
+
+def arrow_share(n: int) -> int:
+    """Arrow's CPU pool for a read of budget ``n`` on a serial thread (a deep prefetch decodes several
+    steps at once, each joined on its own thread): three quarters of the budget, the rest left to
+    those joins (``base/arrow_pool.py``; at most 3 threads, all of them)."""
+    return n - n // 4
 
 
 def _inline() -> bool:

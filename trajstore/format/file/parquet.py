@@ -128,7 +128,8 @@ def read_columns(pf: pq.ParquetFile, src: Any, cols: list[str] | None,
     Python threads (benchmarks/RESULTS.md, "Thread budget"). Arrow sizes that pool from
     ``OMP_NUM_THREADS``, which torchrun sets to 1, so while such a read is in flight the pool is raised
     to the reader's thread budget where it is smaller, and restored after (``base/arrow_pool.py``;
-    README, Threads). ``pre_buffer=False``: the column chunks are read as they are decoded, not gathered
+    README, Threads); on a serial thread of a deep prefetch it is set to three quarters of the budget
+    (``threads.arrow_share``), the rest left to the joins of the steps decoding at once. ``pre_buffer=False``: the column chunks are read as they are decoded, not gathered
     first, which is faster on a step of many row groups (benchmarks/RESULTS.md). Pages are checked
     (``page_checksum_verification``). Small reads (a column of per-trajectory values) read the file on
     the calling thread. ``schema.decode`` then joins the row-group chunks of each column in parallel;
@@ -155,7 +156,8 @@ def read_columns(pf: pq.ParquetFile, src: Any, cols: list[str] | None,
     if small:
         table = pf.read_row_groups(groups, columns=cols, use_threads=False)
     else:
-        with arrow_pool(_threads.threads()):
+        n, deep = _threads.threads(), _threads.is_serial()  # deep: one of several steps decoding at once
+        with arrow_pool(_threads.arrow_share(n) if deep else n, exact=deep):
             table = _scan(src, cols, None if rows is None else groups, threads, on_batch if rows is None else None)
     if rows is None:
         return table
