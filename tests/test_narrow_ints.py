@@ -209,7 +209,7 @@ def test_int32_stored_ids_are_joined_into_the_arena_at_their_decoded_width(tmp_p
     column: a step whose ids alone outgrow the arena's slack joins every token column inside it."""
     import _dumps
     from trajstore import torch_bridge
-    from trajstore.format.arrow import flat_nbytes
+    from trajstore.format.codec.late import flat_nbytes
 
     _dumps.many_row_groups(monkeypatch)
     g = torch.Generator().manual_seed(1)

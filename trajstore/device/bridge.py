@@ -20,6 +20,7 @@ from . import pad as device_pad
 from . import plan as pad_plan
 from ..errors import ConfigError
 from ..format.codec.decoder import fill
+from ..format.codec.late import Late
 from .pinned import PinnedPool, aligned, side_stream
 from .tree import leaves as _leaves, map_tensors
 from ..format.batch import containers
@@ -35,9 +36,10 @@ class Staged:
 
     def __init__(self, obj: Any, buf: torch.Tensor | None, total: int, pool: PinnedPool,
                  offsets: list[int] | None = None, plan: device_pad.Plan | None = None,
-                 built: list[int] | None = None):
+                 built: list[int] | None = None, late: list[Late | None] | None = None):
         self.obj, self.buf, self.total, self.pool = obj, buf, total, pool
         self.offsets = offsets or []  # byte offset of each staged tensor, in map_tensors order
+        self.late = late or [None] * len(self.offsets)  # per staged tensor: its values as stored, or None
         self.plan, self.built = plan, built or []  # the pad of each meta tensor, in map_tensors order
 
     def release(self, event=None) -> None:
@@ -55,13 +57,16 @@ class Arena:
     ``alloc(n, dtype)`` carves numpy arrays out of it (``np.empty`` once it is full), so joining
     a column's row-group chunks is the only host copy on the way to the GPU (``stage`` finds the
     tensors already in place). ``defer``: padded fields are left for the device to build (their
-    fill jobs collect in ``jobs``, handed to ``format.decoder.decode``; ``stage`` plans them).
+    fill jobs collect in ``jobs``, handed to ``format.decoder.decode``; ``stage`` plans them), and
+    packed int64-as-int32 and bool token fields for it to convert (their ``Late`` records collect in
+    ``late``: ``format/codec/late.py``; ``stage`` stages their values as stored).
     Each array carved out is followed by ``pad_plan.SPARE`` unused bytes: room for the pad row
     of a padded field's table, next to its values (``plan.plan``)."""
 
     def __init__(self, pool: PinnedPool = _read_pool, defer: bool = False):
         self.pool, self.buf, self.used = pool, None, 0
         self.jobs: list | None = [] if defer else None
+        self.late: list[Late] | None = [] if defer else None
 
     def reserve(self, nbytes: int) -> None:
         if self.buf is None and nbytes > 0:
@@ -83,9 +88,12 @@ class Arena:
         base, p = self.buf.data_ptr(), t.data_ptr()
         return base <= p and p + t.numel() * t.element_size() <= base + self.used
 
-    def fill(self) -> None:  # the deferred padded fields, on the CPU (the batch stays on the host)
+    def fill(self) -> None:  # the deferred fields, on the CPU (the batch stays on the host)
         fill(self.jobs or [])
         self.jobs = [] if self.jobs is not None else None
+        for rec in self.late or []:
+            rec.fill()
+        self.late = [] if self.late is not None else None
 
     def release(self) -> None:
         if self.buf is not None:
@@ -93,6 +101,8 @@ class Arena:
             self.buf = None
         if self.jobs is not None:
             self.jobs = []
+        if self.late is not None:
+            self.late = []
 
 
 def host_arena(device: Any) -> Arena | None:
@@ -128,8 +138,10 @@ def stage(obj: Any, pool: PinnedPool = _read_pool, arena: Arena | None = None) -
         home = max(plan.home, plan.inside + plan.total)
     which = [index.get(k, -1) for k in ks] if index else [-1] * len(leaves)  # pad index, or -1
     views = [t for t, b in zip(leaves, which) if b < 0]
-    size = [t.numel() * t.element_size() for t in views]
-    held = [arena is not None and arena.holds(t) for t in views]
+    late = _late(views, arena)
+    src = [t if r is None else torch.from_numpy(r.stored) for t, r in zip(views, late)]  # what is sent
+    size = [t.numel() * t.element_size() for t in src]
+    held = [arena is not None and arena.holds(t) for t in src]
     old = None  # an arena given back once its tensors are copied out of it
     if not views and not home:
         if arena is not None:
@@ -150,7 +162,7 @@ def stage(obj: Any, pool: PinnedPool = _read_pool, arena: Arena | None = None) -
         held = [False] * len(views)
     offsets: list[int] = []
     built: list[int] = []
-    it, vit = iter(which), iter(zip(size, held))
+    it, vit = iter(which), iter(zip(size, held, src, late))
 
     def put(t: torch.Tensor) -> torch.Tensor:
         nonlocal end
@@ -158,21 +170,52 @@ def stage(obj: Any, pool: PinnedPool = _read_pool, arena: Arena | None = None) -
         if b >= 0:
             built.append(b)
             return torch.empty(t.shape, dtype=t.dtype, device="meta")
-        n, h = next(vit)
+        n, h, x, r = next(vit)  # x: the values sent, as stored where r (their Late record) is not None
         if h:
-            offsets.append(t.data_ptr() - buf.data_ptr())
+            offsets.append(x.data_ptr() - buf.data_ptr())
             return t
-        dst = buf[end:end + n].view(t.dtype).view(t.shape)
-        dst.copy_(t)
+        dst = buf[end:end + n].view(x.dtype).view(x.shape)
+        dst.copy_(x)
         offsets.append(end)
         end = aligned(end + n)
-        return dst
+        return dst if r is None else t  # (a placeholder: its shape and dtype)
 
     out = map_tensors(obj, put)
     if old is not None:
         pool.give(old, None)
     total = max([o + n for o, n in zip(offsets, size)] + [home])
-    return Staged(out, buf, total, pool, offsets, plan, built)
+    return Staged(out, buf, total, pool, offsets, plan, built, late)
+
+
+def _late(views: list[torch.Tensor], arena: Arena | None) -> list[Late | None]:
+    """The ``Late`` record of each tensor to stage that is one of ``arena``'s placeholders (values joined
+    as stored, converted on the device: ``format/codec/late.py``), else None; a placeholder not among
+    them (a numpy field, say) is filled on the host here, before anything is copied."""
+    if arena is None or not arena.late:
+        return [None] * len(views)
+    recs = {r.out.ctypes.data: r for r in arena.late}
+    arena.late = []
+    out: list[Late | None] = []
+    for t in views:
+        k = pad_plan.key(t)
+        r = recs.get(k) if k is not None else None
+        out.append(r if r is not None and t.numel() == len(r.out) else None)
+    sent = {id(r) for r in out if r is not None}
+    for r in recs.values():
+        if id(r) not in sent:
+            r.fill()
+    return out
+
+
+def _convert(r: Late, src: torch.Tensor, out: torch.Tensor) -> None:
+    """``out`` (on the device) from the values ``r`` stands for, ``src`` their stored bytes there."""
+    n = out.numel()
+    if r.kind == "int64":
+        out.view(-1).copy_(src[:4 * n].view(torch.int32))
+        return
+    x = src[:(r.shift + n + 7) // 8]
+    bits = (x.unsqueeze(1) >> torch.arange(8, dtype=torch.uint8, device=x.device)).bitwise_and_(1)
+    out.view(-1).copy_(bits.view(-1)[r.shift:r.shift + n])
 
 
 def launch(staged: Staged, device: torch.device, consumer: torch.cuda.Stream | None) -> tuple[Any, Any]:
@@ -187,22 +230,29 @@ def launch(staged: Staged, device: torch.device, consumer: torch.cuda.Stream | N
     with torch.cuda.stream(consumer):
         gbuf = None if staged.buf is None else torch.empty(staged.total, dtype=torch.uint8, device=device)
         outs, flat = ([], []) if p is None else device_pad.alloc(p, device)
+        conv = [None if r is None else torch.empty(r.out.shape, dtype=torch.from_numpy(r.out[:0]).dtype, device=device)
+                for r in staged.late]  # the values of placeholders, converted there
     if side is not None:
         side.wait_stream(consumer)
     with torch.cuda.stream(side):
         if gbuf is not None:
             gbuf.copy_(staged.buf[:staged.total], non_blocking=True)
+            for r, o, off in zip(staged.late, conv, staged.offsets):
+                if r is not None:
+                    _convert(r, gbuf[off:], o)
         if p is not None:
             device_pad.run(p, outs, flat, gbuf)
         ev = None if side is None else torch.cuda.Event()
         if ev is not None:
             ev.record(side)
-    offsets, built = iter(staged.offsets), iter(staged.built)
+    offsets, built, converted = iter(staged.offsets), iter(staged.built), iter(conv)
 
     def view(t: torch.Tensor) -> torch.Tensor:
         if t.is_meta:
             return outs[next(built)]
-        off = next(offsets)
+        off, c = next(offsets), next(converted)
+        if c is not None:
+            return c.view(t.shape)
         n = t.numel() * t.element_size()
         return gbuf[off:off + n].view(t.dtype).view(t.shape)  # type: ignore[index]
 

@@ -20,7 +20,7 @@ from . import dtypes as dt
 from .spec import COMPANION_PREFIXES, RESERVED, STEP_COLUMN, where
 from .values import check_str, dumps
 
-__all__ = ["ColumnNames", "TableBuilder", "list_array", "Columns", "empty", "to_numpy", "flat_nbytes"]
+__all__ = ["ColumnNames", "TableBuilder", "list_array", "Columns", "empty", "to_numpy"]
 
 Alloc = Callable[[int, Any], np.ndarray]  # (count, numpy dtype) -> uninitialized 1-D array
 
@@ -372,27 +372,12 @@ class Columns:
             raise FormatError(f"{self.where}: column {name!r} stores {v.dtype}, spec says {dtype}")
         return off, v
 
+    def flat_parts(self, name: str, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+        """``list_parts`` of a packed field's column, its values used whole (``codec/late.py`` may defer them)."""
+        return self.list_parts(name, dtype)
+
     def prim(self, name: str, dtype: str) -> np.ndarray:
         """A primitive column's values, checked (no nulls, the storage dtype of ``dtype``)."""
         a = self.arr(name)
         with foreign_errors(self.where, "reading column {!r}", name):
             return _checked(a, dtype, name, self.where)
-
-
-def flat_nbytes(table: pa.Table) -> int:
-    """Bytes of the tensors decoded from ``table`` in a flat layout (bools one byte each), with
-    room for each tensor's alignment: the size of pinned staging to decode it into."""
-    total = 1 << 20
-    for f, col in zip(table.schema, table.columns):
-        t = col.type.value_type if pa.types.is_large_list(col.type) else col.type
-        name = (f.metadata or {}).get(b"trajstore.dtype", b"").decode(errors="replace")
-        if pa.types.is_boolean(t):
-            w = 1
-        elif pa.types.is_integer(t) or pa.types.is_floating(t):
-            # the decoded width: an int64 column stored as int32 (3.2) decodes to 8 bytes a value
-            w = dt.storage_numpy(name).itemsize if dt.known(name) else t.bit_width // 8
-        else:
-            continue
-        n = sum(len(c.values) for c in col.chunks) if pa.types.is_large_list(col.type) else len(col)
-        total += n * w + 512
-    return total

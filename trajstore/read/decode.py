@@ -13,7 +13,7 @@ import pyarrow as pa
 from .. import schema
 from ..base.threads import is_serial
 from ..errors import ConfigError, FormatError, foreign_errors
-from ..format.arrow import flat_nbytes
+from ..format.codec.late import flat_nbytes
 from ..format.file.joining import StreamJoin
 from ..format.codec.decoder import joined_first
 from ..format.codec.tensors import ones_source
@@ -82,7 +82,7 @@ def decode(doc: dict, table: pa.Table, f: Any, columns: list[str] | None, layout
     return schema.decode(table, spec, where=str(f), columns=columns, layout=layout,
                          alloc=None if arena is None else arena.alloc,
                          defer=None if arena is None else arena.jobs,  # padded: built on the device
-                         joined=joined)
+                         joined=joined, late=None if arena is None else arena.late)  # packed: converted there
 
 
 def _token_cols(spec: dict) -> list[str]:

@@ -25,6 +25,7 @@ from .. import dtypes as dt
 from . import sequences, tensors
 from .. import typed
 from ..arrow import Alloc, Columns
+from .late import LateColumns
 from ..batch.masks import padded_mask, span_mask
 from ..spec import BatchNode, SeqNode, is_flat, is_token
 from .tensors import FillJob
@@ -146,7 +147,7 @@ class Decoder:
         """Tokens per row of mask group ``i``, from a token field of that group that was read."""
         for node in _tensor_nodes(self.spec["keys"]):  # type: ignore[typeddict-item]
             if node.get("mask") == i and is_token(node) and math.prod(node["trail"]) and self.c.has(node["col"]):
-                off, _ = self.c.list_parts(node["col"], node["dtype"])
+                off = self.c.offsets(node["col"], node["dtype"])
                 return np.diff(off) // math.prod(node["trail"])
         raise ConfigError(f"{self.c.where}: packing needs a per-token field of mask "
                           f"{self.spec['masks'][i]['src']!r}; include one in columns")  # type: ignore[typeddict-item]
@@ -175,7 +176,7 @@ class Decoder:
         packed), else from the stored ``cu_seqlens``."""
         for _, node in list(chosen) + list(self.spec["keys"]):  # type: ignore[typeddict-item]
             if is_token(node) and math.prod(node["trail"]) and self.c.has(node["col"]):
-                off, _ = self.c.list_parts(node["col"], node["dtype"])
+                off = self.c.offsets(node["col"], node["dtype"])
                 return np.diff(off) // math.prod(node["trail"])
         cu = dict(self.spec["keys"]).get("cu_seqlens")  # type: ignore[typeddict-item]
         if cu is not None and cu.get("t") == "gtensor":
@@ -264,7 +265,7 @@ class Decoder:
         spec: Any = self.spec
         for _, node in spec["keys"]:
             if is_token(node) and math.prod(node["trail"]) and self.c.has(node["col"]):
-                off, _ = self.c.list_parts(node["col"], node["dtype"])
+                off = self.c.offsets(node["col"], node["dtype"])
                 w = math.prod(node["trail"])
                 return padded_mask(np.diff(off) // w, spec["T"], spec.get("side") or "right")
         raise ConfigError(f"{self.c.where}: cannot convert to packed without a per-token field")
@@ -348,15 +349,20 @@ def joined_first(spec: Any, columns: list[str] | None, layout: str | None) -> li
 
 def decode(table: pa.Table, spec: BatchNode | SeqNode, *, where: str, columns: list[str] | None = None,
            layout: str | None = None, alloc: Alloc | None = None, defer: list | None = None,
-           joined: dict | None = None) -> Any:
+           joined: dict | None = None, late: list | None = None) -> Any:
     """Rebuild the batch from ``table`` (already restricted to the needed columns); ``alloc(n,
     numpy dtype)`` provides the buffers multi-chunk columns are joined into (see ``Columns``).
     ``defer``: a list the fill jobs of padded outputs are appended to, those outputs left unfilled
     (the caller fills them: ``fill``, or on a device). ``joined``: columns joined while the table
-    was read (``StreamJoin.parts``)."""
+    was read (``StreamJoin.parts``). ``late``: a list the ``Late`` records of packed token fields joined as
+    stored are appended to, their values left for the device to convert (``format/codec/late.py``)."""
     if layout not in (None, "padded", "packed"):
         raise ConfigError(f"layout must be 'padded', 'packed' or None, got {layout!r}")
-    cols = Columns(table, where, alloc, joined)
+    if late is not None and joined_first(spec, columns, layout):
+        only = {n["col"] for k, n in spec["keys"] if is_token(n) and (columns is None or k in columns)}
+        cols: Columns = LateColumns(table, where, alloc, joined, late, only)
+    else:
+        cols = Columns(table, where, alloc, joined)
     cols.defer = defer  # a list batch's [g, T] groups too (format/codec/grouped.py)
     out = Decoder(cols, spec, layout, defer).batch(columns)
     return containers.wrap(out, spec.get("wrapper"), where=where, packed=layout == "packed")

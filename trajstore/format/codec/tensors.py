@@ -234,10 +234,11 @@ def decode_flat(cols: Columns, node: TensorNode, n: int, tokens: int = 0) -> Any
     a field of zero width (its column holds no values, so it cannot tell N)."""
     trail = node["trail"]
     w = math.prod(trail)
-    off, v = cols.list_parts(node["col"], node["dtype"])
+    whole = node.get("axis") != "last"  # the values used as they are (a GPU read may convert them there)
+    off, v = (cols.flat_parts if whole else cols.list_parts)(node["col"], node["dtype"])
     if len(off) != n + 1 or (len(v) and int(off[-1]) - int(off[0]) != len(v)) or (len(v) % w if w else len(v)):
         raise FormatError(f"{cols.where}: column {node['col']!r} has inconsistent offsets")
-    if node.get("axis") != "last":
+    if whole:
         return dt.as_value(v, node).reshape([-1 if w else tokens] + trail)
     rows = np.diff(off)
     if bool((rows % w).any()):
