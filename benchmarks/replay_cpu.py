@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 import trajstore
+from trajstore.base import arrow_pool
 from . import workload as W
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -151,9 +152,12 @@ def measure(fn, n_steps: int, raw: int) -> dict[str, Any]:
 
 def ceiling(files: list[Path]) -> None:
     """The decoder ceiling's pass (``python -m benchmarks`` judges replay against it): ``pq.read_table``
-    of the step files, 8 at a time, the columns a packed replay reads, no conversion, no copy, no GPU."""
+    of the step files, 8 at a time, the columns a packed replay reads, no conversion, no copy, no GPU, on
+    Arrow's pool as the process has it: a replay just before may have left it resized for half a second
+    (``arrow_pool.LINGER``: 12 threads of 16 after a deep prefetch), so it is given back first."""
     import pyarrow.parquet as pq
 
+    arrow_pool.settle()
     cols = [c for c in pq.ParquetFile(files[0]).schema_arrow.names if c != "attention_mask"]
     with ThreadPoolExecutor(8) as ex:
         list(ex.map(lambda f: pq.read_table(f, columns=cols, use_threads=False, pre_buffer=False), files))

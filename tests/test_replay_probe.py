@@ -23,3 +23,35 @@ def test_the_probe_prints_every_row_with_its_figures(capsys):
         assert re.search(r"system\s+[\d.]+,\s+\d+ page faults", line), line
         g = re.search(r"GIL wait mean ([\d.]+) ms, p90 ([\d.]+)$", line)
         assert g and float(g.group(2)) >= 0, line
+
+
+def test_the_ceiling_runs_on_arrows_pool_as_found(tmp_path, monkeypatch):
+    """A deep prefetch leaves Arrow's pool at three quarters of the budget for ``LINGER``; the decoder ceiling
+    measured right after it gives the pool back first, so it is never judged on the replay's smaller pool."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import torch
+
+    import trajstore
+    from trajstore.base import arrow_pool
+
+    from _dumps import many_row_groups
+
+    many_row_groups(monkeypatch)  # every read a large one, on Arrow's pool
+    monkeypatch.setattr(arrow_pool, "LINGER", 3600)
+    was = pa.cpu_count()
+    try:
+        pa.set_cpu_count(8)
+        with trajstore.Writer(tmp_path / "d", threads=1) as w:
+            for s in range(4):
+                w.append(s, {"input_ids": torch.arange(16 * 64).reshape(16, 64) + s})
+        r = trajstore.Reader(tmp_path / "d", threads=8)
+        assert [s for s, _ in r.iter(prefetch=4)] == [0, 1, 2, 3]
+        assert pa.cpu_count() == 6  # lingering at the deep prefetch's share
+        seen, real = [], pq.read_table
+        monkeypatch.setattr(pq, "read_table", lambda *a, **k: seen.append(pa.cpu_count()) or real(*a, **k))
+        replay_cpu.ceiling([r.file(s) for s in r.steps])
+        assert seen == [8] * 4
+    finally:
+        arrow_pool.settle()
+        pa.set_cpu_count(was)
