@@ -7,8 +7,9 @@ rank's budget (``threads.budget``). ``arrow_pool(n)`` around a read raises the p
 smaller (``pyarrow.set_cpu_count``). ``arrow_pool(n, exact=True)``, around each read of a replay that
 decodes several steps at once, one a thread (``threads.serial``: a deep prefetch), sets it to ``n``
 (``threads.arrow_share``: three quarters of the budget, the rest left to those threads' joins),
-lowering it where it is larger: on 16 cores that replay ran 5-12% faster with Arrow's pool at 12 threads
-than at 16 (benchmarks/RESULTS.md, issue 23, tenth round). Concurrent reads (prefetch threads, several
+lowering it where it is larger: on 16 cores that replay at prefetch 8 was faster with Arrow's pool at 12
+threads than at 16 in each of 8 paired rounds, and the same at prefetch 4 (benchmarks/RESULTS.md, issue 23,
+tenth round). Concurrent reads (prefetch threads, several
 Readers) share one resize: the pool is the largest size among them (a plain read's at least the size
 found), never lowered while one of them runs, and restored to the size found before the first of them
 once the last one has ended and the pool has been idle for ``LINGER`` seconds (a timer): a read that
