@@ -146,3 +146,24 @@ def test_a_sliced_bool_column_is_sent_from_the_bit_it_starts_at(rows, data):
     assert out.tolist() == want
     rec.fill()
     assert rec.out.tolist() == want
+
+
+@pytest.mark.parametrize("piece", [4, 64, 1 << 20])
+def test_ids_joined_as_stored_in_pieces_on_the_pool(tmp_path, monkeypatch, piece):
+    """The int32 values of several row groups copied into the arena in pieces of ``piece`` bytes on the pool
+    (a read outside a deep prefetch): every piece lands where its values go."""
+    from trajstore.base import threads as _threads
+
+    many_row_groups(monkeypatch)
+    monkeypatch.setattr(late_mod, "PIECE_BYTES", piece)
+    monkeypatch.setattr(_threads, "PARALLEL_BYTES", 0)
+    g = torch.Generator().manual_seed(3)
+    lens = torch.randint(0, 300, (24,), generator=g)
+    m = torch.arange(300)[None, :] < lens[:, None]
+    b = {"input_ids": torch.randint(0, 2 ** 31 - 1, (24, 300), generator=g).masked_fill(~m, 0),
+         "attention_mask": m, "loss_mask": (torch.rand(24, 300, generator=g) < 0.3) & m}
+    r = write(tmp_path, {0: b})
+    got, kinds, _ = staged_read(r, 0)
+    assert kinds[:2] == ["int64", "bool"]
+    assert_batch_equal(r.read(0, layout="packed"), got)
+    assert torch.equal(got["input_ids"], b["input_ids"][m])
