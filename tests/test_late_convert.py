@@ -1,6 +1,7 @@
 """A packed read to a GPU sends int64 identifiers stored as int32 as their int32 values and bool token
 fields as their bitmap bytes, widened and unpacked on the device (trajstore/format/codec/late.py,
-trajstore/device/bridge.py). Run here with the CPU as the device: the batch equals the CPU read bit for
+trajstore/device/bridge.py); a padded read sends such ids as int32 too, widened where the pad plan places
+them (trajstore/device/plan.py, pad.py). Run here with the CPU as the device: the batch equals the CPU read bit for
 bit whatever the row groups, a rank's slice (bitmaps starting inside a byte), the fields' libraries;
 the staged bytes are the stored ones; a placeholder used on the host or not sent is filled there."""
 
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 
 import trajstore
 from trajstore.device import bridge as torch_bridge
+from trajstore.device import plan as pad_plan
 from trajstore.format.codec import late as late_mod
 from trajstore.testing import assert_batch_equal
 
@@ -167,3 +169,35 @@ def test_ids_joined_as_stored_in_pieces_on_the_pool(tmp_path, monkeypatch, piece
     assert kinds[:2] == ["int64", "bool"]
     assert_batch_equal(r.read(0, layout="packed"), got)
     assert torch.equal(got["input_ids"], b["input_ids"][m])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.booleans(), st.booleans(), st.sampled_from([0, 151_643, -5, 2 ** 40]), st.data())
+def test_a_padded_read_with_ids_as_stored_equals_the_cpu_read(many_groups, flat, pad, data):
+    """Padded as recorded for the GPU (run on CPU tensors): ids joined as int32 and widened where the plan
+    places them in the arena; a pad value beyond int32, a flat buffer's output or one repeated value widened
+    on the host instead; bit for bit the CPU read either way."""
+    b = data.draw(padded())
+    b.pop("position_ids", None)  # (an id field too: input_ids is the one looked at here)
+    m = b["attention_mask"].bool()
+    b["input_ids"] = b["input_ids"].masked_fill(~m, pad)
+    pad = pad if bool((~m).any()) else 0  # (no padding: no pad value recorded)
+    mp = pytest.MonkeyPatch()
+    mp.setattr(pad_plan, "FLAT_BYTES", 1 << 30 if flat else 0)
+    if many_groups:
+        many_row_groups(mp)
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            r = write(d, {0: b})
+            want = r.read(0)
+            got, _, staged = staged_read(r, 0, layout=None)
+            assert_batch_equal(want, got)
+            tokens = b["input_ids"][m]
+            narrow = [p.narrow for p in staged.plan.pads] if staged.plan is not None else []
+            stored32 = bool(tokens.numel()) and int(tokens.max()) < 2 ** 31
+            if stored32 and not flat and pad < 2 ** 31 and len(tokens.unique()) > 1:
+                assert narrow.count(True) == 1
+            if not stored32 or flat or pad >= 2 ** 31:
+                assert True not in narrow
+    finally:
+        mp.undo()

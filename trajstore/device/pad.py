@@ -52,6 +52,7 @@ class Pad:
     home: bool = False  # its table in the arena the values were decoded into (``plan``'s ``home``)
     fillv: int = 0  # its pad value (its only one: ``pv`` False), then its one value (``const``), as its bits
     cval: int = 0
+    narrow: bool = False  # its values int32 as stored, of an int64 output (``format/codec/late.py``): widened here
 
 
 @dataclass
@@ -118,8 +119,9 @@ def build(p: Plan, src: torch.Tensor, outs: list[torch.Tensor], flat: list[torch
             if pad.const:  # w == 1
                 o.index_fill_(0, d, pad.cval)
             else:
-                n = p.tokens[pad.group] * pad.w * o.element_size()
-                v = (home if pad.home else src)[pad.at:pad.at + n].view(o.dtype)
+                n = p.tokens[pad.group] * pad.w * (4 if pad.narrow else o.element_size())
+                v = (home if pad.home else src)[pad.at:pad.at + n].view(torch.int32 if pad.narrow else o.dtype)
+                v = v.to(o.dtype) if pad.narrow else v
                 o.index_copy_(0, d, v if pad.w == 1 else v.view(-1, pad.w))
             continue
         mode = "const" if pad.const else "pv" if pad.pv else "pad"
@@ -134,9 +136,10 @@ def build(p: Plan, src: torch.Tensor, outs: list[torch.Tensor], flat: list[torch
         if idx is None:
             idx = cache[key] = device_index.index(src, g, mode, pad.rows)
         o = dt.bits_view(out)
-        esize = o.element_size()
+        esize = 4 if pad.narrow else o.element_size()
         nrows = pad.rows + (g[1] * g[2] - pad.rows if pad.pv else 1)  # pv: the positions the mask leaves out
-        table = (home if pad.home else src)[pad.at:pad.at + nrows * pad.w * esize].view(o.dtype).view(nrows, pad.w)
+        table = (home if pad.home else src)[pad.at:pad.at + nrows * pad.w * esize]
+        table = (table.view(torch.int32).to(o.dtype) if pad.narrow else table.view(o.dtype)).view(nrows, pad.w)
         n, T = g[1], g[2]
         if pad.last:  # [B, *trail, T]: gathered token-major, then transposed into place
             tmp = torch.index_select(table, 0, idx)

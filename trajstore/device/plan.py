@@ -37,7 +37,7 @@ import torch
 from ..base.threads import PIECE_BYTES, run_parallel
 from ..format.codec.decoder import fill
 from ..format.codec.tensors import FillJob
-from .pad import Flat, Pad, Plan
+from .pad import SCATTER, Flat, Pad, Plan
 from .pinned import ALIGN, aligned
 
 __all__ = ["plan", "key", "SPARE", "CONST_PROBE", "FLAT_BYTES"]
@@ -147,6 +147,9 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
             groups[gk] = len(ginfo)
             ginfo.append((rows, n, T, size))
             size += aligned(rows.nbytes)
+        if j0.src.element_size() != j0.out.element_size() and not _narrow_ok(js, n, T, w, home, starts):
+            js = by_out[k] = [j._replace(src=j.src.to(j.out.dtype)) for j in js]  # widened here, on the host
+            j0 = js[0]
         srcs = [j.src for j in js]
         c = _const(srcs, w) if js[0].pv is None else None
         nvals = 1 if c is not None else sum(s.numel() for s in srcs) // w
@@ -190,8 +193,9 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
             home[0].numpy()[vend:vend + row.nbytes] = row.view(np.uint8)  # type: ignore[index]
             hend = max(hend, vend + row.nbytes)
             index[k] = len(pads)
+            narrow = j0.src.element_size() != t.element_size()  # int32 values of int64 ids: widened on the device
             pads.append(Pad(tuple(t.shape), t.dtype, w, not j0.out.is_contiguous(), gi, at, nvals, False, False,
-                            home=True, fillv=_bits(j0.pad, bdt, t)))
+                            home=True, fillv=_bits(j0.pad, t.dtype if narrow else bdt, t), narrow=narrow))
             continue
         o = at
         for s in ([c] if c is not None else [j.src.numpy() for j in js]):
@@ -267,6 +271,17 @@ def _at_home(js: list[FillJob], home: tuple[torch.Tensor, int] | None, rowbytes:
         return False
     return (s.device.type == "cpu" and s.is_contiguous() and s.numel() > 0 and base <= p
             and p + n + SPARE <= base + home[1] and (p - base) % rowbytes == 0)
+
+
+def _narrow_ok(js: list[FillJob], n: int, T: int, w: int, home: tuple[torch.Tensor, int] | None,
+               starts: list[int]) -> bool:
+    """An int64 output whose values are int32 as stored (``format/codec/late.py``) is widened on the device
+    where it is built from them in place: one pad value that int32 holds, its values in ``home`` (scattered
+    there, ``pad.SCATTER``), not a flat buffer's, not one repeated value. Any other is widened on the host."""
+    j0 = js[0]
+    return (SCATTER and j0.pv is None and j0.out.is_contiguous() and -(1 << 31) <= int(j0.pad) < (1 << 31)
+            and not _small(j0, n, T, w) and _at_home(js, home, w * j0.src.element_size(), starts)
+            and _const([j.src for j in js], w) is None)
 
 
 def _small(j0: FillJob, n: int, T: int, w: int) -> bool:

@@ -358,9 +358,12 @@ def decode(table: pa.Table, spec: BatchNode | SeqNode, *, where: str, columns: l
     stored are appended to, their values left for the device to convert (``format/codec/late.py``)."""
     if layout not in (None, "padded", "packed"):
         raise ConfigError(f"layout must be 'padded', 'packed' or None, got {layout!r}")
+    chosen = [(k, n) for k, n in spec["keys"] if columns is None or k in columns] if spec.get("t") == "batch" else []
     if late is not None and joined_first(spec, columns, layout):
-        only = {n["col"] for k, n in spec["keys"] if is_token(n) and (columns is None or k in columns)}
-        cols: Columns = LateColumns(table, where, alloc, joined, late, only)
+        cols: Columns = LateColumns(table, where, alloc, joined, late, {n["col"] for _, n in chosen if is_token(n)})
+    elif late is not None and defer is not None and chosen:  # padded for the device: int64 ids as stored
+        only = {n["col"] for n in _tensor_nodes(chosen) if is_token(n) and "pad_col" not in n and n.get("axis") is None}
+        cols = LateColumns(table, where, alloc, joined, late, only, ("int64",))
     else:
         cols = Columns(table, where, alloc, joined)
     cols.defer = defer  # a list batch's [g, T] groups too (format/codec/grouped.py)

@@ -6,7 +6,8 @@ bytes a token instead of 8, and a bit instead of a byte, and converts nothing (b
 issue 23, tenth round).
 
 ``LateColumns`` is the ``Columns`` of such a decode; only the columns of packed token fields are joined
-so (a padded field's values are placed by the device's pad plan, ``device/plan.py``). A column joined so is handed out by ``flat_parts``
+so, and the int64 ones of padded token fields: their int32 values are the fill jobs' values, which the
+device's pad plan widens as it places them (``device/plan.py``, ``pad.py``). A packed column joined so is handed out by ``flat_parts``
 (the packed field's values, used whole) as a placeholder of its decoded dtype that the host never fills,
 with a ``Late`` record the stager turns into the conversion on the device; any other use of the column
 (``list_parts``) converts it on the host first, and the stager fills a placeholder it does not find among
@@ -55,9 +56,9 @@ class LateColumns(Columns):
     doc); ``late`` collects the ``Late`` records of the placeholders handed out."""
 
     def __init__(self, table: pa.Table, where: str, alloc: Any, joined: dict | None, late: list,
-                 only: set[str]) -> None:
+                 only: set[str], kinds: tuple[str, ...] = ("int64", "bool")) -> None:
         super().__init__(table, where, alloc, joined)
-        self.late, self.only = late, only  # only: the columns of packed token fields
+        self.late, self.only, self.kinds = late, only, kinds  # only: the token fields' columns it may join so
         self._stored: dict[str, tuple[np.ndarray, np.ndarray, str, int]] = {}  # joined as stored, not handed out
         self._handed: dict[str, tuple[np.ndarray, Late]] = {}
         self._host = False  # inside ``list_parts``: a join converts on the host
@@ -71,7 +72,7 @@ class LateColumns(Columns):
     def _as_stored(self, name: str, dtype: str) -> bool:
         """Join column ``name`` as stored where it is one such column (else False: the ordinary join, whose
         checks raise what a damaged column holds)."""
-        if dtype not in ("int64", "bool") or name not in self.only or name in self._parts or not self.has(name):
+        if dtype not in self.kinds or name not in self.only or name in self._parts or not self.has(name):
             return False
         col = self.col(name)
         if not pa.types.is_large_list(col.type) or col.null_count:
@@ -131,6 +132,13 @@ class LateColumns(Columns):
             return super().list_parts(name, dtype)
         finally:
             self._host = False
+
+    def joined(self, name: str, dtype: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """A padded field's joined column: an int64 one joined as stored gives its int32 values (the pad plan
+        widens them on the device, or on the host where it builds the field there: ``device/plan.py``)."""
+        if name in self._stored and self._stored[name][2] == "int64":
+            return self._stored[name][0], self._stored[name][1]
+        return super().joined(name, dtype)
 
     def offsets(self, name: str, dtype: str) -> np.ndarray:
         if name in self._stored:

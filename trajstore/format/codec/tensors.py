@@ -313,9 +313,13 @@ def decode_padded(cols: Columns, node: TensorNode, n: int, T: int | None, side: 
         full = out = alloc([n, T] + trail, node, cols.defer is not None)
     pads = _padvals(cols, node, n, lengths, T, w, parts)
     jobs = []
-    for i, ((r0, v), r1) in enumerate(zip(parts, [r for r, _ in parts[1:]] + [n])):
-        x = dt.as_value(v, node)
-        src = bits(x if isinstance(x, np.ndarray) else x.contiguous()).reshape(-1)
+    narrow = got is not None and got[1].dtype == np.int32 and node["dtype"] == "int64"  # codec/late.py: widened
+    for i, ((r0, v), r1) in enumerate(zip(parts, [r for r, _ in parts[1:]] + [n])):  # where placed (device/plan.py)
+        if narrow:
+            src = torch.from_numpy(v).reshape(-1)
+        else:
+            x = dt.as_value(v, node)
+            src = bits(x if isinstance(x, np.ndarray) else x.contiguous()).reshape(-1)
         if last:  # each row's [C..., n] block -> token-major
             src = src[torch.from_numpy(channel_major(lengths[r0:r1], w))]
         pv = None if pads is None else (pads[0] - pads[0][r0], pads[1][i])
