@@ -1,9 +1,10 @@
 """Padded replay to CUDA against packed replay, same dump, same run (issue 16: padded >= 0.9x packed
 at prefetch 2 and 8), and each against the decoder ceiling of the same files (``replay_cpu.ceiling``),
 measured before each pair of passes: the median of the per-pass ratios (issue 23: >= 0.9x at prefetch 4
-and 8), steadier than two figures measured apart on a host whose speed drifts between calls. ``Reader.iter(device="cuda")`` of a padded step (as recorded: what the
-Recorder's replay returns) stages the unpadded values and builds the padding on the GPU
-(trajstore/device/pad.py); ``layout="packed"`` stages the same values and builds nothing.
+and 8), steadier than two figures measured apart on a host whose speed drifts between calls.
+``Reader.iter(device="cuda")`` of a padded step (as recorded: what the Recorder's replay returns)
+stages the unpadded values and builds the padding on the GPU (trajstore/device/pad.py);
+``layout="packed"`` stages the same values and builds nothing.
 
 Without CUDA the GPU rows are skipped; the host side of both (decode + staging of one step, what
 each prefetch thread does) is measured on any machine.

@@ -18,11 +18,11 @@ alone (of tables read before the pass), then scan and decode, the rows that show
 
 Each row gives the minor page faults a step (``getrusage``: memory touched for the first time; few here, so
 fresh buffers are not where replay's time goes: benchmarks/RESULTS.md, issue 23, tenth round), and the cores
-it kept busy (the process's CPU time over the pass's wall time): replay is
-bound by the CPU where that is every core, and leaves cores idle where it is fewer than the ceiling's
-(benchmarks/RESULTS.md, issue 23, ninth round). Each row also gives how long a thread waits to take the GIL back (``GilWait``: a thread that sleeps 0.2 ms
-again and again, timing how late it wakes; idle, that is the timer's own slack): the mean and the 90th
-percentile. Where the decoding threads' calls serialize on the GIL, it grows (benchmarks/RESULTS.md).
+it kept busy (the process's CPU time over the pass's wall time): replay is bound by the CPU where that is
+every core, and leaves cores idle where it is fewer than the ceiling's (benchmarks/RESULTS.md, issue 23,
+ninth round). Each row also gives how long a thread waits to take the GIL back (``GilWait``: a thread that
+sleeps 0.2 ms again and again, timing how late it wakes; idle, that is the timer's own slack): the mean and
+the 90th percentile. Where the decoding threads' calls serialize on the GIL, it grows (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations

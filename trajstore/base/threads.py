@@ -22,7 +22,8 @@ from typing import Any
 from ..errors import ConfigError
 
 __all__ = ["run_parallel", "map_parallel", "parallel", "serial", "is_serial", "balance", "threads", "budget", "using",
-           "shared_pool", "submit", "arrow_share", "cores", "local_ranks", "PARALLEL_BYTES", "PIECE_BYTES", "ENV", "MAX_DEFAULT"]
+           "shared_pool", "submit", "arrow_share", "cores", "local_ranks", "PARALLEL_BYTES", "PIECE_BYTES", "ENV",
+           "MAX_DEFAULT"]
 
 ENV = "TRAJSTORE_THREADS"
 MAX_DEFAULT = 16  # the default budget's cap: more threads than this only contend for the GIL

@@ -230,8 +230,8 @@ def launch(staged: Staged, device: torch.device, consumer: torch.cuda.Stream | N
     with torch.cuda.stream(consumer):
         gbuf = None if staged.buf is None else torch.empty(staged.total, dtype=torch.uint8, device=device)
         outs, flat = ([], []) if p is None else device_pad.alloc(p, device)
-        conv = [None if r is None else torch.empty(r.out.shape, dtype=torch.from_numpy(r.out[:0]).dtype, device=device)
-                for r in staged.late]  # the values of placeholders, converted there
+        conv = [None if r is None else torch.empty(len(r.out), dtype=torch.int64 if r.kind == "int64" else torch.bool,
+                                                   device=device) for r in staged.late]  # placeholders' values, converted there
     if side is not None:
         side.wait_stream(consumer)
     with torch.cuda.stream(side):

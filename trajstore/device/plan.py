@@ -147,15 +147,20 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
             groups[gk] = len(ginfo)
             ginfo.append((rows, n, T, size))
             size += aligned(rows.nbytes)
-        if j0.src.element_size() != j0.out.element_size() and not _narrow_ok(js, n, T, w, home, starts):
-            js = by_out[k] = [j._replace(src=j.src.to(j.out.dtype)) for j in js]  # widened here, on the host
-            j0 = js[0]
         srcs = [j.src for j in js]
-        c = _const(srcs, w) if js[0].pv is None else None
+        c = _const(srcs, w) if j0.pv is None else None
+        esize = j0.src.element_size()
+        at_home = c is None and j0.pv is None and not _small(j0, n, T, w) and _at_home(js, home, w * esize, starts)
+        # int32 values of int64 ids (format/codec/late.py) are widened on the device where they are scattered
+        # from home (pad.SCATTER) with a pad value int32 holds; any other output is widened here, on the host
+        if esize != j0.out.element_size() and not (at_home and SCATTER and -(1 << 31) <= int(j0.pad) < (1 << 31)):
+            js = by_out[k] = [j._replace(src=j.src.to(j.out.dtype)) for j in js]
+            j0, srcs, at_home = js[0], [j.src for j in js], False
+            c = None if c is None else c.astype(_npdt(j0.src.dtype))
+            esize = j0.src.element_size()
         nvals = 1 if c is not None else sum(s.numel() for s in srcs) // w
         npad = sum(j.pv[1].numel() for j in js) // w if j0.pv is not None else 1
-        esize = j0.src.element_size()
-        if c is None and j0.pv is None and not _small(j0, n, T, w) and _at_home(js, home, w * esize, starts):
+        if at_home:
             items.append((k, js, t, n, T, w, c, nvals, npad, -1, groups[gk]))
             continue
         if _small(j0, n, T, w):  # its table at whole rows of the buffer: a flat gather reads them so
@@ -271,17 +276,6 @@ def _at_home(js: list[FillJob], home: tuple[torch.Tensor, int] | None, rowbytes:
         return False
     return (s.device.type == "cpu" and s.is_contiguous() and s.numel() > 0 and base <= p
             and p + n + SPARE <= base + home[1] and (p - base) % rowbytes == 0)
-
-
-def _narrow_ok(js: list[FillJob], n: int, T: int, w: int, home: tuple[torch.Tensor, int] | None,
-               starts: list[int]) -> bool:
-    """An int64 output whose values are int32 as stored (``format/codec/late.py``) is widened on the device
-    where it is built from them in place: one pad value that int32 holds, its values in ``home`` (scattered
-    there, ``pad.SCATTER``), not a flat buffer's, not one repeated value. Any other is widened on the host."""
-    j0 = js[0]
-    return (SCATTER and j0.pv is None and j0.out.is_contiguous() and -(1 << 31) <= int(j0.pad) < (1 << 31)
-            and not _small(j0, n, T, w) and _at_home(js, home, w * j0.src.element_size(), starts)
-            and _const([j.src for j in js], w) is None)
 
 
 def _small(j0: FillJob, n: int, T: int, w: int) -> bool:

@@ -82,7 +82,7 @@ def decode(doc: dict, table: pa.Table, f: Any, columns: list[str] | None, layout
     return schema.decode(table, spec, where=str(f), columns=columns, layout=layout,
                          alloc=None if arena is None else arena.alloc,
                          defer=None if arena is None else arena.jobs,  # padded: built on the device
-                         joined=joined, late=None if arena is None else arena.late)  # packed: converted there
+                         joined=joined, late=None if arena is None else arena.late)  # ids, masks: converted there
 
 
 def _token_cols(spec: dict) -> list[str]:

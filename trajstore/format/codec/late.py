@@ -1,15 +1,15 @@
-"""Flat token values joined as they are stored and converted on the GPU (a packed read to a CUDA device:
-``Reader.iter`` / ``read(step, device=...)``): an int64 identifier column stored as int32 (docs/FORMAT.md
-3.2) is joined into the pinned arena as its int32 values, and a bool column as its bitmap's bytes; the
-device widens or unpacks them after the copy (``device/bridge.py``). The host then copies and sends 4
+"""Token values joined as they are stored and converted on the GPU (a read to a CUDA device: ``Reader.iter``
+/ ``read(step, device=...)``): an int64 identifier column stored as int32 (docs/FORMAT.md 3.2) is joined
+into the pinned arena as its int32 values, and (read packed) a bool column as its bitmap's bytes; the device
+widens or unpacks them after the copy (``device/bridge.py``, ``device/pad.py``). The host then copies and sends 4
 bytes a token instead of 8, and a bit instead of a byte, and converts nothing (benchmarks/RESULTS.md,
 issue 23, tenth round).
 
 ``LateColumns`` is the ``Columns`` of such a decode; only the columns of packed token fields are joined
 so, and the int64 ones of padded token fields: their int32 values are the fill jobs' values, which the
-device's pad plan widens as it places them (``device/plan.py``, ``pad.py``). A packed column joined so is handed out by ``flat_parts``
-(the packed field's values, used whole) as a placeholder of its decoded dtype that the host never fills,
-with a ``Late`` record the stager turns into the conversion on the device; any other use of the column
+device's pad plan widens as it places them (``device/plan.py``, ``pad.py``). A packed column joined so is
+handed out by ``flat_parts`` (the packed field's values, used whole) as a placeholder of its decoded dtype
+that the host never fills, with a ``Late`` record the stager turns into the conversion on the device; any other use of the column
 (``list_parts``) converts it on the host first, and the stager fills a placeholder it does not find among
 the batch's tensors on the host (``Late.fill``), so nothing else ever sees one unfilled.
 ``flat_nbytes`` sizes the pinned arena a step is decoded into.
@@ -97,8 +97,9 @@ class LateColumns(Columns):
             return False
         stored = self.alloc(int(off[-1]), np.int32)
         step, p, copies = PIECE_BYTES // 4, 0, []
-        for v in parts:
-            copies += [(v[i:i + step], stored[p + i:p + min(i + step, len(v))]) for i in range(0, len(v), step)]
+        for v in parts:  # in pieces on the pool, as ``Columns._join`` copies
+            dst = stored[p:p + len(v)]
+            copies += [(v[i:i + step], dst[i:i + step]) for i in range(0, len(v), step)]
             p += len(v)
         run_parallel(lambda group: [d.__setitem__(Ellipsis, s) for s, d in group],
                      balance(copies, lambda x: x[1].nbytes, PIECE_BYTES), stored.nbytes)
