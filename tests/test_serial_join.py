@@ -140,7 +140,7 @@ def test_a_thread_that_is_not_serial_keeps_the_pool_join(tmp_path, monkeypatch):
 @pytest.mark.parametrize("layout", [None, "packed", "padded"])
 def test_a_deep_prefetch_to_the_gpu_is_the_cpu_read_bit_for_bit(tmp_path, monkeypatch, layout):
     """``Reader.iter(device="cuda", prefetch=8)``: the serial threads join into the pinned arena
-    (``_combined``; a packed read's int64 ids and bools as stored, converted on the GPU), the batches on
+    (``_combined``; the int64 ids as stored, and a packed read's bools, converted on the GPU), the batches on
     the GPU are the CPU reads, int64 ids and bf16 values included."""
     _dumps.many_row_groups(monkeypatch)
     g = torch.Generator().manual_seed(5)
@@ -158,7 +158,7 @@ def test_a_deep_prefetch_to_the_gpu_is_the_cpu_read_bit_for_bit(tmp_path, monkey
     with counted() as calls:
         got = list(r.iter(device="cuda", prefetch=8, layout=layout))
     assert [s for s, _ in got] == list(range(10)) and "logprobs" in calls
-    assert ("input_ids" in calls) == (layout != "packed")  # packed: joined as stored (format/codec/late.py)
+    assert "input_ids" not in calls  # packed or padded: the int64 ids joined as stored (format/codec/late.py)
     for s, b in got:
         devices = []
         host = torch_bridge.map_tensors(b, lambda t: devices.append(t.device.type) or t.cpu())

@@ -207,15 +207,22 @@ def _late(views: list[torch.Tensor], arena: Arena | None) -> list[Late | None]:
     return out
 
 
+_BITS: dict[torch.device, torch.Tensor] = {}  # per device: [1, 2, 4, .. 128] uint8, a bitmap's bit masks
+
+
 def _convert(r: Late, src: torch.Tensor, out: torch.Tensor) -> None:
-    """``out`` (on the device) from the values ``r`` stands for, ``src`` their stored bytes there."""
+    """``out`` (on the device) from the values ``r`` stands for, ``src`` their stored bytes there: one
+    kernel for ids, two for a bitmap (its bits masked, then cast: nonzero is True). Launched on the
+    consumer's thread (``launch``), so kept to as few torch calls as it takes."""
     n = out.numel()
     if r.kind == "int64":
         out.view(-1).copy_(src[:4 * n].view(torch.int32))
         return
-    x = src[:(r.shift + n + 7) // 8]
-    bits = (x.unsqueeze(1) >> torch.arange(8, dtype=torch.uint8, device=x.device)).bitwise_and_(1)
-    out.view(-1).copy_(bits.view(-1)[r.shift:r.shift + n])
+    bits = _BITS.get(src.device)
+    if bits is None:
+        bits = _BITS[src.device] = torch.tensor([1 << i for i in range(8)], dtype=torch.uint8, device=src.device)
+    masked = torch.bitwise_and(src[:(r.shift + n + 7) // 8, None], bits)  # LSB first, as Arrow packs them
+    out.view(-1).copy_(masked.view(-1)[r.shift:r.shift + n])
 
 
 def launch(staged: Staged, device: torch.device, consumer: torch.cuda.Stream | None) -> tuple[Any, Any]:
