@@ -55,3 +55,23 @@ def test_the_ceiling_runs_on_arrows_pool_as_found(tmp_path, monkeypatch):
     finally:
         arrow_pool.settle()
         pa.set_cpu_count(was)
+
+
+def test_a_ratio_to_its_baseline_is_timed_in_turn(monkeypatch):
+    """``benchmarks.__main__.paired``: the figure and its baseline alternate (figure first, then baseline first),
+    each called ``repeat`` times, and each median is of its own calls' times (a fake clock: the figure's calls
+    take 3, 5, 4 units, the baseline's 2, 2, 9)."""
+    from benchmarks import __main__ as bench
+
+    clock, order = [0.0], []
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+    took = {"a": iter([3, 5, 4]), "b": iter([2, 2, 9])}
+
+    def call(name):
+        def f():
+            order.append(name)
+            clock[0] += next(took[name])
+        return f
+
+    assert bench.paired(call("a"), call("b"), 3) == (4, 2)
+    assert order == ["a", "b", "b", "a", "a", "b"]
