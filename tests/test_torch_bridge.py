@@ -254,6 +254,46 @@ def test_cuda_iter_equals_cpu_on_a_side_stream_consumer(tmp_path):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("ahead", [True, False])
+def test_cuda_next_decode_starts_after_the_launch_only_where_decodes_are_ahead(monkeypatch, ahead):
+    """``read/prefetch.py`` ``FILL_AFTER_WHEN_AHEAD``: where every decode in flight is done when the consumer takes a
+    step, the next decode is submitted after that step's copy is launched (its start does not slow the staging);
+    where the step taken is still decoding, before. The batches are the steps', in order, either way."""
+    from trajstore.read import prefetch
+
+    events, futures = [], []
+    real_launch = prefetch.launch
+
+    def launch(staged, *a):
+        events.append(("launch", int(staged.obj["x"][0])))
+        return real_launch(staged, *a)
+
+    class Pool(prefetch.ThreadPoolExecutor):
+        def submit(self, fn, step):
+            events.append(("submit", step))
+            futures.append(super().submit(fn, step))
+            return futures[-1]
+
+    def read(step, arena):
+        if not ahead:
+            threading.Event().wait(0.05)  # still decoding when the consumer takes it
+        return {"x": torch.full((4,), step)}
+
+    monkeypatch.setattr(prefetch, "launch", launch)
+    monkeypatch.setattr(prefetch, "ThreadPoolExecutor", Pool)
+    it = prefetch.iterate(read, list(range(6)), device="cuda", prefetch=2)
+    got = []
+    for _ in range(6):
+        while ahead and not all(f.done() for f in futures):
+            threading.Event().wait(0.001)  # the consumer computes until every decode in flight is done
+        got.append(next(it))
+    assert [s for s, _ in got] == list(range(6)) and [int(b["x"][0]) for _, b in got] == list(range(6))
+    for k in range(1, 4):  # (step 0: nothing was decoded before the first next(), so never ahead)
+        first = min(events.index(("launch", k)), events.index(("submit", k + 2)))
+        assert events[first] == (("launch", k) if ahead else ("submit", k + 2)), events
+
+
+@pytest.mark.cuda
 def test_cuda_early_break_returns_staging_memory(tmp_path):
     write_steps(tmp_path, n=8)
     r = trajstore.Reader(tmp_path)

@@ -23,6 +23,10 @@ SERIAL_PREFETCH = 4  # from this prefetch depth on, each step's joins and conver
 # thread, not the shared pool; Arrow still decodes its row groups on Arrow's pool (benchmarks/RESULTS.md)
 STAGE_ON_CONSUMER = True  # CUDA: a decoded step is staged (padded fields planned) on the consumer's thread,
 # which mostly waits for the decodes, not on the prefetch thread that decoded it (benchmarks/RESULTS.md)
+FILL_AFTER_WHEN_AHEAD = True  # CUDA: where every decode in flight is done when the consumer takes a step (it
+# computes longer than a step decodes), the next decode starts after the step is staged and its copy launched, not
+# before: its start (opening the step, in Python) then does not slow the staging the consumer waits for (time
+# inside next() about halved); where decodes are behind, it starts first (benchmarks/RESULTS.md, eleventh round)
 # CUDA: ``prefetch`` decodes stay in flight while the consumer stages a step and copies are under
 # way (the steps held are at most prefetch decoding or decoded, one being staged, two copying): a
 # prefetch thread that finished its step does not wait for the consumer's staging to start the next.
@@ -82,8 +86,9 @@ def iterate(read: Callable[[int, Arena | None], Any], steps: list[int], device: 
 
     def take() -> tuple[int, Any, Any]:  # CUDA: the next decoded step, staged and its copy started
         s, fut = pending.popleft()
-        fill()  # the next decode starts before this step is staged
-        return (s, *launch(staged(fut), d, consumer))
+        if not (FILL_AFTER_WHEN_AHEAD and fut.done() and all(f.done() for _, f in pending)):
+            fill()  # decodes behind the consumer: the next one starts before this step is staged
+        return (s, *launch(staged(fut), d, consumer))  # (else the caller's fill(), after the launch)
 
     try:
         fill()
