@@ -256,13 +256,19 @@ def test_cuda_iter_equals_cpu_on_a_side_stream_consumer(tmp_path):
 @pytest.mark.cuda
 @pytest.mark.parametrize("ahead", [True, False])
 def test_cuda_next_decode_starts_after_the_launch_only_where_decodes_are_ahead(monkeypatch, ahead):
-    """``read/prefetch.py`` ``FILL_AFTER_WHEN_AHEAD``: where every decode in flight is done when the consumer takes a
-    step, the next decode is submitted after that step's copy is launched (its start does not slow the staging);
-    where the step taken is still decoding, before. The batches are the steps', in order, either way."""
+    """``read/prefetch.py`` ``WHEN_AHEAD``: where every decode in flight is done when the consumer takes a step, the
+    next decode is submitted after that step's copy is launched (its start does not slow the staging), and the steps
+    decoded after that are staged on their prefetch threads; where the step taken is still decoding, the next
+    decode is submitted before, and every step is staged on the consumer's thread. The batches are the steps', in
+    order, either way."""
     from trajstore.read import prefetch
 
-    events, futures = [], []
-    real_launch = prefetch.launch
+    events, futures, staged_on = [], [], {}
+    real_launch, real_stage = prefetch.launch, prefetch.stage
+
+    def stage(obj, **kw):
+        staged_on[int(obj["x"][0])] = threading.current_thread().name.startswith("trajstore-read")
+        return real_stage(obj, **kw)
 
     def launch(staged, *a):
         events.append(("launch", int(staged.obj["x"][0])))
@@ -280,6 +286,7 @@ def test_cuda_next_decode_starts_after_the_launch_only_where_decodes_are_ahead(m
         return {"x": torch.full((4,), step)}
 
     monkeypatch.setattr(prefetch, "launch", launch)
+    monkeypatch.setattr(prefetch, "stage", stage)
     monkeypatch.setattr(prefetch, "ThreadPoolExecutor", Pool)
     it = prefetch.iterate(read, list(range(6)), device="cuda", prefetch=2)
     got = []
@@ -291,6 +298,11 @@ def test_cuda_next_decode_starts_after_the_launch_only_where_decodes_are_ahead(m
     for k in range(1, 4):  # (step 0: nothing was decoded before the first next(), so never ahead)
         first = min(events.index(("launch", k)), events.index(("submit", k + 2)))
         assert events[first] == (("launch", k) if ahead else ("submit", k + 2)), events
+    it.close()
+    assert torch_bridge._read_pool.in_use == 0 and read_threads() == []
+    # ahead: steps 0 and 1 were decoded before the consumer first took a step; step 2 before or after it found
+    # the decodes ahead (taking step 0 or 1, as the first decodes' speed goes); the later ones after
+    assert [staged_on[k] for k in (0, 1, 3, 4, 5)] == [False, False] + [ahead] * 3 and staged_on[2] <= ahead
 
 
 @pytest.mark.cuda

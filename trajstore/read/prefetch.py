@@ -23,10 +23,11 @@ SERIAL_PREFETCH = 4  # from this prefetch depth on, each step's joins and conver
 # thread, not the shared pool; Arrow still decodes its row groups on Arrow's pool (benchmarks/RESULTS.md)
 STAGE_ON_CONSUMER = True  # CUDA: a decoded step is staged (padded fields planned) on the consumer's thread,
 # which mostly waits for the decodes, not on the prefetch thread that decoded it (benchmarks/RESULTS.md)
-FILL_AFTER_WHEN_AHEAD = True  # CUDA: where every decode in flight is done when the consumer takes a step (it
-# computes longer than a step decodes), the next decode starts after the step is staged and its copy launched, not
-# before: its start (opening the step, in Python) then does not slow the staging the consumer waits for (time
-# inside next() about halved); where decodes are behind, it starts first (benchmarks/RESULTS.md, eleventh round)
+WHEN_AHEAD = True  # CUDA: where every decode in flight is done when the consumer takes a step (it computes longer
+# than a step decodes, so time inside next() is what it waits for), the next decode starts after the step is
+# staged and its copy launched, not before (its start, in Python, would slow that staging), and the steps decoded
+# from then on are staged on their prefetch threads, until the decodes fall behind again: time inside next()
+# 1.0 against 2.0 ms on the H200 (benchmarks/RESULTS.md, issue 23, eleventh round)
 # CUDA: ``prefetch`` decodes stay in flight while the consumer stages a step and copies are under
 # way (the steps held are at most prefetch decoding or decoded, one being staged, two copying): a
 # prefetch thread that finished its step does not wait for the consumer's staging to start the next.
@@ -38,7 +39,8 @@ def iterate(read: Callable[[int, Arena | None], Any], steps: list[int], device: 
     """Yield ``(step, batch)`` for ``steps`` in order, decoding up to ``prefetch`` steps ahead on a
     thread pool (``read(step, arena)`` decodes one step, into ``arena`` when it is not None).
     On CUDA, steps are decoded into pinned memory, staged on the consumer's thread
-    (``STAGE_ON_CONSUMER``; padded fields planned for the device) and the copy of the next
+    (``STAGE_ON_CONSUMER``; padded fields planned for the device; on their prefetch threads while the
+    decodes are ahead of the consumer, ``WHEN_AHEAD``) and the copy of the next
     batch is started (on a side stream) before the current one is handed out; the consumer's
     stream waits on each batch's event. Closing the iterator (``break``) cancels pending work,
     waits for running decodes and returns their staging buffers."""
@@ -48,6 +50,7 @@ def iterate(read: Callable[[int, Arena | None], Any], steps: list[int], device: 
     cuda = d is not None and d.type == "cuda"
     other = d is not None and d.type not in ("cpu", "cuda")
     consumer = torch.cuda.current_stream(d) if cuda else None
+    ahead = [False]  # CUDA: the decodes were all done when the consumer last took a step (``WHEN_AHEAD``)
 
     def load(step: int) -> Any:
         if prefetch >= SERIAL_PREFETCH:  # several steps decode at once: no nested pool
@@ -57,7 +60,7 @@ def iterate(read: Callable[[int, Arena | None], Any], steps: list[int], device: 
         arena = Arena(defer=True)  # padded fields are built on the device (trajstore/device/pad.py)
         try:
             obj = read(step, arena)
-            return (obj, arena) if STAGE_ON_CONSUMER else stage(obj, arena=arena)
+            return (obj, arena) if STAGE_ON_CONSUMER and not ahead[0] else stage(obj, arena=arena)
         except BaseException:
             arena.release()
             raise
@@ -86,7 +89,8 @@ def iterate(read: Callable[[int, Arena | None], Any], steps: list[int], device: 
 
     def take() -> tuple[int, Any, Any]:  # CUDA: the next decoded step, staged and its copy started
         s, fut = pending.popleft()
-        if not (FILL_AFTER_WHEN_AHEAD and fut.done() and all(f.done() for _, f in pending)):
+        ahead[0] = WHEN_AHEAD and fut.done() and all(f.done() for _, f in pending)
+        if not ahead[0]:
             fill()  # decodes behind the consumer: the next one starts before this step is staged
         return (s, *launch(staged(fut), d, consumer))  # (else the caller's fill(), after the launch)
 
