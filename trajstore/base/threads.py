@@ -96,6 +96,13 @@ def balance(items: list, size: Callable[[Any], int], target: int) -> list[list]:
 
 PARALLEL_BYTES = 1 << 20  # below this, work runs on the caller's thread
 PIECE_BYTES = 1 << 20  # a join copies in pieces of at most this, so every pool thread gets a share
+
+
+def pieces(n: int, itemsize: int) -> list[slice]:
+    """The slices of ``n`` values of ``itemsize`` bytes a copy on the pool is cut into: at most
+    ``PIECE_BYTES`` each (``balance`` then groups them into a few tasks)."""
+    step = max(1, PIECE_BYTES // max(1, itemsize))
+    return [slice(i, i + step) for i in range(0, n, step)]
 _pools: dict[int, ThreadPoolExecutor] = {}  # one pool per budget in use (usually one)
 _pool_lock = threading.Lock()
 

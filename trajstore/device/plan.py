@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..base.threads import PIECE_BYTES, run_parallel
+from ..base.threads import pieces, run_parallel
 from ..format.codec.decoder import fill
 from ..format.codec.tensors import FillJob
 from .pad import SCATTER, Flat, Pad, Plan
@@ -178,8 +178,7 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
     def put(at: int, a: torch.Tensor | np.ndarray) -> None:  # queued: copied in pieces on the shared pool below
         x = a if isinstance(a, np.ndarray) else a.numpy()
         dst = host[at:at + x.nbytes].view(x.dtype)  # type: ignore[index]
-        step = max(1, PIECE_BYTES // x.itemsize)
-        copies.extend((dst[i:i + step], x[i:i + step]) for i in range(0, len(x), step))
+        copies.extend((dst[s], x[s]) for s in pieces(len(x), x.itemsize))
 
     for rows, n, T, at in ginfo:
         put(at, rows.reshape(-1))

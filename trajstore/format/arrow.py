@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ..base.threads import PIECE_BYTES, balance, is_serial, run_parallel
+from ..base.threads import PIECE_BYTES, balance, is_serial, pieces, run_parallel
 from ..errors import BatchError, FormatError, foreign_errors
 from . import dtypes as dt
 from .spec import COMPANION_PREFIXES, RESERVED, STEP_COLUMN, where
@@ -275,10 +275,9 @@ class Columns:
                 r += len(c)
         if any(dt.is_wide(dtype, v) for _, v in parts):  # widened half values, narrowed in pieces on the pool
             wide = [(r, v, np.empty(len(v), dt.storage_numpy(dtype))) for r, v in parts]
-            step = PIECE_BYTES // 4
-            pieces = [(v[i:i + step], out[i:i + step]) for _, v, out in wide for i in range(0, len(v), step)]
+            cut = [(v[s], out[s]) for _, v, out in wide for s in pieces(len(v), v.itemsize)]
             run_parallel(lambda group: [dt.narrow(v, dtype, out=o) for v, o in group],
-                         balance(pieces, lambda p: p[0].nbytes, PIECE_BYTES), sum(v.nbytes for _, v, _ in wide))
+                         balance(cut, lambda p: p[0].nbytes, PIECE_BYTES), sum(v.nbytes for _, v, _ in wide))
             parts = [(r, out) for r, _, out in wide]
         return off, parts
 
@@ -324,9 +323,8 @@ class Columns:
                     copies.append((c, dtype, name, dst))
                     continue
                 src = _raw(_sliced(c), dtype, name, self.where)
-                step = max(1, PIECE_BYTES // max(1, src.itemsize))
                 how = dtype if dt.is_wide(dtype, src) else None
-                copies += [(src[i:i + step], how, name, dst[i:i + step]) for i in range(0, len(src), step)]
+                copies += [(src[s], how, name, dst[s]) for s in pieces(len(src), src.itemsize)]
 
         def copy(group: list) -> None:
             for src, dtype, name, dst in group:

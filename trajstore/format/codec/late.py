@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ...base.threads import PIECE_BYTES, balance, run_parallel
+from ...base.threads import PIECE_BYTES, balance, pieces, run_parallel
 from .. import dtypes as dt
 from ..arrow import Columns, _offsets, _raw, _sliced
 
@@ -96,10 +96,10 @@ class LateColumns(Columns):
         if not int(off[-1]):
             return False
         stored = self.alloc(int(off[-1]), np.int32)
-        step, p, copies = PIECE_BYTES // 4, 0, []
+        p, copies = 0, []
         for v in parts:  # in pieces on the pool, as ``Columns._join`` copies
             dst = stored[p:p + len(v)]
-            copies += [(v[i:i + step], dst[i:i + step]) for i in range(0, len(v), step)]
+            copies += [(v[s], dst[s]) for s in pieces(len(v), v.itemsize)]
             p += len(v)
         run_parallel(lambda group: [d.__setitem__(Ellipsis, s) for s, d in group],
                      balance(copies, lambda x: x[1].nbytes, PIECE_BYTES), stored.nbytes)
