@@ -22,7 +22,7 @@ from typing import Any
 from ..errors import ConfigError
 
 __all__ = ["run_parallel", "map_parallel", "parallel", "serial", "is_serial", "balance", "threads", "budget", "using",
-           "shared_pool", "submit", "arrow_share", "cores", "local_ranks", "PARALLEL_BYTES", "PIECE_BYTES", "ENV",
+           "shared_pool", "submit", "arrow_share", "pieces", "cores", "local_ranks", "PARALLEL_BYTES", "PIECE_BYTES", "ENV",
            "MAX_DEFAULT"]
 
 ENV = "TRAJSTORE_THREADS"
@@ -103,6 +103,8 @@ def pieces(n: int, itemsize: int) -> list[slice]:
     ``PIECE_BYTES`` each (``balance`` then groups them into a few tasks)."""
     step = max(1, PIECE_BYTES // max(1, itemsize))
     return [slice(i, i + step) for i in range(0, n, step)]
+
+
 _pools: dict[int, ThreadPoolExecutor] = {}  # one pool per budget in use (usually one)
 _pool_lock = threading.Lock()
 

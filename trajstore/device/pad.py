@@ -95,6 +95,14 @@ def alloc(p: Plan, device: torch.device) -> tuple[list[torch.Tensor], list[torch
     return outs, flat
 
 
+def _values(buf: torch.Tensor, pad: Pad, count: int, dtype: torch.dtype) -> torch.Tensor:
+    """``count`` values of ``pad``'s table at byte ``pad.at`` of ``buf``, as ``dtype``: its int32 values as
+    stored, widened here, where ``pad.narrow`` (``format/codec/late.py``)."""
+    if pad.narrow:
+        return buf[pad.at:pad.at + 4 * count].view(torch.int32).to(dtype)
+    return buf[pad.at:pad.at + count * dtype.itemsize].view(dtype)
+
+
 def build(p: Plan, src: torch.Tensor, outs: list[torch.Tensor], flat: list[torch.Tensor],
           home: torch.Tensor | None = None) -> None:
     """Write every output of ``p`` (``outs``, ``flat``: from ``alloc``, on ``src``'s device) from
@@ -119,9 +127,7 @@ def build(p: Plan, src: torch.Tensor, outs: list[torch.Tensor], flat: list[torch
             if pad.const:  # w == 1
                 o.index_fill_(0, d, pad.cval)
             else:
-                n = p.tokens[pad.group] * pad.w * (4 if pad.narrow else o.element_size())
-                v = (home if pad.home else src)[pad.at:pad.at + n].view(torch.int32 if pad.narrow else o.dtype)
-                v = v.to(o.dtype) if pad.narrow else v
+                v = _values(home if pad.home else src, pad, p.tokens[pad.group] * pad.w, o.dtype)
                 o.index_copy_(0, d, v if pad.w == 1 else v.view(-1, pad.w))
             continue
         mode = "const" if pad.const else "pv" if pad.pv else "pad"
@@ -136,10 +142,8 @@ def build(p: Plan, src: torch.Tensor, outs: list[torch.Tensor], flat: list[torch
         if idx is None:
             idx = cache[key] = device_index.index(src, g, mode, pad.rows)
         o = dt.bits_view(out)
-        esize = 4 if pad.narrow else o.element_size()
         nrows = pad.rows + (g[1] * g[2] - pad.rows if pad.pv else 1)  # pv: the positions the mask leaves out
-        table = (home if pad.home else src)[pad.at:pad.at + nrows * pad.w * esize]
-        table = (table.view(torch.int32).to(o.dtype) if pad.narrow else table.view(o.dtype)).view(nrows, pad.w)
+        table = _values(home if pad.home else src, pad, nrows * pad.w, o.dtype).view(nrows, pad.w)
         n, T = g[1], g[2]
         if pad.last:  # [B, *trail, T]: gathered token-major, then transposed into place
             tmp = torch.index_select(table, 0, idx)

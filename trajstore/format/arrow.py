@@ -166,9 +166,13 @@ def to_numpy(a: pa.Array) -> np.ndarray:
             d = np.dtype(t.to_pandas_dtype())
             return np.frombuffer(a.buffers()[1], d, count=len(a), offset=a.offset * d.itemsize)
         if pa.types.is_boolean(t):
-            bits = np.frombuffer(a.buffers()[1], np.uint8)
-            return np.unpackbits(bits, count=a.offset + len(a), bitorder="little")[a.offset:].view(np.bool_)
+            return unpack_bits(np.frombuffer(a.buffers()[1], np.uint8), a.offset, len(a))
     return a.to_numpy(zero_copy_only=False)
+
+
+def unpack_bits(bits: np.ndarray, shift: int, n: int) -> np.ndarray:
+    """``n`` bools of an Arrow bitmap's bytes (least significant bit first), from bit ``shift``."""
+    return np.unpackbits(bits, count=shift + n, bitorder="little")[shift:].view(np.bool_)
 
 
 def _offsets(chunks: list) -> np.ndarray:

@@ -50,7 +50,7 @@ def iterate(read: Callable[[int, Arena | None], Any], steps: list[int], device: 
     cuda = d is not None and d.type == "cuda"
     other = d is not None and d.type not in ("cpu", "cuda")
     consumer = torch.cuda.current_stream(d) if cuda else None
-    ahead = [False]  # CUDA: the decodes were all done when the consumer last took a step (``WHEN_AHEAD``)
+    ahead = False  # CUDA: the decodes were all done when the consumer last took a step (``WHEN_AHEAD``)
 
     def load(step: int) -> Any:
         if prefetch >= SERIAL_PREFETCH:  # several steps decode at once: no nested pool
@@ -60,7 +60,7 @@ def iterate(read: Callable[[int, Arena | None], Any], steps: list[int], device: 
         arena = Arena(defer=True)  # padded fields are built on the device (trajstore/device/pad.py)
         try:
             obj = read(step, arena)
-            return (obj, arena) if STAGE_ON_CONSUMER and not ahead[0] else stage(obj, arena=arena)
+            return (obj, arena) if STAGE_ON_CONSUMER and not ahead else stage(obj, arena=arena)
         except BaseException:
             arena.release()
             raise
@@ -88,9 +88,10 @@ def iterate(read: Callable[[int, Arena | None], Any], steps: list[int], device: 
             pending.append((s, pool.submit(load, s)))
 
     def take() -> tuple[int, Any, Any]:  # CUDA: the next decoded step, staged and its copy started
+        nonlocal ahead
         s, fut = pending.popleft()
-        ahead[0] = WHEN_AHEAD and fut.done() and all(f.done() for _, f in pending)
-        if not ahead[0]:
+        ahead = WHEN_AHEAD and fut.done() and all(f.done() for _, f in pending)
+        if not ahead:
             fill()  # decodes behind the consumer: the next one starts before this step is staged
         return (s, *launch(staged(fut), d, consumer))  # (else the caller's fill(), after the launch)
 

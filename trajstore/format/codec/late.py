@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from ...base.threads import PIECE_BYTES, balance, pieces, run_parallel
 from .. import dtypes as dt
-from ..arrow import Columns, _offsets, _raw, _sliced
+from ..arrow import Columns, _offsets, _raw, _sliced, unpack_bits
 
 __all__ = ["Late", "LateColumns", "flat_nbytes", "host_values"]
 
@@ -48,7 +48,7 @@ def host_values(stored: np.ndarray, kind: str, shift: int, n: int) -> np.ndarray
     """``n`` values held as ``stored`` (see ``Late``), converted on the host."""
     if kind == "int64":
         return stored.astype(np.int64)
-    return np.unpackbits(stored, count=shift + n, bitorder="little")[shift:].view(np.bool_)
+    return unpack_bits(stored, shift, n)
 
 
 class LateColumns(Columns):
