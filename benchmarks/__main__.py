@@ -273,11 +273,7 @@ def gpu_figures(rep: Report, d: Path, raw: int, n: int, b: dict, tmp: Path, cycl
             # the ceiling set by the Parquet decoder: pyarrow read_table of the same steps, 8 at a
             # time, no conversion, no copy, no GPU (replay_cpu.ceiling)
             files = [r.file(s) for s in steps]
-            gd = 0.0
-            for _ in range(2):
-                t0 = time.perf_counter()
-                replay_cpu.ceiling(files)
-                gd = max(gd, len(steps) * raw / (time.perf_counter() - t0) / 1e9)
+            gd = max(replay_cpu.ceiling_gbps(files, raw) for _ in range(2))
             rep.add("  decoder ceiling: pyarrow read_table alone, 8 steps at a time, to CPU", gd, "GB/s")
             t0 = time.perf_counter()
             for s in steps[:8]:

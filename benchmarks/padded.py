@@ -64,19 +64,13 @@ def run(rep, d: Path, raw: int, n: int, repeat: int, gpu: bool) -> None:
         return len(steps) * raw / (time.perf_counter() - t0) / 1e9
 
     files = [r.file(s) for s in steps]
-
-    def ceiling() -> float:  # the decoder ceiling of the same files (replay_cpu.ceiling)
-        t0 = time.perf_counter()
-        replay_cpu.ceiling(files)
-        return len(steps) * raw / (time.perf_counter() - t0) / 1e9
-
     for k in (2, 4, 8):
         for layout in ("packed", None):  # warm the pinned pools and the allocator
             replay(k, layout)
         rates: dict = {"packed": [], None: []}
         ceil: list[float] = []
         for _ in range(PASSES):  # interleaved: drift hits both alike, and the ceiling
-            ceil.append(ceiling())
+            ceil.append(replay_cpu.ceiling_gbps(files, raw))  # the decoder ceiling of the same files
             for layout in rates:
                 rates[layout].append(replay(k, layout))
         packed, padded = statistics.median(rates["packed"]), statistics.median(rates[None])

@@ -163,6 +163,13 @@ def ceiling(files: list[Path]) -> None:
         list(ex.map(lambda f: pq.read_table(f, columns=cols, use_threads=False, pre_buffer=False), files))
 
 
+def ceiling_gbps(files: list[Path], raw: int) -> float:
+    """One timed pass of ``ceiling`` over ``files`` (steps of ``raw`` tensor bytes each): GB/s."""
+    t0 = time.perf_counter()
+    ceiling(files)
+    return len(files) * raw / (time.perf_counter() - t0) / 1e9
+
+
 def stages(r: Any, steps: list[int], threads: int = 8) -> list[tuple[str, Any]]:
     """A step's read, stage by stage, on ``threads`` plain threads each decoding serially (as ``Reader.iter``'s
     prefetch threads do from prefetch 4): trajstore's scan alone (its dataset reader, page checksums checked),

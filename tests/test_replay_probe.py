@@ -75,3 +75,18 @@ def test_a_ratio_to_its_baseline_is_timed_in_turn(monkeypatch):
 
     assert bench.paired(call("a"), call("b"), 3) == (4, 2)
     assert order == ["a", "b", "b", "a", "a", "b"]
+
+
+def test_the_ceilings_rate_is_the_steps_bytes_over_one_pass(monkeypatch):
+    """``replay_cpu.ceiling_gbps``: one pass of ``ceiling`` over the files, timed (a fake clock: 2 units), the
+    files' tensor bytes over it (3 steps of 1e9 bytes: 1.5 GB/s); ``python -m benchmarks`` and
+    benchmarks/padded.py both measure the ceiling so."""
+    clock, seen = [0.0], []
+    monkeypatch.setattr(replay_cpu.time, "perf_counter", lambda: clock[0])
+
+    def one_pass(files):
+        seen.append(list(files))
+        clock[0] += 2
+
+    monkeypatch.setattr(replay_cpu, "ceiling", one_pass)
+    assert replay_cpu.ceiling_gbps(["a", "b", "c"], 10 ** 9) == 1.5 and seen == [["a", "b", "c"]]
