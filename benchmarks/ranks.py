@@ -1,6 +1,8 @@
 """Many ranks, one logical dump: aggregate write and replay throughput, and replay on another layout.
 
-Run under torchrun, one process per GPU (NCCL is not needed: ranks only meet at barriers, over gloo)::
+Run under torchrun, one process per GPU (NCCL is not needed: ranks only meet at barriers, over gloo; ranks
+beyond the host's GPUs share them, rank ``i`` on GPU ``i % count``, so a one-GPU host runs the phases too, its
+cores and its one GPU shared by the ranks)::
 
     torchrun --standalone --nproc-per-node=4 -m benchmarks.ranks write  --dump /tmp/d
     torchrun --standalone --nproc-per-node=2 -m benchmarks.ranks replay --dump /tmp/d --dumped 4
@@ -204,8 +206,8 @@ def main(argv=None) -> int:
     if a.cpu:
         dev = torch.device("cpu")
     else:
-        torch.cuda.set_device(local)
-        dev = torch.device("cuda", local)
+        dev = torch.device("cuda", local % torch.cuda.device_count())  # more ranks than GPUs: they share them
+        torch.cuda.set_device(dev)
     if a.phase == "replay" and a.dumped is None:
         ap.error("replay needs --dumped (the world size the dump was written with)")
     out = write(a, rank, world, dev) if a.phase == "write" else replay(a, rank, world, dev)

@@ -98,3 +98,16 @@ def test_two_ranks_of_a_four_rank_dump_each_decode_half(tmp_path, monkeypatch):
 def _count(out: list, table):
     out.append(table.nbytes)
     return table
+
+
+@pytest.mark.parametrize("m", [2, 6])
+def test_a_cut_slice_decodes_a_pad_column_chunked_apart_from_its_values(tmp_path, monkeypatch, m):
+    """A slice joined from shards' rows (no copy) whose recorded padded values (``__pad__`` column: ranks
+    whose padding holds both 0.0 and -0.0) are chunked apart from the field's values decodes exactly: the
+    padded values are cut where the values' chunks are (a case hypothesis found)."""
+    many_row_groups(monkeypatch)
+    dump(tmp_path, [2, 1, 3], 5)
+    got = slices(tmp_path, m)
+    monkeypatch.setattr(shards, "uniform", lambda docs: False)  # the general path: every shard joined, then cut
+    for g, w in zip(got, slices(tmp_path, m)):
+        assert_batch_equal(g, w)

@@ -111,8 +111,7 @@ def _cut(r: Any, step: int, fs: list[Path], columns: list[str] | None, layout: s
         if a < b:
             parts.append((sf.doc, read_table(sf, step, columns, layout, (a - off, b - off))))
         off += rows
-    doc, table = shards.join(parts, every=docs)
-    doc, table = shards.take(doc, table, list(range(table.num_rows)))
+    doc, table = shards.join(parts, every=docs)  # the slice's rows in order: decoded as joined, no take (a copy)
     return doc, table, f"{r.dir}/step_{step:08d}.rank*-of-{len(fs):05d}.parquet"
 
 
