@@ -62,12 +62,22 @@ def med_cpu(fn, repeat: int) -> tuple[float, float]:
     return statistics.median(ws), statistics.median(cs)
 
 
+def as_json(info: dict, rep: "Report", enc: list, b: dict) -> str:
+    """The ``--json`` file: the run's info, every row, the encodings' rows and the baselines' figures (not
+    the flat file the paired read loads, a path)."""
+    return json.dumps({"info": info, "figures": rep.rows, "encodings": enc,
+                       "baselines": {k: v for k, v in b.items() if k != "flat_file"}}, indent=1)
+
+
 class Report:
     def __init__(self):
         self.rows: list[dict] = []
 
     def add(self, figure: str, value: float, unit: str, base: float | None = None, base_name: str = "",
             target: str = "", ok: bool | None = None):
+        # plain Python numbers (a numpy bool or int from a figure's arithmetic is not JSON: ``--json``)
+        value, base = float(value), None if base is None else float(base)
+        ok = None if ok is None else bool(ok)
         ratio = value / base if base else None
         self.rows.append({"figure": figure, "value": value, "unit": unit, "baseline": base_name,
                           "baseline_value": base, "ratio": ratio, "target": target, "met": ok})
@@ -429,8 +439,7 @@ def main(argv=None) -> int:
             print_encodings(enc, encodings.steps(P, repeat))
         print("\n" + rep.markdown(), flush=True)
         if a.json:
-            Path(a.json).write_text(json.dumps({"info": info, "figures": rep.rows, "encodings": enc,
-                                                "baselines": b}, indent=1))
+            Path(a.json).write_text(as_json(info, rep, enc, b))
     finally:
         if not a.dir:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -90,3 +90,24 @@ def test_the_ceilings_rate_is_the_steps_bytes_over_one_pass(monkeypatch):
 
     monkeypatch.setattr(replay_cpu, "ceiling", one_pass)
     assert replay_cpu.ceiling_gbps(["a", "b", "c"], 10 ** 9) == 1.5 and seen == [["a", "b", "c"]]
+
+
+def test_the_reports_rows_are_json_whatever_numbers_a_figure_gives(capsys):
+    """``python -m benchmarks --json`` writes every row and the baselines: figures computed with numpy (a
+    numpy bool for "met", numpy ints and floats for values) are stored as plain numbers, and the baselines'
+    path of the flat file is left out (``json`` refuses both)."""
+    import json
+
+    import numpy as np
+
+    from pathlib import Path
+
+    from benchmarks.__main__ import Report, as_json
+
+    rep = Report()
+    rep.add("a ratio", np.float32(0.5), "x", np.int64(2), "base", "<= 1", np.float64(0.25) <= 1.0)
+    rep.add("a count", np.int64(3), "n", ok=np.bool_(False))
+    out = json.loads(as_json({"host": "h"}, rep, [], {"load_flat": 0.01, "flat_file": Path("flat.pt")}))
+    assert [(r["value"], r["baseline_value"], r["ratio"], r["met"]) for r in out["figures"]] == [
+        (0.5, 2.0, 0.25, True), (3.0, None, None, False)]
+    assert out["baselines"] == {"load_flat": 0.01}  # the flat file the paired read loads is a path, left out

@@ -252,3 +252,28 @@ def test_join_prompt_completion_of_other_widths():
             "old_per_token_logps": torch.tensor([[0.25, 0.25, 0, 0, 0, 0], [0.25] * 4 + [0, 0], [0.25] + [0.0] * 5]),
             "advantages": torch.tensor([0.0, 1.0, 0.0])}
     assert_batch_equal(decode(doc, table), want)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lists=st.lists(st.lists(st.integers(-2**31, 2**31 - 1), max_size=6), min_size=1, max_size=12),
+       splits=st.lists(st.integers(0, 12), max_size=4), data=st.data())
+def test_the_rows_a_slice_takes_are_pyarrows_take_column_by_column(monkeypatch, lists, splits, data):
+    """A slice's rows taken from a joined table (``shards.take``: each column joined, then taken, the columns
+    at once on the pool) equal pyarrow's own ``Table.take`` for any rows, in any order, repeated, whatever
+    the table's chunks."""
+    import pyarrow as pa
+    from trajstore.base import threads
+    from trajstore.format.shard.shards import _take_rows
+
+    monkeypatch.setattr(threads, "PARALLEL_BYTES", 0)  # every take on the pool
+    n = len(lists)
+    bounds = sorted({0, n, *(min(c, n) for c in splits)})
+    def chunked(arr: pa.Array) -> pa.ChunkedArray:
+        return pa.chunked_array([arr.slice(a, b - a) for a, b in zip(bounds, bounds[1:])], type=arr.type)
+    t = pa.table({"ids": chunked(pa.array(lists, pa.large_list(pa.int32()))),
+                  "mask": chunked(pa.array([[v % 2 == 0 for v in x] for x in lists], pa.large_list(pa.bool_()))),
+                  "reward": chunked(pa.array([float(len(x)) for x in lists], pa.float32()))})
+    rows = data.draw(st.lists(st.integers(0, n - 1), max_size=2 * n))
+    idx = pa.array(rows, pa.int64())
+    got = _take_rows(t, idx)
+    assert got.schema == t.schema and got.equals(t.take(idx))
