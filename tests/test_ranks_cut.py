@@ -102,11 +102,16 @@ def _count(out: list, table):
 
 @pytest.mark.parametrize("m", [2, 6])
 def test_a_cut_slice_decodes_a_pad_column_chunked_apart_from_its_values(tmp_path, monkeypatch, m):
-    """A slice joined from shards' rows (no copy) whose recorded padded values (``__pad__`` column: ranks
-    whose padding holds both 0.0 and -0.0) are chunked apart from the field's values decodes exactly: the
-    padded values are cut where the values' chunks are (a case hypothesis found)."""
+    """A slice joined from shards' rows (no copy), and the whole logical step, whose recorded padded values
+    (``__pad__`` column: ranks whose padding holds both 0.0 and -0.0; one rank's has none) are chunked apart
+    from the field's values decode exactly: the padded values are cut where the values' chunks are (a case
+    hypothesis found; the whole step's read raised before)."""
     many_row_groups(monkeypatch)
     dump(tmp_path, [2, 1, 3], 5)
+    r = trajstore.Reader(tmp_path)
+    whole = r[0]
+    for name, v in whole.items():
+        assert torch.equal(v, torch.cat([r.shard(0, k)[name] for k in range(3)])), name
     got = slices(tmp_path, m)
     monkeypatch.setattr(shards, "uniform", lambda docs: False)  # the general path: every shard joined, then cut
     for g, w in zip(got, slices(tmp_path, m)):
