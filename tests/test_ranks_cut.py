@@ -116,3 +116,20 @@ def test_a_cut_slice_decodes_a_pad_column_chunked_apart_from_its_values(tmp_path
     monkeypatch.setattr(shards, "uniform", lambda docs: False)  # the general path: every shard joined, then cut
     for g, w in zip(got, slices(tmp_path, m)):
         assert_batch_equal(g, w)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("m", [None, 2])
+@pytest.mark.parametrize("prefetch", [0, 4])
+def test_cuda_replay_of_a_pad_column_chunked_apart_equals_the_cpu_read(tmp_path, monkeypatch, m, prefetch):
+    """The same joined step replayed to a GPU (its padded fields built on the device from each chunk's values and
+    recorded padding values, ``device/plan.py``): the whole step and each rank's slice equal their CPU reads."""
+    many_row_groups(monkeypatch)
+    dump(tmp_path, [2, 1, 3], 5)
+    for k in range(m or 1):
+        r = trajstore.Reader(tmp_path) if m is None else trajstore.Reader(tmp_path, rank=k, world_size=m)
+        cpu = r.read(0)
+        (_, gpu), = list(r.iter(device="cuda", prefetch=prefetch))
+        torch.cuda.synchronize()
+        assert all(v.is_cuda for v in gpu.values())
+        assert_batch_equal(cpu, {n: v.cpu() for n, v in gpu.items()})
