@@ -133,3 +133,27 @@ def test_cuda_replay_of_a_pad_column_chunked_apart_equals_the_cpu_read(tmp_path,
         torch.cuda.synchronize()
         assert all(v.is_cuda for v in gpu.values())
         assert_batch_equal(cpu, {n: v.cpu() for n, v in gpu.items()})
+
+
+def test_padding_values_are_cut_where_the_values_chunks_are():
+    """The decoder's recorded padding values of a field (``__pad__`` column) chunked apart from its values are cut
+    at the values' chunks, row for row; with no chunk at all (no rows) each values' chunk gets none."""
+    import numpy as np
+    import pyarrow as pa
+
+    from trajstore.format.arrow import Columns
+    from trajstore.format.codec import tensors
+
+    typ = pa.large_list(pa.field("element", pa.int32(), nullable=False))
+    node = {"t": "tensor", "col": "x", "pad_col": "__pad__x", "dtype": "int32", "lib": "torch", "trail": []}
+    vals, pads = [[1, 2], [3], [4, 5, 6]], [[7, 8], [9, 10, 11], [12]]  # rows of 2, 1, 3 tokens padded to 4
+    for pchunks in ([pads], [pads[:1], pads[1:]], [pads[:1], [], pads[1:]]):
+        cols = Columns(pa.table({"x": pa.chunked_array([pa.array(vals[:2], typ), pa.array(vals[2:], typ)]),
+                                 "__pad__x": pa.chunked_array([pa.array(c, typ) for c in pchunks], typ)}), "t")
+        off, parts = cols.chunks("x", "int32")
+        poff, got = tensors._padvals(cols, node, 3, np.array([2, 1, 3]), 4, 1, parts)
+        assert poff.tolist() == [0, 2, 5, 6] and [g.tolist() for g in got] == [[7, 8, 9, 10, 11], [12]]
+    cols = Columns(pa.table({"x": pa.chunked_array([pa.array([], typ)]), "__pad__x": pa.chunked_array([], typ)}), "t")
+    off, parts = cols.chunks("x", "int32")
+    poff, got = tensors._padvals(cols, node, 0, np.zeros(0, np.int64), 4, 1, parts)
+    assert poff.tolist() == [0] and [g.tolist() for g in got] == [[]]

@@ -394,7 +394,7 @@ def _padvals(cols: Columns, node: TensorNode, n: int, lengths: np.ndarray, T: in
     if len(poff) != n + 1 or not np.array_equal(np.diff(poff), (T - lengths) * w):
         raise FormatError(f"{cols.where}: column {node['pad_col']!r} does not hold the padded positions of {node['col']!r}")
     if [r for r, _ in pparts] != [r for r, _ in parts]:  # chunked apart (shards' slices joined): cut as the values
-        every, ends = np.concatenate([v for _, v in pparts]), [r for r, _ in parts[1:]] + [n]
-        pparts = [(r0, every[poff[r0]:poff[r1]]) for (r0, _), r1 in zip(parts, ends)]
+        every = np.concatenate([v for _, v in pparts]) if pparts else parts[0][1][:0]  # (no chunk: no rows)
+        pparts = [(r0, every[poff[r0]:poff[r1]]) for (r0, _), r1 in zip(parts, [r for r, _ in parts[1:]] + [n])]
     return poff, [bits(dt.as_value(v, node) if node["lib"] != "torch" else dt.as_value(v, node).contiguous()
                        ).reshape(-1) for _, v in pparts]
