@@ -157,3 +157,30 @@ def test_padding_values_are_cut_where_the_values_chunks_are():
     off, parts = cols.chunks("x", "int32")
     poff, got = tensors._padvals(cols, node, 0, np.zeros(0, np.int64), 4, 1, parts)
     assert poff.tolist() == [0] and [g.tolist() for g in got] == [[]]
+
+
+@pytest.mark.parametrize("m", [None, 2])
+def test_the_shards_a_read_needs_are_read_at_once_on_the_readers_budget(tmp_path, monkeypatch, m):
+    """The shards a whole step (or a rank's slice of several) needs are read at once on the thread pool, each
+    read raising Arrow's pool to the reader's ``threads=`` (not the process default), and join to the same batch."""
+    import threading
+
+    from trajstore.base import threads
+
+    many_row_groups(monkeypatch)
+    monkeypatch.setattr(threads, "PARALLEL_BYTES", 0)
+    dump(tmp_path, [4, 3, 5, 4], 6)
+    want = {n: torch.cat([trajstore.Reader(tmp_path).shard(0, k)[n] for k in range(4)]) for n in ("input_ids", "rewards")}
+    seen, real = [], parquet.arrow_pool
+
+    def spy(n, exact=False):
+        seen.append((n, threading.current_thread().name))
+        return real(n, exact)
+    monkeypatch.setattr(parquet, "arrow_pool", spy)
+    r = trajstore.Reader(tmp_path, threads=3) if m is None else trajstore.Reader(tmp_path, rank=0, world_size=m, threads=3)
+    got = r.read(0)
+    rows = 16 if m is None else 8
+    for n, v in want.items():
+        assert torch.equal(got[n], v[:rows]), n
+    assert len(seen) == (4 if m is None else 3) and all(n == 3 for n, _ in seen)  # rows 0-7: shards 0, 1 and 2
+    assert all(name.startswith("trajstore-decode") for _, name in seen)

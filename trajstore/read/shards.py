@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from ..base.threads import map_parallel, threads, using
 from ..errors import ConfigError, StepNotFoundError
 from ..format.batch import containers
 from ..format.shard import shards
@@ -105,12 +106,14 @@ def _cut(r: Any, step: int, fs: list[Path], columns: list[str] | None, layout: s
     if not sum(n) or sum(n) % m or not shards.uniform(docs):
         return None
     lo, hi = rank * sum(n) // m, (rank + 1) * sum(n) // m
-    parts, off = [], 0
+    cuts, off = [], 0
     for sf, rows in zip(opened, n):
         a, b = max(lo, off), min(hi, off + rows)
         if a < b:
-            parts.append((sf.doc, read_table(sf, step, columns, layout, (a - off, b - off))))
+            cuts.append((sf, (a - off, b - off)))
         off += rows
+    parts = _each([sf for sf, _ in cuts], lambda i: (cuts[i][0].doc, read_table(cuts[i][0], step, columns, layout,
+                                                                                  cuts[i][1])))
     doc, table = shards.join(parts, every=docs)  # the slice's rows in order: decoded as joined, no take (a copy)
     return doc, table, f"{r.dir}/step_{step:08d}.rank*-of-{len(fs):05d}.parquet"
 
@@ -148,11 +151,25 @@ def _joined(r: Any, step: int, fs: list[Path], columns: list[str] | None, layout
     # column (each row's tokens, in any layout), and ``columns`` and ``layout`` then select what is decoded
     sl = r._slice
     whole = sl is not None and sl[2] == "tokens"
-    parts = [_part(r, step, fs, k, None if whole else columns, None if whole else layout) for k in range(len(fs))]
+    opened = [_opened(r, step, fs, k) for k in range(len(fs))]
+    parts = _each(opened, lambda k: (opened[k].doc, read_table(opened[k], step, None if whole else columns,
+                                                               None if whole else layout), opened[k].path))
     if len(parts) == 1:
         return parts[0]
     doc, table = shards.join([(d, t) for d, t, _ in parts])
     return doc, table, f"{r.dir}/step_{step:08d}.rank*-of-{len(fs):05d}.parquet"
+
+
+def _each(opened: list, read: Any) -> list:
+    """``[read(i) for i in range(len(opened))]``: the shard files ``opened`` read at once on the thread pool
+    where there are several and their row groups are worth it (each read decodes on Arrow's pool too)."""
+    size = sum(sf.pf.metadata.row_group(g).total_byte_size for sf in opened for g in range(sf.pf.metadata.num_row_groups))
+    n = threads()  # the reader's budget, on the pool's threads too
+
+    def one(i: int) -> Any:
+        with using(n):
+            return read(i)
+    return map_parallel(one, range(len(opened)), size if len(opened) > 1 else 0)
 
 
 def _slice_rows(r: Any, step: int, doc: dict | None, table: pa.Table | None, nfiles: int, b: int | None = None) -> list[int]:
