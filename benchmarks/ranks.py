@@ -14,7 +14,8 @@ part: ``Writer(rank=, world_size=).append`` of every step and ``close`` (everyth
 barrier to a barrier. ``replay``: ``Reader(rank=, world_size=).iter(device=cuda)`` over every step,
 one warm pass, then ``--passes`` timed passes (the median reported), barrier to barrier; afterwards each rank checks every slice it
 got against the slice of the logical batch rebuilt from the generator (the dumped shards joined in
-rank order, cut into equal contiguous chunks) and prints ``bit-exact`` or the first difference.
+rank order; the rows ``format.shard.shards.partition`` gives the rank: equal contiguous chunks, or with
+``--balance tokens`` token-balanced ones) and prints ``bit-exact`` or the first difference.
 Throughput is unpadded tensor bytes of all ranks together per second (GB/s), rank 0 prints one
 JSON line. ``replay`` also prints the decoder's ceiling (``pq.read_table`` of every file of the steps by
 one process with all the host's cores, Arrow's pool set to them for that) and the largest share, over
@@ -38,6 +39,7 @@ import torch.distributed as dist
 
 import trajstore
 from trajstore.format.file import parquet
+from trajstore.format.shard.shards import partition
 from trajstore.write import snapshot
 
 from . import workload as W
@@ -93,7 +95,7 @@ def write(a, rank: int, world: int, dev: torch.device) -> dict:
 
 
 def replay(a, rank: int, world: int, dev: torch.device) -> dict:
-    r = trajstore.Reader(a.dump, rank=rank, world_size=world)
+    r = trajstore.Reader(a.dump, rank=rank, world_size=world, balance=a.balance)
     steps = r.steps
     for _ in r.iter(steps=steps, device=dev, prefetch=2, layout=a.layout):  # warm the pinned staging pool
         pass
@@ -115,11 +117,12 @@ def replay(a, rank: int, world: int, dev: torch.device) -> dict:
     bad, raw = [], 0
     for s in steps:  # not timed: every slice against the logical batch rebuilt from the generator
         whole = logical(s, a.dumped, a.batch, a.max_len, a.scale)
-        n = next(iter(whole.values())).shape[0] // world
+        B = next(iter(whole.values())).shape[0]
+        rows = torch.tensor(partition(B, world, a.balance, whole["attention_mask"].sum(1).numpy())[rank])
         got = r[s]  # as dumped (padded); the packed layout is the same trajectories, timed above
-        raw += W.raw_bytes({k: v[rank * n:(rank + 1) * n] for k, v in whole.items()})
+        raw += W.raw_bytes({k: v[rows] for k, v in whole.items()})
         for k, v in whole.items():
-            want = v[rank * n:(rank + 1) * n]
+            want = v[rows]
             g = got[k].cpu()
             if g.dtype != want.dtype or g.shape != want.shape or not torch.equal(g, want):
                 bad.append(f"step {s} field {k}: {tuple(g.shape)} {g.dtype} vs {tuple(want.shape)} {want.dtype}")
@@ -127,7 +130,7 @@ def replay(a, rank: int, world: int, dev: torch.device) -> dict:
     if bad:
         print(f"rank {rank}: {bad[0]}", file=sys.stderr, flush=True)
     return {"phase": "replay", "ranks": world, "dumped_ranks": a.dumped, "steps": len(steps),
-            "layout": a.layout, "GB": _all(raw) / 1e9, "seconds": t, "GB/s": _all(raw) / t / 1e9,
+            "layout": a.layout, "balance": a.balance, "GB": _all(raw) / 1e9, "seconds": t, "GB/s": _all(raw) / t / 1e9,
             "GB/s of each pass": [round(_all(raw) / x / 1e9, 3) for x in times],
             "read_table GB/s (all cores, 1 process)": _all(raw) / t_pq / 1e9,
             "decoded fraction (max over ranks)": frac, "threads per rank": r.threads,
@@ -197,6 +200,9 @@ def main(argv=None) -> int:
                     help="replay: Reader.iter's layout (default: as dumped, padded; packed is timed only)")
     ap.add_argument("--cpu", action="store_true", help="no GPU: batches and replay on the CPU (a smoke test)")
     ap.add_argument("--passes", type=int, default=3, help="replay: timed passes (the median is reported)")
+    ap.add_argument("--balance", choices=["contiguous", "tokens"], default="contiguous",
+                    help="replay: how the ranks share each step's rows (Reader's balance=); each slice is checked "
+                         "against the rows trajstore's partition gives the rank")
     ap.add_argument("--whole-copy", action="store_true", help="write: copy the padded CUDA tensors whole to the "
                     "host (the path before they were unpadded on the GPU, trajstore/device/unpad.py), to compare")
     a = ap.parse_args(argv)
