@@ -5,23 +5,17 @@ asserted."""
 
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 
 import torch.multiprocessing as mp
+from _browser import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import ranks  # noqa: E402
 
 ARGS = ["--steps", "2", "--batch", "8", "--max-len", "64", "--cpu", "--passes", "1"]
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank(rank: int, world: int, port: int, argv: list[str], out: str, wrong: bool) -> None:
@@ -35,7 +29,7 @@ def _rank(rank: int, world: int, port: int, argv: list[str], out: str, wrong: bo
 
 
 def _run(world: int, argv: list[str], out: Path, wrong: bool = False) -> list[int]:
-    mp.start_processes(_rank, args=(world, _port(), argv, str(out), wrong), nprocs=world, start_method="spawn")
+    mp.start_processes(_rank, args=(world, free_port(), argv, str(out), wrong), nprocs=world, start_method="spawn")
     return [int(Path(f"{out}.{k}").read_text()) for k in range(world)]
 
 

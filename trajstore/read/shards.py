@@ -112,9 +112,9 @@ def _cut(r: Any, step: int, fs: list[Path], columns: list[str] | None, layout: s
         if a < b:
             cuts.append((sf, (a - off, b - off)))
         off += rows
-    parts = _each([sf for sf, _ in cuts], lambda i: (cuts[i][0].doc, read_table(cuts[i][0], step, columns, layout,
-                                                                                  cuts[i][1])))
-    doc, table = shards.join(parts, every=docs)  # the slice's rows in order: decoded as joined, no take (a copy)
+    parts = _read_all(step, cuts, columns, layout)
+    # the slice's rows in order: decoded as joined, no take (a copy)
+    doc, table = shards.join([(d, t) for d, t, _ in parts], every=docs)
     return doc, table, f"{r.dir}/step_{step:08d}.rank*-of-{len(fs):05d}.parquet"
 
 
@@ -151,25 +151,27 @@ def _joined(r: Any, step: int, fs: list[Path], columns: list[str] | None, layout
     # column (each row's tokens, in any layout), and ``columns`` and ``layout`` then select what is decoded
     sl = r._slice
     whole = sl is not None and sl[2] == "tokens"
-    opened = [_opened(r, step, fs, k) for k in range(len(fs))]
-    parts = _each(opened, lambda k: (opened[k].doc, read_table(opened[k], step, None if whole else columns,
-                                                               None if whole else layout), opened[k].path))
+    parts = _read_all(step, [(_opened(r, step, fs, k), None) for k in range(len(fs))], None if whole else columns,
+                      None if whole else layout)
     if len(parts) == 1:
         return parts[0]
     doc, table = shards.join([(d, t) for d, t, _ in parts])
     return doc, table, f"{r.dir}/step_{step:08d}.rank*-of-{len(fs):05d}.parquet"
 
 
-def _each(opened: list, read: Any) -> list:
-    """``[read(i) for i in range(len(opened))]``: the shard files ``opened`` read at once on the thread pool
-    where there are several and their row groups are worth it (each read decodes on Arrow's pool too)."""
-    size = sum(sf.pf.metadata.row_group(g).total_byte_size for sf in opened for g in range(sf.pf.metadata.num_row_groups))
+def _read_all(step: int, files: list[tuple[Any, tuple[int, int] | None]], columns: list[str] | None,
+              layout: str | None) -> list[tuple[dict, pa.Table, Path]]:
+    """``(doc, table, path)`` of each opened shard file of ``files`` (with the rows to read, or None: all of
+    them, ``read_table``), read at once on the thread pool where there are several and their row groups are
+    worth it (each read decodes on Arrow's pool too)."""
+    size = sum(sf.pf.metadata.row_group(g).total_byte_size for sf, _ in files
+               for g in range(sf.pf.metadata.num_row_groups))
     n = threads()  # the reader's budget, on the pool's threads too
 
-    def one(i: int) -> Any:
+    def one(f: tuple[Any, tuple[int, int] | None]) -> tuple[dict, pa.Table, Path]:
         with using(n):
-            return read(i)
-    return map_parallel(one, range(len(opened)), size if len(opened) > 1 else 0)
+            return f[0].doc, read_table(f[0], step, columns, layout, f[1]), f[0].path
+    return map_parallel(one, files, size if len(files) > 1 else 0)
 
 
 def _slice_rows(r: Any, step: int, doc: dict | None, table: pa.Table | None, nfiles: int, b: int | None = None) -> list[int]:
