@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-len", type=int, default=8192)
     ap.add_argument("--repeat", type=int, default=5, help="timed calls of each stage, alone and beside the spinner")
     a = ap.parse_args(argv)
-    torch_threads, arrow_threads = torch.get_num_threads(), pa.cpu_count()
+    torch_threads, arrow_threads, was_serial = torch.get_num_threads(), pa.cpu_count(), _threads.is_serial()
     torch.set_num_threads(1)
     pa.set_cpu_count(1)
     _threads.serial()  # this thread's work on itself alone, as a writer worker's or a prefetch thread's
@@ -137,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         torch.set_num_threads(torch_threads)
         pa.set_cpu_count(arrow_threads)
+        _threads.serial(was_serial)
     print(f"# one thread, serial budget, Arrow's pool at one thread; a pure-Python thread beside it at a {SWITCH * 1e3:.1f} ms switch interval")
     print(f"{'stage':38s} {'alone':>10s} {'beside':>10s} {'hand-offs':>10s} {'longest hold':>13s}")
     for label, m in rows:
