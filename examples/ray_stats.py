@@ -23,7 +23,9 @@ How it runs: ``trajstore.ray.read_dump`` reads only the fields named (one read t
 each trajectory is reduced to a few numbers where it was read (``map_batches``), and only those are
 grouped by step (``groupby("step").map_groups``). Within a step the trajectories are taken in their
 order in the batch, so the figures do not depend on how Ray scheduled the work. Steps without
-trajectories do not appear.
+trajectories do not appear. The group-by moves a few numbers per trajectory, so it uses Ray Data's
+sort-based shuffle (tasks), not its default hash shuffle, whose aggregator actors take seconds to start
+and hold CPUs of the cluster (on 2 cores, a small dump: 0.6-1.0 s against 5-8 s for the group-by).
 """
 
 from __future__ import annotations
@@ -105,8 +107,18 @@ def step_stats(path: str, split: str | None = None, *, reward: str = "rewards", 
                            fn_kwargs={"reward": reward, "tokens": tokens, "mask": mask, "pair": pair})
     if num_partitions is None:  # no more shuffle partitions than steps
         num_partitions = max(1, min(200, len(trajstore.Reader(path, split).steps)))
-    out = small.groupby("step", num_partitions=num_partitions).map_groups(per_step, batch_format="numpy")
-    return sorted(({k: v.item() if hasattr(v, "item") else v for k, v in r.items()} for r in out.take_all()),
+    from ray.data import DataContext
+    from ray.data.context import ShuffleStrategy
+
+    ctx = DataContext.get_current()
+    was = ctx.shuffle_strategy
+    ctx.shuffle_strategy = ShuffleStrategy.SORT_SHUFFLE_PULL_BASED  # (module doc)
+    try:
+        out = small.groupby("step", num_partitions=num_partitions).map_groups(per_step, batch_format="numpy")
+        rows = out.take_all()
+    finally:
+        ctx.shuffle_strategy = was
+    return sorted(({k: v.item() if hasattr(v, "item") else v for k, v in r.items()} for r in rows),
                   key=lambda r: r["step"])
 
 

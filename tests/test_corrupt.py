@@ -512,12 +512,20 @@ manifests = st.one_of(
 )
 
 
-@settings(max_examples=300 * SCALE)
-@given(content=manifests)
-def test_fuzzed_manifest(tmp_path_factory, content):
-    p = tmp_path_factory.mktemp("manifest")
+@pytest.fixture(scope="module")
+def one_step_dump(tmp_path_factory):
+    """A dump of one step (``BATCHES[1]``), written once: each example below works on a copy."""
+    p = tmp_path_factory.mktemp("one_step")
     with trajstore.Writer(p) as w:
         w.append(0, BATCHES[1])
+    return p
+
+
+@settings(max_examples=300 * SCALE)
+@given(content=manifests)
+def test_fuzzed_manifest(tmp_path_factory, one_step_dump, content):
+    p = tmp_path_factory.mktemp("manifest") / "d"
+    shutil.copytree(one_step_dump, p)
     (p / "trajstore.json").write_bytes(content)
     try:
         r = trajstore.Reader(p)

@@ -43,10 +43,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_session():
-    """A local Ray for this module (reused if one is running already), shut down at its end."""
+    """A local Ray for this module (reused if one is running already), shut down at its end. Its idle
+    workers are kept for both kinds of test (the S3 dump's reads run in workers of their own runtime
+    environment): at Ray's default of one worker per CPU, each switch between them killed the other's
+    workers and started new ones, several seconds each on two cores."""
     mine = not ray.is_initialized()
     if mine:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                 _system_config={"num_workers_soft_limit": 8})
     ray.data.DataContext.get_current().enable_progress_bars = False
     yield
     if mine:
