@@ -23,7 +23,7 @@ from trajstore.store import checksums, paths
 from trajstore.format import limits as _limits
 from trajstore.format.spec import MANIFEST_VERSION
 from trajstore.errors import ChecksumError, FormatError, FormatVersionError, TrajstoreError
-from trajstore.testing import assert_batch_equal, multimodal_batches, non_tensor_batches
+from trajstore.testing import assert_batch_equal, multimodal_batches
 
 FIGURES: dict[str, int] = {}
 DOCS: dict[int, dict] = {}  # each step's original description, read once
