@@ -63,15 +63,18 @@ def int64_tokens():
 @pytest.fixture(autouse=True)
 def process_state_restored(request):
     """Every test leaves the process's thread settings as it found them: the calling thread's serial
-    budget (``trajstore.base.threads.serial``), Arrow's CPU pool and torch's thread count. A test (or a
-    benchmark it runs) that leaves one changed would change how every later test in its process reads
-    and writes, and fail or pass there for that reason alone."""
+    budget (``trajstore.base.threads.serial``), Arrow's CPU pool (once no read holds it raised:
+    ``base/arrow_pool.py``) and torch's thread count. A test (or a benchmark it runs) that leaves one
+    changed would change how every later test in its process reads and writes, and fail or pass there
+    for that reason alone."""
     import pyarrow as pa
 
-    from trajstore.base import threads
+    from trajstore.base import arrow_pool, threads
 
+    arrow_pool.settle()  # a read's raised pool lingers LINGER seconds for the next read: given back now
     before = (threads.is_serial(), pa.cpu_count(), torch.get_num_threads())
     yield
+    arrow_pool.settle()  # (not while a read still runs: a read left running is reported)
     after = (threads.is_serial(), pa.cpu_count(), torch.get_num_threads())
     assert after == before, (f"{request.node.nodeid} left (serial, Arrow's pool, torch threads) {after}, "
                              f"found {before}: restore them")
