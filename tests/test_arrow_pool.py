@@ -219,7 +219,8 @@ def test_concurrent_reads_are_exact_and_leave_the_pool_restored(tmp_path_factory
 
 def test_back_to_back_reads_share_one_raise(tmp_path, one, monkeypatch):
     """The pool stays raised for ``LINGER`` after the last read (a replay loop's next read finds the
-    same threads), then goes back by itself; ``settle`` gives it back at once."""
+    same threads), then goes back by itself; ``settle`` gives it back at once (not while a read holds it,
+and says which it found)."""
     write(tmp_path, {s: batch(s) for s in range(3)})
     resized, real = [], pa.set_cpu_count
     monkeypatch.setattr(pa, "set_cpu_count", lambda n: resized.append(n) or real(n))
@@ -228,7 +229,9 @@ def test_back_to_back_reads_share_one_raise(tmp_path, one, monkeypatch):
     got = [r.read(s) for s in range(3)] + [x for _, x in r.iter(prefetch=2)]
     assert all(torch.equal(g["input_ids"], batch(k % 3)["input_ids"]) for k, g in enumerate(got))
     assert resized == [3] and pa.cpu_count() == 3 and [n for n, _ in one] == [3] * 6
-    pool.settle()
+    with pool.arrow_pool(3):  # a read in flight: settle leaves the pool raised and says so
+        assert pool.settle() is False and pa.cpu_count() == 3
+    assert pool.settle() is True
     assert resized == [3, 1] and pa.cpu_count() == 1
     monkeypatch.setattr(pool, "LINGER", 0.01)
     r.read(0)

@@ -106,13 +106,15 @@ def _restore() -> None:  # (under the lock)
     _found, _timer = None, None
 
 
-def settle() -> None:
-    """Restore Arrow's pool now if no read holds it raised (what the timer does after ``LINGER``)."""
+def settle() -> bool:
+    """Restore Arrow's pool now if no read holds it raised (what the timer does after ``LINGER``); False
+    where a read is still in flight (the pool is then left as it is)."""
     with _lock:
         if _reads == 0 and _found is not None:
             if _timer is not None:
                 _timer.cancel()
             _restore()
+        return _reads == 0
 
 
 @contextmanager
