@@ -220,7 +220,7 @@ def test_concurrent_reads_are_exact_and_leave_the_pool_restored(tmp_path_factory
 def test_back_to_back_reads_share_one_raise(tmp_path, one, monkeypatch):
     """The pool stays raised for ``LINGER`` after the last read (a replay loop's next read finds the
     same threads), then goes back by itself; ``settle`` gives it back at once (not while a read holds it,
-and says which it found)."""
+    and says which it found)."""
     write(tmp_path, {s: batch(s) for s in range(3)})
     resized, real = [], pa.set_cpu_count
     monkeypatch.setattr(pa, "set_cpu_count", lambda n: resized.append(n) or real(n))

@@ -164,14 +164,14 @@ def _read_all(step: int, files: list[tuple[Any, tuple[int, int] | None]], column
     """``(doc, table, path)`` of each opened shard file of ``files`` (with the rows to read, or None: all of
     them, ``read_table``), read at once on the thread pool where there are several and their row groups are
     worth it (each read decodes on Arrow's pool too)."""
-    size = sum(sf.pf.metadata.row_group(g).total_byte_size for sf, _ in files
-               for g in range(sf.pf.metadata.num_row_groups))
+    size = 0 if len(files) < 2 else sum(sf.pf.metadata.row_group(g).total_byte_size for sf, _ in files
+                                        for g in range(sf.pf.metadata.num_row_groups))  # (one file: read here)
     n = threads()  # the reader's budget, on the pool's threads too
 
     def one(f: tuple[Any, tuple[int, int] | None]) -> tuple[dict, pa.Table, Path]:
         with using(n):
             return f[0].doc, read_table(f[0], step, columns, layout, f[1]), f[0].path
-    return map_parallel(one, files, size if len(files) > 1 else 0)
+    return map_parallel(one, files, size)
 
 
 def _slice_rows(r: Any, step: int, doc: dict | None, table: pa.Table | None, nfiles: int, b: int | None = None) -> list[int]:
