@@ -15,7 +15,7 @@ from _shards import batch_rows, cuts, decode, encode, joined, select, shard
 from trajstore import schema
 from trajstore.format.batch.containers import DataProtoLike
 from trajstore.format.batch.masks import classify, token_mask
-from trajstore.format.shard.shards import RANK_COLUMN, join, partition, take, token_counts
+from trajstore.format.shard.shards import RANK_COLUMN, count_columns, join, partition, take, token_counts, uniform
 from trajstore.format.spec import columns_for, fields
 from trajstore.testing import (
     assert_batch_equal,
@@ -75,6 +75,27 @@ def test_partitions_taken_and_joined(data):
             assert_batch_equal(decode(d, t), select(batch, rows))
         if how == "contiguous":
             assert_batch_equal(decode(*join(parts)), batch)
+
+
+@SETTINGS
+@given(st.data())
+def test_token_counts_read_only_their_columns(data):
+    """``count_columns`` names every column ``token_counts`` reads (a token-balanced slice reads those
+    beside the fields it decodes): the counts of a step's table of those columns alone are the whole
+    table's, and so are those of the join of shards read for those columns alone (shards of one spec, or
+    of a packed batch); None only for a list batch."""
+    batch = data.draw(FORMS)
+    doc, table = encode(batch)
+    cols = count_columns(doc)
+    assert (cols is None) == (doc["batch"]["t"] == "seq")
+    if cols is None:
+        return
+    assert set(cols) <= set(table.column_names)
+    assert np.array_equal(token_counts(doc, table.select(cols)), token_counts(doc, table))
+    parts = [shard(select(batch, rows), r, 9) for r, rows in enumerate(cuts(data.draw, batch_rows(batch)))]
+    if doc["batch"].get("form") == "packed" or uniform([d for d, _ in parts]):
+        few = join([(d, t.select(count_columns(d))) for d, t in parts])
+        assert np.array_equal(token_counts(*few), token_counts(*join(parts)))
 
 
 @SETTINGS

@@ -39,9 +39,9 @@ def decode_file(sf: StepFile, step: int, columns: list[str] | None, layout: str 
 
 
 def read_table(sf: StepFile, step: int, columns: list[str] | None, layout: str | None,
-               rows: tuple[int, int] | None = None, on_batch: Any = None) -> pa.Table:
-    """The columns of the opened step file that decoding ``columns`` in ``layout`` needs (``rows``:
-    of those rows only, ``(start, stop)``; ``on_batch``: see ``read_columns``)."""
+               rows: tuple[int, int] | None = None, on_batch: Any = None, also: list[str] = ()) -> pa.Table:
+    """The columns of the opened step file that decoding ``columns`` in ``layout`` needs, and the Arrow
+    columns ``also`` (``rows``: of those rows only, ``(start, stop)``; ``on_batch``: see ``read_columns``)."""
     doc, f = sf.doc, sf.path
     spec = doc["batch"]
     try:
@@ -64,6 +64,8 @@ def read_table(sf: StepFile, step: int, columns: list[str] | None, layout: str |
         # (nor the step column kept for outside readers)
         skip = {dict(spec["keys"])["attention_mask"]["col"], STEP_COLUMN}
         cols = [c for c in sf.pf.schema_arrow.names if c not in skip]
+    if cols is not None:
+        cols = cols + [c for c in also if c not in cols]
     with foreign_errors(f, "reading step {}", step, then="the step is damaged"):
         table = read_columns(sf.pf, sf.src, cols, rows, on_batch)
     if rows is None and table.num_rows != doc.get("num_rows", table.num_rows):

@@ -147,12 +147,19 @@ def _logical(r: Any, step: int, columns: list[str] | None, layout: str | None) -
 
 def _joined(r: Any, step: int, fs: list[Path], columns: list[str] | None, layout: str | None) -> tuple:
     """``(doc, table, where)`` of the logical step: its one file, or its shards joined."""
-    # each shard's own columns of ``columns`` join (docs/FORMAT.md 3.12); token balancing reads every
-    # column (each row's tokens, in any layout), and ``columns`` and ``layout`` then select what is decoded
-    sl = r._slice
-    whole = sl is not None and sl[2] == "tokens"
-    parts = _read_all(step, [(_opened(r, step, fs, k), None) for k in range(len(fs))], None if whole else columns,
-                      None if whole else layout)
+    # each shard's own columns of ``columns`` join (docs/FORMAT.md 3.12); a token-balanced slice also reads
+    # the columns that count each row's tokens (``shards.count_columns``: for shards of one packed batch, or
+    # of one padded or masked spec), and where those are not known every column, in any layout (``columns``
+    # and ``layout`` then select what is decoded)
+    opened = [_opened(r, step, fs, k) for k in range(len(fs))]
+    sl, also = r._slice, ()
+    if sl is not None and sl[2] == "tokens":
+        docs = [sf.doc for sf in opened]
+        packed = all(d["batch"].get("form") == "packed" for d in docs)
+        also = shards.count_columns(docs[0]) if packed or shards.uniform(docs) else None
+        if also is None:
+            columns, layout, also = None, None, ()
+    parts = _read_all(step, [(sf, None) for sf in opened], columns, layout, also)
     if len(parts) == 1:
         return parts[0]
     doc, table = shards.join([(d, t) for d, t, _ in parts])
@@ -160,7 +167,7 @@ def _joined(r: Any, step: int, fs: list[Path], columns: list[str] | None, layout
 
 
 def _read_all(step: int, files: list[tuple[Any, tuple[int, int] | None]], columns: list[str] | None,
-              layout: str | None) -> list[tuple[dict, pa.Table, Path]]:
+              layout: str | None, also: Any = ()) -> list[tuple[dict, pa.Table, Path]]:
     """``(doc, table, path)`` of each opened shard file of ``files`` (with the rows to read, or None: all of
     them, ``read_table``), read at once on the thread pool where there are several and their row groups are
     worth it (each read decodes on Arrow's pool too)."""
@@ -170,7 +177,7 @@ def _read_all(step: int, files: list[tuple[Any, tuple[int, int] | None]], column
 
     def one(f: tuple[Any, tuple[int, int] | None]) -> tuple[dict, pa.Table, Path]:
         with using(n):
-            return f[0].doc, read_table(f[0], step, columns, layout, f[1]), f[0].path
+            return f[0].doc, read_table(f[0], step, columns, layout, f[1], also=also), f[0].path
     return map_parallel(one, files, size)
 
 
@@ -207,7 +214,7 @@ def ids(r: Any, step: int, _sorted: bool = True) -> np.ndarray:
     elif sl[2] == "contiguous":
         out = every[_slice_rows(r, step, None, None, len(fs), b=len(every))]
     else:
-        doc, table, _ = _joined(r, step, fs, None, None)
+        doc, table, _ = _joined(r, step, fs, [], None)  # the columns counting each row's tokens
         out = every[_slice_rows(r, step, doc, table, len(fs))]
     if _sorted and getattr(r, "_by_id", False):
         o = idcol.order(out)

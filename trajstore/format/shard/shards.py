@@ -7,7 +7,8 @@ the result as it decodes one step file.
   the spec merged (``format/shard/join.py``).
 * ``take(doc, table, rows)``: the ``(envelope, table)`` of some rows of a step, in the order given;
   padded widths stay the step's (as ``DataProto.chunk`` keeps them).
-* ``token_counts(doc, table)``: each row's token count, what token balancing weighs.
+* ``token_counts(doc, table)``: each row's token count, what token balancing weighs;
+  ``count_columns(doc)`` the columns it reads.
 * ``partition(B, M, how, counts)``: which rows each of ``M`` replaying ranks gets.
 """
 
@@ -34,7 +35,7 @@ from .join import Joiner, merge_meta
 from ..spec import FORMAT_VERSION, RUNS_PREFIX, STEP_COLUMN, counted_masks, is_token, node_columns
 from ..values import dumps
 
-__all__ = ["RANK_COLUMN", "join", "uniform", "take", "token_counts", "partition", "HOW"]
+__all__ = ["RANK_COLUMN", "join", "uniform", "take", "token_counts", "count_columns", "partition", "HOW"]
 
 RANK_COLUMN = "rank"  # the int32 column of a shard file naming its rank (docs/FORMAT.md 1)
 HOW = ("contiguous", "tokens")
@@ -295,6 +296,27 @@ def token_counts(doc: dict, table: pa.Table) -> np.ndarray:
             out += _ints(table, g["len_col"]) if "len_col" in g else _token_rows(spec["keys"], table, n, i, g["W"])
         return out
     return np.ones(n, np.int64)
+
+
+def count_columns(doc: dict) -> list[str] | None:
+    """The Arrow columns of a step ``doc`` describes that count each row's tokens, for ``token_counts`` of
+    the step or of its shards joined; None where it may read any (a list batch's elements). ``step`` (the
+    rows), and: a padded or masked batch's length columns (else one token column of each counted group)
+    with a span group's start column (the join places the group's rows with it); a packed batch's column
+    ``cu_seqlens`` (the join rebuilds the spec's ``cu_seqlens`` from it; None where a file lacks it)."""
+    spec = doc["batch"]
+    if spec["t"] == "seq":
+        return None
+    if spec.get("form") == "packed":  # the join rebuilds cu_seqlens where its column is read
+        col = (dict(spec["keys"]).get("cu_seqlens") or {}).get("col")
+        return None if col is None else [STEP_COLUMN, col]
+    groups = {"padded": [(None, spec)], "masked": [(i, spec["masks"][i]) for i in counted_masks(spec) or []]}
+    out = [STEP_COLUMN]
+    for i, g in groups.get(spec.get("form"), []):
+        col = g.get("len_col") or next((node["col"] for _, node in spec["keys"] if is_token(node)
+                                        and node.get("mask") == i and math.prod(node["trail"])), None)
+        out += [c for c in (col, g.get("start_col")) if c is not None and c not in out]
+    return out
 
 
 def _ints(table: pa.Table, name: str) -> np.ndarray:
