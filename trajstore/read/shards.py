@@ -149,14 +149,15 @@ def _joined(r: Any, step: int, fs: list[Path], columns: list[str] | None, layout
     """``(doc, table, where)`` of the logical step: its one file, or its shards joined."""
     # each shard's own columns of ``columns`` join (docs/FORMAT.md 3.12); a token-balanced slice also reads
     # the columns that count each row's tokens (``shards.count_columns``: for shards of one packed batch, or
-    # of one padded or masked spec), and where those are not known every column, in any layout (``columns``
-    # and ``layout`` then select what is decoded)
+    # of one padded or masked spec, that name the same ones), and where those are not known every column, in
+    # any layout (``columns`` and ``layout`` then select what is decoded)
     opened = [_opened(r, step, fs, k) for k in range(len(fs))]
     sl, also = r._slice, ()
     if sl is not None and sl[2] == "tokens":
         docs = [sf.doc for sf in opened]
+        cc = [shards.count_columns(d) for d in docs]
         packed = all(d["batch"].get("form") == "packed" for d in docs)
-        also = shards.count_columns(docs[0]) if packed or shards.uniform(docs) else None
+        also = cc[0] if (packed or shards.uniform(docs)) and all(c == cc[0] for c in cc) else None
         if also is None:
             columns, layout, also = None, None, ()
     parts = _read_all(step, [(sf, None) for sf in opened], columns, layout, also)
