@@ -282,6 +282,63 @@ def test_the_scatter_math_alone():
         assert [o.tolist() for o in outs] == want
 
 
+def test_the_bitmap_unpacking_math_alone():
+    """A bool output whose table is a bitmap (``Pad.bits``: its first value at that bit of the first byte,
+    least significant bit first, as Arrow packs them) is the output of the bytes it stands for, scattered
+    or gathered (with its pad row made on the device)."""
+    n, T = 4, 5
+    starts, lens = np.array([0, 2, 1, 0]), np.array([2, 3, 0, 5])
+    base = np.arange(n) * T + starts - (np.cumsum(lens) - lens)
+    vals = np.array([1, 0, 1, 1, 0, 0, 1, 0, 1, 1], np.bool_)
+    for shift in (0, 3, 7):
+        buf = torch.zeros(4096, dtype=torch.uint8)
+        buf[:96].view(torch.int64).copy_(torch.from_numpy(np.stack([starts, lens, base]).reshape(-1)))
+        packed = np.packbits(np.concatenate([np.zeros(shift, np.bool_), vals]), bitorder="little")
+        buf[512:512 + len(packed)] = torch.from_numpy(packed)
+        buf[512 + len(packed)] = 0xFF  # the next byte: not read
+        for fill in (0, 1):
+            plan = device_pad.Plan([device_pad.Pad((n, T), torch.bool, 1, False, 0, 512, 10, False, False,
+                                                   fillv=fill, bits=shift)], [(0, n, T)], None, 4096, tokens=[10])
+            want = torch.full((n, T), bool(fill))
+            for i, (s, ln, b0) in enumerate(zip(starts, lens, np.cumsum(lens) - lens)):
+                want[i, s:s + ln] = torch.from_numpy(vals[b0:b0 + ln])
+            for scatter in (True, False):
+                device_pad.SCATTER = scatter
+                try:
+                    out = torch.zeros((n, T), dtype=torch.bool)
+                    device_pad.build(plan, buf, [out], [])
+                finally:
+                    device_pad.SCATTER = True
+                assert torch.equal(out, want), (shift, fill, scatter)
+
+
+@settings(max_examples=30, deadline=None)
+@given(B=st.integers(1, 24), T=st.integers(1, 40), side=st.sampled_from(["right", "left"]), seed=st.integers(0, 9),
+       data=st.data())
+def test_a_bool_field_goes_to_the_device_as_its_bitmap(tmp_path_factory, B, T, side, seed, data):
+    """A padded batch's bool token field (a loss mask of varied values) is joined as its bitmap's bytes and
+    unpacked on the device (``Pad.bits``), for a step of two shards and for the contiguous slices of M ranks
+    (a slice cut from a shard's row group starts its bitmap at any bit): the CPU decode's batch, bit for bit,
+    staged as a bit a token."""
+    d = tmp_path_factory.mktemp("bits")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pad_plan, "FLAT_BYTES", 0)  # every output one by one, as large ones are
+        many_row_groups(mp)
+        for k in range(2):
+            b = padded_batch(B=B, T=T, side=side, seed=seed + k)
+            g = torch.Generator().manual_seed(seed + k)
+            b["loss_mask"] = b["attention_mask"].bool() & (torch.rand(B, T, generator=g) < 0.7)
+            with trajstore.Writer(d, rank=k, world_size=2) as w:
+                w.append(0, b)
+        m = data.draw(st.sampled_from([x for x in range(1, 2 * B + 1) if 2 * B % x == 0 and x != 2]))
+        r = trajstore.Reader(d, rank=data.draw(st.integers(0, m - 1)), world_size=m)
+        got, plan = device_read(r, 0)
+        assert_batch_equal(r.read(0), got)
+        (mask,) = [p for p in plan.pads if p.dtype == torch.bool]
+        tokens = int(r.read(0)["attention_mask"].sum())
+        assert mask.rows == tokens and (mask.bits >= 0 and mask.home) == (tokens > 0)  # (no tokens: no bitmap)
+
+
 @pytest.mark.parametrize("side", ["right", "left"])
 def test_joined_values_are_staged_where_they_were_decoded(tmp_path, side, monkeypatch):
     """A large output padded with one value, its column joined into the arena: its table is the

@@ -53,6 +53,7 @@ class Pad:
     fillv: int = 0  # its pad value (its only one: ``pv`` False), then its one value (``const``), as its bits
     cval: int = 0
     narrow: bool = False  # its values int32 as stored, of an int64 output (``format/codec/late.py``): widened here
+    bits: int = -1  # >= 0: its values a bool column's bitmap, from this bit of its first byte: unpacked here
 
 
 @dataclass
@@ -95,9 +96,21 @@ def alloc(p: Plan, device: torch.device) -> tuple[list[torch.Tensor], list[torch
     return outs, flat
 
 
+_SHIFTS: dict[torch.device, torch.Tensor] = {}  # per device: [0, 1, .. 7] uint8, a bitmap byte's bits
+
+
 def _values(buf: torch.Tensor, pad: Pad, count: int, dtype: torch.dtype) -> torch.Tensor:
     """``count`` values of ``pad``'s table at byte ``pad.at`` of ``buf``, as ``dtype``: its int32 values as
-    stored, widened here, where ``pad.narrow`` (``format/codec/late.py``)."""
+    stored, widened here, where ``pad.narrow``; its bitmap unpacked here (least significant bit first, as
+    Arrow packs them), its pad row after them, where ``pad.bits`` >= 0 (``format/codec/late.py``)."""
+    if pad.bits >= 0:
+        sh = _SHIFTS.get(buf.device)
+        if sh is None:
+            sh = _SHIFTS[buf.device] = torch.arange(8, dtype=torch.uint8, device=buf.device)
+        n = min(count, pad.rows)
+        b = buf[pad.at:pad.at + (pad.bits + n + 7) // 8]
+        v = torch.bitwise_right_shift(b[:, None], sh).bitwise_and_(1).view(-1)[pad.bits:pad.bits + n]
+        return v if count == n else torch.cat([v, v.new_full((count - n,), pad.fillv)])
     if pad.narrow:
         return buf[pad.at:pad.at + 4 * count].view(torch.int32).to(dtype)
     return buf[pad.at:pad.at + count * dtype.itemsize].view(dtype)

@@ -14,7 +14,8 @@ offsets, the ``[B, T]`` token mask of the rows, and the pad value or the recorde
   decode joined into the pinned arena (``torch_bridge.Arena``, copied to the device whole, as for a
   packed replay) keeps its values there: its pad row is written into the ``SPARE`` bytes after them,
   and only the other tables are written, after them in the arena too where they fit (else in a
-  pinned buffer of their own). So a padded step stages the packed step's bytes, once;
+  pinned buffer of their own). So a padded step stages the packed step's bytes, once (a large bool field
+  joined as its bitmap's bytes, ``format/codec/late.py``, staged as those and unpacked on the device);
 * per mask (shared by the fields that follow it), each row's first token position, length, and
   the position in the ``[B * T]`` output its tokens start from less their first index among all;
 * per flat buffer (outputs up to ``FLAT_BYTES``, built together: ``pad.Flat``), a line table of
@@ -36,7 +37,7 @@ import torch
 
 from ..base.threads import pieces, run_parallel
 from ..format.codec.decoder import fill
-from ..format.codec.tensors import FillJob
+from ..format.codec.fill_job import FillJob
 from .pad import SCATTER, Flat, Pad, Plan
 from .pinned import ALIGN, aligned
 
@@ -60,7 +61,7 @@ def _whole(jobs: list[FillJob]) -> bool:
     n = jobs[0].out.shape[0]
     if len(jobs) == 1:  # the usual case: a joined column
         j = jobs[0]
-        return j.r0 == 0 and j.r1 == n and j.src.numel() == int(j.off[n])
+        return j.r0 == 0 and j.r1 == n and (j.shift >= 0 or j.src.numel() == int(j.off[n]))
     return (jobs[0].r0 == 0 and jobs[-1].r1 == n and all(a.r1 == b.r0 for a, b in zip(jobs, jobs[1:]))
             and all(j.mask is jobs[0].mask and j.starts is jobs[0].starts for j in jobs)
             and all((j.pv is None) == (jobs[0].pv is None) for j in jobs)
@@ -100,6 +101,7 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
     leaf, if the caller has them."""
     ks = [key(t) for t in leaves] if ks is None else ks
     keys = {k: i for i, k in enumerate(ks) if k is not None}
+    jobs = [j if j.shift < 0 or _bits_home(j, home) else j.unbits() for j in jobs]  # bitmaps: unpacked there, or here
     by_out: dict[int, list[FillJob]] = {}
     rest: list[FillJob] = []
     for j in jobs:
@@ -148,9 +150,10 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
             ginfo.append((rows, n, T, size))
             size += aligned(rows.nbytes)
         srcs = [j.src for j in js]
-        c = _const(srcs, w) if j0.pv is None else None
+        c = _const(srcs, w) if j0.pv is None and j0.shift < 0 else None
         esize = j0.src.element_size()
-        at_home = c is None and j0.pv is None and not _small(j0, n, T, w) and _at_home(js, home, w * esize, starts)
+        at_home = j0.shift >= 0 or (c is None and j0.pv is None and not _small(j0, n, T, w)
+                                    and _at_home(js, home, w * esize, starts))
         # int32 values of int64 ids (format/codec/late.py) are widened on the device where they are scattered
         # from home (pad.SCATTER) with a pad value int32 holds; any other output is widened here, on the host
         if esize != j0.out.element_size() and not (at_home and SCATTER and -(1 << 31) <= int(j0.pad) < (1 << 31)):
@@ -158,7 +161,7 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
             j0, srcs, at_home = js[0], [j.src for j in js], False
             c = None if c is None else c.astype(_npdt(j0.src.dtype))
             esize = j0.src.element_size()
-        nvals = 1 if c is not None else sum(s.numel() for s in srcs) // w
+        nvals = 1 if c is not None else int(off[n]) if j0.shift >= 0 else sum(s.numel() for s in srcs) // w
         npad = sum(j.pv[1].numel() for j in js) // w if j0.pv is not None else 1
         if at_home:
             items.append((k, js, t, n, T, w, c, nvals, npad, -1, groups[gk]))
@@ -193,13 +196,14 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
         if at < 0:  # at home: the pad row after the values, in the arena
             at = j0.src.data_ptr() - home[0].data_ptr()  # type: ignore[index]
             vend = at + j0.src.numel() * j0.src.element_size()
-            row = _pad_row(j0.pad, bdt, w)
+            row = _pad_row(j0.pad, bdt, w)[:0 if j0.shift >= 0 else w]  # (a bitmap's pad row: made there)
             home[0].numpy()[vend:vend + row.nbytes] = row.view(np.uint8)  # type: ignore[index]
             hend = max(hend, vend + row.nbytes)
             index[k] = len(pads)
             narrow = j0.src.element_size() != t.element_size()  # int32 values of int64 ids: widened on the device
             pads.append(Pad(tuple(t.shape), t.dtype, w, not j0.out.is_contiguous(), gi, at, nvals, False, False,
-                            home=True, fillv=_bits(j0.pad, t.dtype if narrow else bdt, t), narrow=narrow))
+                            home=True, fillv=_bits(j0.pad, t.dtype if narrow else bdt, t), narrow=narrow,
+                            bits=j0.shift))
             continue
         o = at
         for s in ([c] if c is not None else [j.src.numpy() for j in js]):
@@ -275,6 +279,16 @@ def _at_home(js: list[FillJob], home: tuple[torch.Tensor, int] | None, rowbytes:
         return False
     return (s.device.type == "cpu" and s.is_contiguous() and s.numel() > 0 and base <= p
             and p + n + SPARE <= base + home[1] and (p - base) % rowbytes == 0)
+
+
+def _bits_home(j: FillJob, home: tuple[torch.Tensor, int] | None) -> bool:
+    """A bool output's values as its bitmap's bytes (``format/codec/late.py``) are unpacked on the device:
+    the one job of a whole ``[B, T]`` output padded with one value, too large to be built in a flat buffer,
+    its bitmap carved out of ``home``."""
+    s, n = j.src, j.out.shape[0]
+    return (home is not None and j.pv is None and j.out.dim() == 2 and j.out.is_contiguous() and j.r0 == 0
+            and j.r1 == n and not _small(j, n, j.out.shape[1], 1) and s.device.type == "cpu" and s.is_contiguous()
+            and home[0].data_ptr() <= s.data_ptr() and s.data_ptr() + s.numel() <= home[0].data_ptr() + home[1])
 
 
 def _small(j0: FillJob, n: int, T: int, w: int) -> bool:

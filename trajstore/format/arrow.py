@@ -365,6 +365,10 @@ class Columns:
         """``list_parts`` of a column already joined (``join``), else None."""
         return self.list_parts(name, dtype) if name in self._parts else None
 
+    def bitmap(self, name: str) -> int:
+        """-1; for a bool column ``joined`` gives as its bitmap's bytes, its first value's bit (``codec/late.py``)."""
+        return -1
+
     def list_parts(self, name: str, dtype: str) -> tuple[np.ndarray, np.ndarray]:
         """(offsets, values) of a large_list column, its chunks joined (``join``)."""
         if name not in self._parts:

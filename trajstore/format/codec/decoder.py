@@ -28,7 +28,7 @@ from ..arrow import Alloc, Columns
 from .late import LateColumns
 from ..batch.masks import padded_mask, span_mask
 from ..spec import BatchNode, SeqNode, is_flat, is_token
-from .tensors import FillJob
+from .fill_job import FillJob
 from ..values import bits
 
 __all__ = ["decode", "fill", "joined_first"]
@@ -285,7 +285,7 @@ def fill(jobs: list[FillJob]) -> None:
     order, as ``masked_scatter_`` but faster: benchmarks/RESULTS.md). Each output is split into row
     ranges, filled on the shared thread pool."""
     pieces, total = [], 0
-    for out, mask, src, off, pad, r0, r1, pv, starts in jobs:
+    for out, mask, src, off, pad, r0, r1, pv, starts, _ in (j.unbits() for j in jobs):  # a bitmap: unpacked
         nbytes = out[r0:r1].numel() * out.element_size()
         total += nbytes
         k = max(1, min(r1 - r0, nbytes // (4 << 20)))
@@ -335,13 +335,13 @@ def _mask_refs(node: dict, used: set) -> None:
 def _late_columns(table: pa.Table, spec: Any, where: str, columns: list[str] | None, layout: str | None,
                   alloc: Alloc | None, defer: list | None, joined: dict | None, late: list) -> Columns:
     """The ``Columns`` of a decode for a GPU (``late``): a packed read's token columns, or a padded read's int64
-    token columns (``defer``), joined as stored where they can be (``format/codec/late.py``)."""
+    and bool token columns (``defer``), joined as stored where they can be (``format/codec/late.py``)."""
     chosen = [(k, n) for k, n in spec["keys"] if columns is None or k in columns] if spec.get("t") == "batch" else []
     if joined_first(spec, columns, layout):
         return LateColumns(table, where, alloc, joined, late, {n["col"] for _, n in chosen if is_token(n)})
     if defer is not None and chosen:
         only = {n["col"] for n in _tensor_nodes(chosen) if is_token(n) and "pad_col" not in n and n.get("axis") is None}
-        return LateColumns(table, where, alloc, joined, late, only, ("int64",))
+        return LateColumns(table, where, alloc, joined, late, only)
     return Columns(table, where, alloc, joined)
 
 

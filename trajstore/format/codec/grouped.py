@@ -32,7 +32,7 @@ from ..batch.check import MISSING, Cells, Struct
 from ..batch.masks import classify, span_mask, token_mask
 from ..spec import PAD_PREFIX, RUNS_ACTION, RUNS_COL, SHAPE_PREFIX
 from .. import limits
-from .tensors import FillJob
+from .fill_job import FillJob
 from ..values import as_cpu, bits, storage
 
 __all__ = ["RunCells", "RUNS_COL", "RUNS_ACTION", "plan", "encode_runs", "encode_cells", "decode_cells"]

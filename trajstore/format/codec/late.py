@@ -1,13 +1,13 @@
 """Token values joined as they are stored and converted on the GPU (a read to a CUDA device: ``Reader.iter``
 / ``read(step, device=...)``): an int64 identifier column stored as int32 (docs/FORMAT.md 3.2) is joined
-into the pinned arena as its int32 values, and (read packed) a bool column as its bitmap's bytes; the device
+into the pinned arena as its int32 values, and a bool column as its bitmap's bytes; the device
 widens or unpacks them after the copy (``device/bridge.py``, ``device/pad.py``). The host then copies and sends 4
 bytes a token instead of 8, and a bit instead of a byte, and converts nothing (benchmarks/RESULTS.md,
 issue 23, tenth round).
 
 ``LateColumns`` is the ``Columns`` of such a decode; only the columns of packed token fields are joined
-so, and the int64 ones of padded token fields: their int32 values are the fill jobs' values, which the
-device's pad plan widens as it places them (``device/plan.py``, ``pad.py``). A packed column joined so is
+so, and the int64 and bool ones of padded token fields: their int32 values or bitmaps are the fill jobs' values,
+which the device's pad plan widens or unpacks as it places them (``device/plan.py``, ``pad.py``). A packed column joined so is
 handed out by ``flat_parts`` (the packed field's values, used whole) as a placeholder of its decoded dtype
 that the host never fills, with a ``Late`` record the stager turns into the conversion on the device; any other use of the column
 (``list_parts``) converts it on the host first, and the stager fills a placeholder it does not find among
@@ -135,11 +135,16 @@ class LateColumns(Columns):
             self._host = False
 
     def joined(self, name: str, dtype: str) -> tuple[np.ndarray, np.ndarray] | None:
-        """A padded field's joined column: an int64 one joined as stored gives its int32 values (the pad plan
-        widens them on the device, or on the host where it builds the field there: ``device/plan.py``)."""
-        if name in self._stored and self._stored[name][2] == "int64":
+        """A padded field's joined column: an int64 one joined as stored gives its int32 values, a bool one its
+        bitmap's bytes (``bitmap``: its first value's bit); the pad plan widens or unpacks them on the device,
+        or on the host where it builds the field there (``device/plan.py``)."""
+        if name in self._stored:
             return self._stored[name][0], self._stored[name][1]
         return super().joined(name, dtype)
+
+    def bitmap(self, name: str) -> int:
+        got = self._stored.get(name)
+        return got[3] if got is not None and got[2] == "bool" else -1
 
     def offsets(self, name: str, dtype: str) -> np.ndarray:
         if name in self._stored:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import base64
 import math
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -26,7 +26,8 @@ import torch
 
 from ...errors import FormatError
 from .. import dtypes as dt
-from ..arrow import Columns, TableBuilder, empty, list_array
+from ..arrow import Columns, TableBuilder, empty, list_array, unpack_bits
+from .fill_job import FillJob
 from ..batch.check import FLAT, GLOBAL, SEGMENTS, TOKENS, Tensor
 from ..batch.layout import Layout
 from ..batch.masks import MaskGroup, Selection, channel_major
@@ -259,24 +260,6 @@ def decode_segments(cols: Columns, node: SegTensorNode, n: int) -> Any:
     return dt.as_value(v, node).reshape([int(counts.sum())] + trail)
 
 
-class FillJob(NamedTuple):
-    """Rows ``r0:r1`` of a padded output to fill from one chunk's values: ``src`` (raw bits) at the
-    positions of ``mask``, with ``off`` the row offsets into ``src``; the other positions get
-    ``pad``, or ``pv`` (offsets, raw bits) of the recorded padded values. ``starts``: each row's
-    first valid position (one run per row: a right or left padded mask), None if not known;
-    ``mask`` is None where ``starts`` tells it (a deferred job: ``decoder.fill`` builds its rows)."""
-
-    out: torch.Tensor
-    mask: torch.Tensor | None
-    src: torch.Tensor
-    off: np.ndarray
-    pad: int
-    r0: int
-    r1: int
-    pv: tuple[np.ndarray, torch.Tensor] | None
-    starts: np.ndarray | None = None
-
-
 def decode_padded(cols: Columns, node: TensorNode, n: int, T: int | None, side: str,
                   mask_for: Callable[[np.ndarray, int, str], torch.Tensor],
                   charge: Callable[[int, str], None] | None = None) -> tuple[Any, list[FillJob]]:
@@ -287,6 +270,9 @@ def decode_padded(cols: Columns, node: TensorNode, n: int, T: int | None, side: 
     trail = node["trail"]
     w = max(1, math.prod(trail))
     got = None if "pad_col" in node else cols.joined(node["col"], node["dtype"])  # joined: one job
+    shift = -1 if got is None else cols.bitmap(node["col"])  # a bitmap: unpacked as it is placed (w == 1)
+    if shift >= 0 and (math.prod(trail) != 1 or node.get("axis") == "last"):
+        got, shift = (got[0], unpack_bits(got[1], shift, int(got[0][-1]))), -1
     off, parts = (got[0], [(0, got[1])]) if got is not None else cols.chunks(node["col"], node["dtype"])
     rows = np.diff(off)
     if len(off) != n + 1 or bool((rows < 0).any()):
@@ -315,7 +301,7 @@ def decode_padded(cols: Columns, node: TensorNode, n: int, T: int | None, side: 
     jobs = []
     narrow = got is not None and got[1].dtype == np.int32 and node["dtype"] == "int64"  # codec/late.py: widened
     for i, ((r0, v), r1) in enumerate(zip(parts, [r for r, _ in parts[1:]] + [n])):  # where placed (device/plan.py)
-        if narrow:
+        if narrow or shift >= 0:
             src = torch.from_numpy(v).reshape(-1)
         else:
             x = dt.as_value(v, node)
@@ -325,7 +311,7 @@ def decode_padded(cols: Columns, node: TensorNode, n: int, T: int | None, side: 
         pv = None if pads is None else (pads[0] - pads[0][r0], pads[1][i])
         if pv is not None and last:
             pv = (pv[0], pv[1][torch.from_numpy(channel_major((T - lengths)[r0:r1], w))])
-        jobs.append(FillJob(out, mask, src, off - off[r0], node.get("pad") or 0, r0, r1, pv, starts))
+        jobs.append(FillJob(out, mask, src, off - off[r0], node.get("pad") or 0, r0, r1, pv, starts, shift))
     return as_lib(full, node), jobs
 
 
