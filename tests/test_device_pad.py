@@ -312,7 +312,7 @@ def test_the_bitmap_unpacking_math_alone():
                 assert torch.equal(out, want), (shift, fill, scatter)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(B=st.integers(1, 24), T=st.integers(1, 40), side=st.sampled_from(["right", "left"]), seed=st.integers(0, 9),
        data=st.data())
 def test_a_bool_field_goes_to_the_device_as_its_bitmap(tmp_path_factory, B, T, side, seed, data):
