@@ -516,3 +516,28 @@ def test_digest_blocks_change_no_value(monkeypatch):
         got = run()
         assert all(x.tobytes() == y.tobytes() for x, y in zip(got, want)), block
     assert want[1].tolist() == [float((m[offs[i]:offs[i + 1]] != 0).sum()) for i in range(60)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(lens=st.lists(st.integers(0, 12), min_size=1, max_size=30), dtype=st.sampled_from(["int16", "int32", "int64", "float32"]),
+       seed=st.integers(0, 2**16), block=st.sampled_from([None, 1, 7]), given_n=st.booleans())
+def test_digest_extremes_are_each_rows_kept_max_and_min(lens, dtype, seed, block, given_n):
+    """``digest.extremes``: per row, the max and min of its values where the mask keeps them (NaN for a row
+    with none, NaN where a kept value is NaN), whatever the block size and whether the count is given."""
+    from trajstore.store import digest
+
+    rng = np.random.default_rng(seed)
+    offs = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    n = int(offs[-1])
+    v = (rng.integers(-1000, 1000, n) if dtype != "float32" else rng.standard_normal(n)).astype(dtype)
+    if dtype == "float32" and n:
+        v[rng.integers(0, n, 3)] = [np.inf, -np.inf, np.nan]
+    keep = rng.random(n) < 0.6
+    with pytest.MonkeyPatch.context() as mp:
+        if block is not None:
+            mp.setattr(digest, "BLOCK", block)
+        hi, lo = digest.extremes(offs, v, keep, digest.count(offs, keep) if given_n else None)
+    for i in range(len(lens)):
+        k = v[offs[i]:offs[i + 1]][keep[offs[i]:offs[i + 1]]]
+        want = (np.maximum.reduce(k), np.minimum.reduce(k)) if len(k) else (np.nan, np.nan)
+        np.testing.assert_array_equal([hi[i], lo[i]], np.asarray(want, np.float64))

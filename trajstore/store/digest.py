@@ -97,21 +97,21 @@ def keep_of(m: np.ndarray) -> np.ndarray:
     return m if m.dtype == bool else m != 0
 
 
-def extremes(offs: np.ndarray, v: np.ndarray, keep: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """Max and min of each row's values where ``keep`` (NaN for a row with none)."""
+def extremes(offs: np.ndarray, v: np.ndarray, keep: np.ndarray | None,
+             n: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Max and min of each row's values where ``keep`` (NaN for a row with none); ``n``: ``count(offs, keep)``
+    where the caller has it. The kept values of a block are taken out once and reduced row by row."""
     if keep is None:
         n = np.diff(offs).astype(np.float64)
         hi, lo = seg(offs, v, np.maximum, np.nan), seg(offs, v, np.minimum, np.nan)
     else:
-        n = count(offs, keep)
-        big = np.iinfo(v.dtype) if v.dtype.kind in "iu" else None
-        top, bot = (np.asarray(x, v.dtype) for x in ((big.min, big.max) if big else (-np.inf, np.inf)))
+        n = count(offs, keep) if n is None else n
         hi, lo = np.empty(len(n)), np.empty(len(n))
         for i, j in _blocks(offs):
             o = offs[i:j + 1]
-            vv, kk, r = v[o[0]:o[-1]], keep[o[0]:o[-1]], o - o[0]
-            hi[i:j] = seg(r, np.where(kk, vv, top), np.maximum, np.nan)
-            lo[i:j] = seg(r, np.where(kk, vv, bot), np.minimum, np.nan)
+            kept, r = v[o[0]:o[-1]][keep[o[0]:o[-1]]], np.zeros(j - i + 1, np.int64)
+            np.cumsum(n[i:j].astype(np.int64), out=r[1:])  # each row's kept values, in order
+            hi[i:j], lo[i:j] = seg(r, kept, np.maximum, np.nan), seg(r, kept, np.minimum, np.nan)
     hi[n == 0] = np.nan
     lo[n == 0] = np.nan
     return hi, lo
@@ -166,15 +166,16 @@ def derive(doc: dict, table: pa.Table) -> dict[tuple, np.ndarray]:
             out[("tokens", ())] = table.column(len_col).to_numpy().astype(np.int64)
         else:
             out[("tokens", ())] = np.zeros(table.num_rows, np.int64)
-    keep = None
+    keep = kept = None
     if mask is not None:
         keep = keep_of(col[mask][1])
-        out[("length", (mask,))] = count(col[mask][0], keep).astype(np.int64)
+        kept = count(col[mask][0], keep)
+        out[("length", (mask,))] = kept.astype(np.int64)
     if ver is not None:
         (offs, v), ok = col[ver], keep is not None and np.array_equal(col[ver][0], col[mask][0])
         if ok or mask is None:  # a mask of other row lengths: left to the files
             by = (ver, mask) if ok else (ver,)
-            out[("version_max", by)], out[("version_min", by)] = extremes(offs, v, keep if ok else None)
+            out[("version_max", by)], out[("version_min", by)] = extremes(offs, v, *((keep, kept) if ok else (None,)))
     for a, b in pairs:
         got = absdiff(col[a], col[b], col[mask] if mask else None)
         if got is not None and (got[2] or mask is None):
