@@ -519,8 +519,9 @@ def test_digest_blocks_change_no_value(monkeypatch):
 
 
 @settings(max_examples=60, deadline=None)
-@given(lens=st.lists(st.integers(0, 12), min_size=1, max_size=30), dtype=st.sampled_from(["int16", "int32", "int64", "float32"]),
-       seed=st.integers(0, 2**16), block=st.sampled_from([None, 1, 7]), given_n=st.booleans())
+@given(lens=st.lists(st.integers(0, 12), min_size=1, max_size=30),
+       dtype=st.sampled_from(["int16", "int32", "int64", "float32"]), seed=st.integers(0, 2**16),
+       block=st.sampled_from([None, 1, 7]), given_n=st.booleans())
 def test_digest_extremes_are_each_rows_kept_max_and_min(lens, dtype, seed, block, given_n):
     """``digest.extremes``: per row, the max and min of its values where the mask keeps them (NaN for a row
     with none, NaN where a kept value is NaN), whatever the block size and whether the count is given."""
