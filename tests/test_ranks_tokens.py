@@ -97,3 +97,22 @@ def test_a_token_balanced_read_of_one_field_reads_its_columns_and_the_lengths(tm
     read.clear()
     r.read(0)  # every field: every column but the attention mask of ones (rebuilt from the lengths)
     assert read and all("old_logprobs" in c and "attention_mask" not in c for c in read), read
+
+
+def test_a_field_read_in_a_layout_from_shards_that_pad_another_field_their_own_way(tmp_path):
+    """A layout conversion of some fields also reads one token field for the rows' lengths; where the shards
+    store that field's padding differently (one a pad value, the other its padded values' column), its
+    padding column is read too, so the shards join (the logical step and a token-balanced slice alike)."""
+    ids = torch.tensor([[7, -2], [-5, -7], [-4, -8]])
+    b = {"prompts": ids[:, :1], "responses": ids[:, 1:], "response_mask": torch.zeros(3, 1, dtype=torch.int64),
+         "input_ids": ids, "attention_mask": torch.zeros(3, 2, dtype=torch.int64),
+         "token_level_rewards": torch.tensor([[-3.8], [1.8e24], [-2.9e30]])}
+    dump(tmp_path, b, 2)  # rank 1's two rows pad `responses` with two values: a __pad__ column there only
+    r = trajstore.Reader(tmp_path)
+    whole = r.read(0, layout="packed")
+    got = r.read(0, columns=["prompts"], layout="packed")
+    assert_batch_equal(got, {k: whole[k] for k in got})
+    assert set(got) == {"prompts", "prompt_cu_seqlens", "prompt_max_seqlen"}
+    part = trajstore.Reader(tmp_path, rank=0, world_size=3, balance="tokens").read(0, columns=["prompts"],
+                                                                                    layout="packed")
+    assert set(part) == set(got)

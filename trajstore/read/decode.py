@@ -18,7 +18,7 @@ from ..format.file.joining import StreamJoin
 from ..format.codec.decoder import joined_first
 from ..format.codec.tensors import ones_source
 from ..format.file.parquet import read_columns
-from ..format.spec import STEP_COLUMN, is_dict_batch, is_token
+from ..format.spec import STEP_COLUMN, is_dict_batch, is_token, node_columns
 from ..store.stepfile import StepFile
 
 __all__ = ["read_table", "decode", "decode_file"]
@@ -48,8 +48,11 @@ def read_table(sf: StepFile, step: int, columns: list[str] | None, layout: str |
         cols = schema.columns_for(spec, columns)
     except ConfigError as e:
         raise ConfigError(f"{f}: {e}") from None
-    if layout and cols is not None and is_dict_batch(spec):
-        cols = cols + [c for c in _token_cols(spec) if c not in cols][:1]
+    if layout and cols is not None and is_dict_batch(spec):  # a token field's row lengths, for the conversion
+        extra = next((n for _, n in spec["keys"] if is_token(n) and n["col"] not in cols), None)
+        if extra is not None:  # with its padding values' column: shards join a field with those
+            cols = list(cols)
+            node_columns(extra, cols, spec.get("masks"))
     if (cols is None and layout == "packed" and is_dict_batch(spec) and spec.get("form") == "padded"
             and spec.get("side")):
         # the attention mask is dropped by the conversion: decode it only if it is the one
