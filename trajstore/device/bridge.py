@@ -207,22 +207,15 @@ def _late(views: list[torch.Tensor], arena: Arena | None) -> list[Late | None]:
     return out
 
 
-_BITS: dict[torch.device, torch.Tensor] = {}  # per device: [1, 2, 4, .. 128] uint8, a bitmap's bit masks
-
-
 def _convert(r: Late, src: torch.Tensor, out: torch.Tensor) -> None:
     """``out`` (on the device) from the values ``r`` stands for, ``src`` their stored bytes there: one
-    kernel for ids, two for a bitmap (its bits masked, then cast: nonzero is True). Launched on the
+    kernel for ids, two for a bitmap (``pad.unpack``: its bits masked, then compared). Launched on the
     consumer's thread (``launch``), so kept to as few torch calls as it takes."""
     n = out.numel()
     if r.kind == "int64":
         out.view(-1).copy_(src[:4 * n].view(torch.int32))
         return
-    bits = _BITS.get(src.device)
-    if bits is None:
-        bits = _BITS[src.device] = torch.tensor([1 << i for i in range(8)], dtype=torch.uint8, device=src.device)
-    masked = torch.bitwise_and(src[:(r.shift + n + 7) // 8, None], bits)  # LSB first, as Arrow packs them
-    out.view(-1).copy_(masked.view(-1)[r.shift:r.shift + n])
+    device_pad.unpack(src, r.shift, n, out=out.view(-1))
 
 
 def launch(staged: Staged, device: torch.device, consumer: torch.cuda.Stream | None) -> tuple[Any, Any]:

@@ -26,7 +26,7 @@ import torch
 from . import index as device_index
 from ..format import dtypes as dt
 
-__all__ = ["Pad", "Flat", "Plan", "alloc", "run", "build"]
+__all__ = ["Pad", "Flat", "Plan", "alloc", "run", "build", "unpack"]
 
 SCATTER = True  # an output with one pad value: filled, its tokens scattered (False: gathered, as a pv output)
 
@@ -96,7 +96,17 @@ def alloc(p: Plan, device: torch.device) -> tuple[list[torch.Tensor], list[torch
     return outs, flat
 
 
-_SHIFTS: dict[torch.device, torch.Tensor] = {}  # per device: [0, 1, .. 7] uint8, a bitmap byte's bits
+_BITS: dict[torch.device, torch.Tensor] = {}  # per device: [1, 2, 4, .. 128] uint8, a bitmap byte's bit masks
+
+
+def unpack(src: torch.Tensor, shift: int, n: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``n`` bools of an Arrow bitmap's bytes ``src`` (on its device), from bit ``shift`` of its first byte, least
+    significant bit first as Arrow packs them (into ``out``): two kernels, its bits masked, then compared."""
+    bits = _BITS.get(src.device)
+    if bits is None:
+        bits = _BITS[src.device] = torch.tensor([1 << i for i in range(8)], dtype=torch.uint8, device=src.device)
+    masked = torch.bitwise_and(src[:(shift + n + 7) // 8, None], bits)
+    return torch.ne(masked.view(-1)[shift:shift + n], 0, out=out)
 
 
 def _values(buf: torch.Tensor, pad: Pad, count: int, dtype: torch.dtype) -> torch.Tensor:
@@ -104,12 +114,8 @@ def _values(buf: torch.Tensor, pad: Pad, count: int, dtype: torch.dtype) -> torc
     stored, widened here, where ``pad.narrow``; its bitmap unpacked here (least significant bit first, as
     Arrow packs them), its pad row after them, where ``pad.bits`` >= 0 (``format/codec/late.py``)."""
     if pad.bits >= 0:
-        sh = _SHIFTS.get(buf.device)
-        if sh is None:
-            sh = _SHIFTS[buf.device] = torch.arange(8, dtype=torch.uint8, device=buf.device)
         n = min(count, pad.rows)
-        b = buf[pad.at:pad.at + (pad.bits + n + 7) // 8]
-        v = torch.bitwise_right_shift(b[:, None], sh).bitwise_and_(1).view(-1)[pad.bits:pad.bits + n]
+        v = unpack(buf[pad.at:], pad.bits, n).view(torch.uint8)
         return v if count == n else torch.cat([v, v.new_full((count - n,), pad.fillv)])
     if pad.narrow:
         return buf[pad.at:pad.at + 4 * count].view(torch.int32).to(dtype)

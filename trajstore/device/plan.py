@@ -285,10 +285,9 @@ def _bits_home(j: FillJob, home: tuple[torch.Tensor, int] | None) -> bool:
     """A bool output's values as its bitmap's bytes (``format/codec/late.py``) are unpacked on the device:
     the one job of a whole ``[B, T]`` output padded with one value, too large to be built in a flat buffer,
     its bitmap carved out of ``home``."""
-    s, n = j.src, j.out.shape[0]
-    return (home is not None and j.pv is None and j.out.dim() == 2 and j.out.is_contiguous() and j.r0 == 0
-            and j.r1 == n and not _small(j, n, j.out.shape[1], 1) and s.device.type == "cpu" and s.is_contiguous()
-            and home[0].data_ptr() <= s.data_ptr() and s.data_ptr() + s.numel() <= home[0].data_ptr() + home[1])
+    n = j.out.shape[0]
+    return (j.pv is None and j.out.dim() == 2 and j.out.is_contiguous() and j.r0 == 0 and j.r1 == n
+            and not _small(j, n, j.out.shape[1], 1) and _at_home([j], home, 1, []))
 
 
 def _small(j0: FillJob, n: int, T: int, w: int) -> bool:

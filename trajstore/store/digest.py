@@ -175,7 +175,8 @@ def derive(doc: dict, table: pa.Table) -> dict[tuple, np.ndarray]:
         (offs, v), ok = col[ver], keep is not None and np.array_equal(col[ver][0], col[mask][0])
         if ok or mask is None:  # a mask of other row lengths: left to the files
             by = (ver, mask) if ok else (ver,)
-            out[("version_max", by)], out[("version_min", by)] = extremes(offs, v, *((keep, kept) if ok else (None,)))
+            out[("version_max", by)], out[("version_min", by)] = extremes(offs, v, keep if ok else None,
+                                                                          kept if ok else None)
     for a, b in pairs:
         got = absdiff(col[a], col[b], col[mask] if mask else None)
         if got is not None and (got[2] or mask is None):

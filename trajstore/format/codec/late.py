@@ -56,9 +56,9 @@ class LateColumns(Columns):
     doc); ``late`` collects the ``Late`` records of the placeholders handed out."""
 
     def __init__(self, table: pa.Table, where: str, alloc: Any, joined: dict | None, late: list,
-                 only: set[str], kinds: tuple[str, ...] = ("int64", "bool")) -> None:
+                 only: set[str]) -> None:
         super().__init__(table, where, alloc, joined)
-        self.late, self.only, self.kinds = late, only, kinds  # only: the token fields' columns it may join so
+        self.late, self.only = late, only  # only: the token fields' columns it may join so
         self._stored: dict[str, tuple[np.ndarray, np.ndarray, str, int]] = {}  # joined as stored, not handed out
         self._handed: dict[str, tuple[np.ndarray, Late]] = {}
         self._host = False  # inside ``list_parts``: a join converts on the host
@@ -72,7 +72,7 @@ class LateColumns(Columns):
     def _as_stored(self, name: str, dtype: str) -> bool:
         """Join column ``name`` as stored where it is one such column (else False: the ordinary join, whose
         checks raise what a damaged column holds)."""
-        if dtype not in self.kinds or name not in self.only or name in self._parts or not self.has(name):
+        if dtype not in ("int64", "bool") or name not in self.only or name in self._parts or not self.has(name):
             return False
         col = self.col(name)
         if not pa.types.is_large_list(col.type) or col.null_count:

@@ -26,7 +26,7 @@ import torch
 
 from ...errors import FormatError
 from .. import dtypes as dt
-from ..arrow import Columns, TableBuilder, empty, list_array, unpack_bits
+from ..arrow import Columns, TableBuilder, empty, list_array
 from .fill_job import FillJob
 from ..batch.check import FLAT, GLOBAL, SEGMENTS, TOKENS, Tensor
 from ..batch.layout import Layout
@@ -272,7 +272,7 @@ def decode_padded(cols: Columns, node: TensorNode, n: int, T: int | None, side: 
     got = None if "pad_col" in node else cols.joined(node["col"], node["dtype"])  # joined: one job
     shift = -1 if got is None else cols.bitmap(node["col"])  # a bitmap: unpacked as it is placed (w == 1)
     if shift >= 0 and (math.prod(trail) != 1 or node.get("axis") == "last"):
-        got, shift = (got[0], unpack_bits(got[1], shift, int(got[0][-1]))), -1
+        got, shift = cols.list_parts(node["col"], node["dtype"]), -1  # (converted on the host: codec/late.py)
     off, parts = (got[0], [(0, got[1])]) if got is not None else cols.chunks(node["col"], node["dtype"])
     rows = np.diff(off)
     if len(off) != n + 1 or bool((rows < 0).any()):
