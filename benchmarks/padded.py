@@ -1,7 +1,11 @@
 """Padded replay to CUDA against packed replay, same dump, same run (issue 16: padded >= 0.9x packed
 at prefetch 2 and 8), and each against the decoder ceiling of the same files (``replay_cpu.ceiling``),
 measured before each pair of passes: the median of the per-pass ratios (issue 23: >= 0.9x at prefetch 4
-and 8), steadier than two figures measured apart on a host whose speed drifts between calls.
+and 8), steadier than two figures measured apart on a host whose speed drifts between calls. An extra
+line gives each ratio against the same ceiling verifying every page's CRC32 (``replay_cpu.ceiling(checks=True)``),
+the integrity check each trajstore read makes and the ceiling does not (benchmarks/RESULTS.md, fifteenth round),
+and at prefetch 4 and 8 the rate of the least replay that stages through pinned memory with as many steps at once
+(``benchmarks/least.py``: what bounds any such replay on the host), against the ceiling and against packed replay.
 ``Reader.iter(device="cuda")`` of a padded step (as recorded: what the Recorder's replay returns)
 stages the unpadded values and builds the padding on the GPU (trajstore/device/pad.py);
 ``layout="packed"`` stages the same values and builds nothing.
@@ -21,6 +25,7 @@ import torch
 import trajstore
 from trajstore.device import bridge as torch_bridge
 
+from . import least as least_replay
 from . import replay_cpu
 
 
@@ -69,8 +74,13 @@ def run(rep, d: Path, raw: int, n: int, repeat: int, gpu: bool) -> None:
             replay(k, layout)
         rates: dict = {"packed": [], None: []}
         ceil: list[float] = []
+        checked: list[float] = []  # the same ceiling verifying each page's CRC32, as trajstore's reads do
+        least: list[float] = []  # the least replay staging through pinned memory, k steps at once (least.py)
         for _ in range(PASSES):  # interleaved: drift hits both alike, and the ceiling
             ceil.append(replay_cpu.ceiling_gbps(files, raw))  # the decoder ceiling of the same files
+            checked.append(replay_cpu.ceiling_gbps(files, raw, checks=True))
+            if k in (4, 8):
+                least.append(least_replay.gbps(files, raw, k, dev))
             for layout in rates:
                 rates[layout].append(replay(k, layout))
         packed, padded = statistics.median(rates["packed"]), statistics.median(rates[None])
@@ -84,7 +94,17 @@ def run(rep, d: Path, raw: int, n: int, repeat: int, gpu: bool) -> None:
             x = statistics.median(g / c for g, c in zip(rates[layout], ceil))
             rep.add(f"replay to CUDA, iter(prefetch={k}), {name} / decoder ceiling (median of {PASSES} pairs)", x, "x",
                     target=">= 0.9x (issue 23)" if k in (4, 8) else "", ok=x >= 0.9 if k in (4, 8) else None)
-        print(f"  prefetch={k}: decoder ceiling of each pass {' '.join(f'{c:.2f}' for c in ceil)} GB/s", flush=True)
+            y = statistics.median(g / c for g, c in zip(rates[layout], checked))
+            rep.add(f"  prefetch={k}, {name} / the ceiling with page checksums verified, as trajstore's reads do",
+                    y, "x")
+        if least:
+            x = statistics.median(g / c for g, c in zip(least, ceil))
+            rep.add(f"  prefetch={k}: the least replay staging through pinned memory, {k} steps at once "
+                    "(benchmarks/least.py) / decoder ceiling", x, "x")
+            x = statistics.median(g / c for g, c in zip(rates["packed"], least))
+            rep.add(f"  prefetch={k}: packed replay / that least replay", x, "x")
+        print(f"  prefetch={k}: decoder ceiling of each pass {' '.join(f'{c:.2f}' for c in ceil)} GB/s; with page "
+              f"checksums verified {' '.join(f'{c:.2f}' for c in checked)}", flush=True)
 
 
 PASSES = 7  # interleaved passes per layout and depth; single passes vary by +-10% on the GPU host

@@ -150,23 +150,27 @@ def measure(fn, n_steps: int, raw: int) -> dict[str, Any]:
             "kinds": {k: v / n_steps * 1e3 for k, v in sorted(probe.by_kind().items())}}
 
 
-def ceiling(files: list[Path]) -> None:
+def ceiling(files: list[Path], checks: bool = False) -> None:
     """The decoder ceiling's pass (``python -m benchmarks`` judges replay against it): ``pq.read_table``
     of the step files, 8 at a time, the columns a packed replay reads, no conversion, no copy, no GPU, on
     Arrow's pool as the process has it: a replay just before may have left it resized for half a second
-    (``arrow_pool.LINGER``: 12 threads of 16 after a deep prefetch), so it is given back first."""
+    (``arrow_pool.LINGER``: 12 threads of 16 after a deep prefetch), so it is given back first. ``checks``:
+    each page's CRC32 verified too (``page_checksum_verification``), as every trajstore read does
+    (docs/RELIABILITY.md): the same decode with trajstore's integrity check, an extra line beside the
+    ceiling the target is judged against."""
     import pyarrow.parquet as pq
 
     arrow_pool.settle()
     cols = [c for c in pq.ParquetFile(files[0]).schema_arrow.names if c != "attention_mask"]
     with ThreadPoolExecutor(8) as ex:
-        list(ex.map(lambda f: pq.read_table(f, columns=cols, use_threads=False, pre_buffer=False), files))
+        list(ex.map(lambda f: pq.read_table(f, columns=cols, use_threads=False, pre_buffer=False,
+                                            page_checksum_verification=checks), files))
 
 
-def ceiling_gbps(files: list[Path], raw: int) -> float:
+def ceiling_gbps(files: list[Path], raw: int, checks: bool = False) -> float:
     """One timed pass of ``ceiling`` over ``files`` (steps of ``raw`` tensor bytes each): GB/s."""
     t0 = time.perf_counter()
-    ceiling(files)
+    ceiling(files, checks)
     return len(files) * raw / (time.perf_counter() - t0) / 1e9
 
 

@@ -5,6 +5,10 @@ asserted; the rate keeps three significant figures, so a small step on a busy ma
 import os
 import re
 
+import torch
+
+import trajstore
+
 from benchmarks import replay_cpu
 
 
@@ -80,16 +84,34 @@ def test_a_ratio_to_its_baseline_is_timed_in_turn(monkeypatch):
 def test_the_ceilings_rate_is_the_steps_bytes_over_one_pass(monkeypatch):
     """``replay_cpu.ceiling_gbps``: one pass of ``ceiling`` over the files, timed (a fake clock: 2 units), the
     files' tensor bytes over it (3 steps of 1e9 bytes: 1.5 GB/s); ``python -m benchmarks`` and
-    benchmarks/padded.py both measure the ceiling so."""
+    benchmarks/padded.py both measure the ceiling so, the latter also with page checksums verified."""
     clock, seen = [0.0], []
     monkeypatch.setattr(replay_cpu.time, "perf_counter", lambda: clock[0])
 
-    def one_pass(files):
-        seen.append(list(files))
+    def one_pass(files, checks):
+        seen.append((list(files), checks))
         clock[0] += 2
 
     monkeypatch.setattr(replay_cpu, "ceiling", one_pass)
-    assert replay_cpu.ceiling_gbps(["a", "b", "c"], 10 ** 9) == 1.5 and seen == [["a", "b", "c"]]
+    assert replay_cpu.ceiling_gbps(["a", "b", "c"], 10 ** 9) == 1.5 and seen == [(["a", "b", "c"], False)]
+    assert replay_cpu.ceiling_gbps(["a"], 10 ** 9, checks=True) == 0.5 and seen[1] == (["a"], True)
+
+
+def test_the_checked_ceiling_verifies_each_page(tmp_path, monkeypatch):
+    """``ceiling(checks=True)`` reads every file with pyarrow's page checksum verification (what every trajstore
+    read does), the plain ceiling without it; both read the columns a packed replay reads."""
+    import pyarrow.parquet as pq
+
+    with trajstore.Writer(tmp_path / "d") as w:
+        w.append(0, {"input_ids": torch.ones(2, 3, dtype=torch.int64),
+                     "attention_mask": torch.ones(2, 3, dtype=torch.bool)})
+    f = trajstore.Reader(tmp_path / "d").file(0)
+    calls, real = [], pq.read_table
+    monkeypatch.setattr(pq, "read_table", lambda src, **kw: calls.append(kw) or real(src, **kw))
+    replay_cpu.ceiling([f, f])
+    replay_cpu.ceiling([f], checks=True)
+    assert [c["page_checksum_verification"] for c in calls] == [False, False, True]
+    assert all("attention_mask" not in c["columns"] and "input_ids" in c["columns"] for c in calls)
 
 
 def test_the_reports_rows_are_json_whatever_numbers_a_figure_gives(capsys):
