@@ -29,7 +29,7 @@ import trajstore
 from trajstore import schema
 from trajstore.store import checksums
 
-from . import cuda_writes, encodings, padded, replay_cpu, scale
+from . import cuda_writes, encodings, least, padded, replay_cpu, scale
 from .writes import throughput, writer_figures
 from . import workload as W
 
@@ -161,6 +161,11 @@ def reader_figures(rep: Report, d: Path, b: dict, repeat: int) -> dict:
                      lambda: torch.load(b["flat_file"], weights_only=True), 2 * repeat + 1)
     rep.add("  pyarrow read_table of those columns alone (no trajstore)", t * 1e3, "ms", load * 1e3,
             "flat torch.load, timed in turn with it")
+    # the same read with trajstore's page checks and each column joined into one array on this thread
+    t, load = paired(lambda: least.read_cpu(f, cols), lambda: torch.load(b["flat_file"], weights_only=True),
+                     2 * repeat + 1)
+    rep.add("  pyarrow read_table with page checks, each column joined by numpy (benchmarks/least.py)", t * 1e3,
+            "ms", load * 1e3, "flat torch.load, timed in turn with it")
     # CPU time, every thread counted: the decode is bound by cores, so this is what caps a
     # pipeline that decodes several steps at once (replay)
     r = trajstore.Reader(d)

@@ -96,3 +96,21 @@ def gbps(files: list[Path], raw: int, k: int, device: Any = None) -> float:
         for fut in held:
             fut.result()
     return len(files) * raw / (time.perf_counter() - t0) / 1e9
+
+
+def read_cpu(f: Path, cols: list[str]) -> dict[str, np.ndarray]:
+    """The least read of a step to host memory in a packed layout: ``read_table`` (page checksums verified),
+    then each column's values joined into one fresh array on this thread (``np.concatenate``: ids widened to
+    int64 as the spec gives them, bools unpacked from their bitmaps), no offsets or spec: the floor under
+    ``Reader.read(step, layout="packed")`` that pyarrow's read alone is not."""
+    table = pq.read_table(f, columns=cols, use_threads=True, pre_buffer=False, page_checksum_verification=True)
+    out = {}
+    for name in table.column_names:
+        col = table.column(name)
+        kind = (table.schema.field(name).metadata or {}).get(b"trajstore.dtype", b"")
+        chunks = [c.flatten() if pa.types.is_large_list(c.type) else c for c in col.chunks]
+        parts = [np.unpackbits(np.frombuffer(v.buffers()[1], np.uint8), count=v.offset + len(v), bitorder="little")
+                 [v.offset:].view(np.bool_) if pa.types.is_boolean(v.type) else v.to_numpy() for v in chunks]
+        want = np.int64 if kind == b"int64" else None
+        out[name] = np.concatenate(parts, dtype=want) if parts else np.empty(0, want)
+    return out

@@ -73,3 +73,28 @@ def test_a_pass_reads_every_file_k_at_a_time(tmp_path, monkeypatch):
     rate = least.gbps(files, 10 ** 6, 3)
     assert sorted(map(str, seen)) == sorted(map(str, files)) and most[0] <= 3 and rate > 0
 
+
+
+@settings(max_examples=15, deadline=None)
+@given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=12), seed=st.integers(0, 2 ** 16),
+       row_groups=st.integers(1, 3))
+def test_the_least_cpu_read_gives_the_packed_values(tmp_path_factory, monkeypatch, lengths, seed, row_groups):
+    """``least.read_cpu`` (the benchmark's floor of a packed read to host memory): each column's values, as
+    ``Reader.read(step, layout="packed")`` gives them (ids widened to int64, bools unpacked), over row groups."""
+    from trajstore.format.file import parquet as pq_layout
+
+    monkeypatch.setattr(pq_layout, "ROW_GROUP_BYTES", 1)  # several row groups: chunks to join
+    monkeypatch.setattr(pq_layout, "ROW_GROUPS", row_groups)
+    d = tmp_path_factory.mktemp("least_cpu") / "d"
+    with trajstore.Writer(d, workers=1) as w:
+        w.append(0, _batch(lengths, seed))
+    r = trajstore.Reader(d)
+    f = r.file(0)
+    import pyarrow.parquet as pq
+
+    groups = pq.ParquetFile(f).metadata.num_row_groups
+    assert groups > 1 if row_groups > 1 and len(lengths) > 1 else groups == 1
+    got, packed = least.read_cpu(f, least.columns(f)), r.read(0, layout="packed")
+    for name in ("input_ids", "loss_mask", "logprobs", "rewards"):
+        want = packed[name]
+        assert got[name].dtype == want.numpy().dtype and got[name].tolist() == want.tolist(), name
