@@ -3,10 +3,11 @@ round): ``k`` threads, each reading a whole step with pyarrow (``read_table`` of
 reads, each page's CRC32 verified as every trajstore read verifies it), copying each column chunk's values
 into a pinned buffer of its own and sending that buffer to the GPU in one copy, then waiting for it; at most
 ``k`` steps at once, in order, as ``Reader.iter(prefetch=k)`` holds them. Nothing is converted (ids stay int32,
-masks bits), no tensor is built, no offsets are sent: what is left is the read, one host copy and one device
-copy a step, so its rate bounds what any replay that stages through pinned memory and decodes ``k`` steps at
-once reaches on the host, measured beside the decoder ceiling (``replay_cpu.ceiling``, 8 steps at once, no
-copy at all). Without CUDA the buffers are plain memory and nothing is sent (a test of the staging)."""
+masks bits), no tensor is built, no offsets are sent: what is left is the work every replay that stages through
+pinned memory does (the read, one host copy and one device copy a step), done one after the other, measured beside
+the decoder ceiling (``replay_cpu.ceiling``, 8 steps at once, no copy at all). It is a reference, not a bound: a
+replay that overlaps the copies with the decode can pass it (trajstore's, at prefetch 4). Without CUDA the
+buffers are plain memory and nothing is sent (a test of the staging)."""
 
 from __future__ import annotations
 

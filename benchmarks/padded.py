@@ -5,7 +5,8 @@ and 8), steadier than two figures measured apart on a host whose speed drifts be
 line gives each ratio against the same ceiling verifying every page's CRC32 (``replay_cpu.ceiling(checks=True)``),
 the integrity check each trajstore read makes and the ceiling does not (benchmarks/RESULTS.md, fifteenth round),
 and at prefetch 4 and 8 the rate of the least replay that stages through pinned memory with as many steps at once
-(``benchmarks/least.py``: what bounds any such replay on the host), against the ceiling and against packed replay.
+(``benchmarks/least.py``: the read, one host copy and one device copy a step, one after the other), against the
+ceiling and against packed replay.
 ``Reader.iter(device="cuda")`` of a padded step (as recorded: what the Recorder's replay returns)
 stages the unpadded values and builds the padding on the GPU (trajstore/device/pad.py);
 ``layout="packed"`` stages the same values and builds nothing.
