@@ -155,7 +155,7 @@ def reader_figures(rep: Report, d: Path, b: dict, repeat: int) -> dict:
     import pyarrow.parquet as pq
 
     f = trajstore.Reader(d).file(0)
-    cols = [c for c in pq.ParquetFile(f).schema_arrow.names if c != "attention_mask"]
+    cols = least.columns(f)
     _, cpu = med_cpu(lambda: pq.read_table(f, columns=cols, pre_buffer=False), repeat)
     t, load = paired(lambda: pq.read_table(f, columns=cols, pre_buffer=False),
                      lambda: torch.load(b["flat_file"], weights_only=True), 2 * repeat + 1)

@@ -160,8 +160,10 @@ def ceiling(files: list[Path], checks: bool = False) -> None:
     ceiling the target is judged against."""
     import pyarrow.parquet as pq
 
+    from .least import columns
+
     arrow_pool.settle()
-    cols = [c for c in pq.ParquetFile(files[0]).schema_arrow.names if c != "attention_mask"]
+    cols = columns(files[0])
     with ThreadPoolExecutor(8) as ex:
         list(ex.map(lambda f: pq.read_table(f, columns=cols, use_threads=False, pre_buffer=False,
                                             page_checksum_verification=checks), files))
