@@ -95,15 +95,33 @@ def throughput(rep: Any, tmp: Path, batches: list[dict], raw: int, n: int) -> No
 
 
 def sustained(rep: Any, tmp: Path, batches: list[dict], raw: int, steps: int, workers: int) -> float:
-    """The default writer's sustained rate: the same ``steps`` appended and flushed twice by one writer,
-    the second pass timed (an RL run's writer after its first steps: its host buffers already
-    allocated and written once). The rows above time a new writer's first steps, whose ``append``
-    copies write every staging buffer for the first time (page faults). Returns GB/s."""
-    wall = append_loop(tmp / "tp_sustained", batches, steps, warm=True, workers=workers,
-                       max_pending_steps=max(8, 2 * workers), max_pending_bytes=1 << 40)[1]
-    gbs = steps * raw / wall / 1e9
+    """The default writer's sustained rate: ``passes(steps, workers)`` steps appended and flushed twice by one
+    writer, the second pass timed (an RL run's writer after its first steps: its host buffers already allocated
+    and written once). The rows above time a new writer's first steps, whose ``append`` copies write every
+    staging buffer for the first time (page faults). The main row's pass holds ``PER_WORKER`` steps for each
+    worker: a worker takes a step's whole encode and write (about 0.65 s on the 16-core GPU host), so a pass of
+    two steps a worker spends a sixth of its workers' time filling and draining the pool (benchmarks/RESULTS.md,
+    sixteenth round); that pass (``steps``) stays an extra line. Returns the main row's GB/s."""
     cores = os.cpu_count() or 1
-    rep.add(f"background write throughput, default, {workers} workers, sustained (second pass), raw bytes", gbs,
-            "GB/s", None, "", ">= 1 GB/s on 16 cores (issue 23)" if cores >= 16 else "",
+    rates = {}
+    for n in sorted({steps, passes(steps, workers)}):
+        wall = append_loop(tmp / f"tp_sustained{n}", batches, n, warm=True, workers=workers,
+                           max_pending_steps=max(8, 2 * workers), max_pending_bytes=1 << 40)[1]
+        rates[n] = n * raw / wall / 1e9
+    n = passes(steps, workers)
+    gbs = rates[n]
+    rep.add(f"background write throughput, default, {workers} workers, sustained (second pass of {n} steps), raw "
+            "bytes", gbs, "GB/s", None, "", ">= 1 GB/s on 16 cores (issue 23)" if cores >= 16 else "",
             gbs >= 1 if cores >= 16 else None)
+    if steps != n:
+        rep.add(f"  the same, a pass of {steps} steps ({steps / workers:.3g} a worker; the row before the sixteenth "
+                "round)", rates[steps], "GB/s")
     return gbs
+
+
+PER_WORKER = 8  # steps a worker takes in the sustained pass
+
+
+def passes(steps: int, workers: int) -> int:
+    """The sustained pass's steps: ``PER_WORKER`` a worker, at least ``steps``."""
+    return max(steps, PER_WORKER * workers)
