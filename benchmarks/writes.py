@@ -101,7 +101,7 @@ def sustained(rep: Any, tmp: Path, batches: list[dict], raw: int, steps: int, wo
     staging buffer for the first time (page faults). The main row's pass holds ``PER_WORKER`` steps for each
     worker: a worker takes a step's whole encode and write (about 0.65 s on the 16-core GPU host), so in a pass
     of two steps a worker the workers wait for a step about a sixth of their time, at the pass's start and end,
-    and it measured 6-8% below passes of four and eight a worker (benchmarks/RESULTS.md, sixteenth round); that
+    and it measured 4-12% below passes of four to eight a worker (benchmarks/RESULTS.md, sixteenth round); that
     pass (``steps``) stays an extra line. Returns the main row's GB/s."""
     cores = os.cpu_count() or 1
     rates = {}
