@@ -22,6 +22,7 @@ from typing import Any
 import trajstore
 
 from . import workload as W
+from .writes import passes
 
 STAGES = ("encode", "fit", "write", "commit")
 
@@ -75,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--max-len", type=int, default=8192)
     ap.add_argument("--workers", type=int, default=None, help="background workers (default: the writer's)")
-    ap.add_argument("--steps", type=int, default=None, help="steps a pass (default: max(32, 2 x workers))")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="steps a pass (default: the sustained row's, max(32, 8 x workers): writes.passes)")
     a = ap.parse_args(argv)
     batches = [W.padded_batch(B=a.batch, max_len=a.max_len, seed=i) for i in range(3)]
     raw = W.raw_bytes(batches[0])
@@ -83,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         probe = trajstore.Writer(Path(tmp) / "probe")
         workers = a.workers or probe.workers
         probe.close()
-        steps = a.steps or max(32, 2 * workers)
+        steps = a.steps or passes(32, workers)
         r = run(Path(tmp) / "dump", batches, steps, workers)
     print(f"# {os.cpu_count()} cores, {r['workers']} workers, {steps} steps a pass: sustained "
           f"{steps * raw / r['wall'] / 1e9:.3f} GB/s of raw tensor bytes, the pass {r['wall']:.2f} s")
