@@ -1,5 +1,5 @@
-"""``benchmarks/writes.py`` ``sustained``: the main row times a pass of ``PER_WORKER`` steps a worker (in a pass of two a
-worker the workers wait for a step a sixth of their time, at its start and end: benchmarks/RESULTS.md,
+"""``benchmarks/writes.py`` ``sustained``: the main row times a pass of ``PER_WORKER`` steps a worker (in a pass of
+two a worker the workers wait for a step a sixth of their time, at its start and end: benchmarks/RESULTS.md,
 sixteenth round), the shorter pass it timed before stays an extra line, and each pass is appended twice by one writer,
 every step committed. No time is asserted."""
 
