@@ -104,12 +104,12 @@ def sustained(rep: Any, tmp: Path, batches: list[dict], raw: int, steps: int, wo
     and it measured 4-12% below passes of four to eight a worker (benchmarks/RESULTS.md, sixteenth round); that
     pass (``steps``) stays an extra line. Returns the main row's GB/s."""
     cores = os.cpu_count() or 1
-    rates = {}
-    for n in sorted({steps, passes(steps, workers)}):
-        wall = append_loop(tmp / f"tp_sustained{n}", batches, n, warm=True, workers=workers,
-                           max_pending_steps=max(8, 2 * workers), max_pending_bytes=1 << 40)[1]
-        rates[n] = n * raw / wall / 1e9
     n = passes(steps, workers)
+    rates = {}
+    for k in sorted({steps, n}):
+        wall = append_loop(tmp / f"tp_sustained{k}", batches, k, warm=True, workers=workers,
+                           max_pending_steps=max(8, 2 * workers), max_pending_bytes=1 << 40)[1]
+        rates[k] = k * raw / wall / 1e9
     gbs = rates[n]
     rep.add(f"background write throughput, default, {workers} workers, sustained (second pass of {n} steps), raw "
             "bytes", gbs, "GB/s", None, "", ">= 1 GB/s on 16 cores (issue 23)" if cores >= 16 else "",
