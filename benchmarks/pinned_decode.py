@@ -1,0 +1,270 @@
+"""Replay with no host copy: Arrow decoding straight into pinned memory (``python -m benchmarks.pinned_decode``;
+issue 23, seventeenth round in benchmarks/RESULTS.md).
+
+Every replay to a GPU that trajstore or ``least.py`` does copies a step's decoded values once on the host, from
+Arrow's pageable buffers into pinned memory, before the copy to the device. pyarrow takes no allocator from
+Python, but its readers take a ``memory_pool``: ``pinned_pool.cc`` beside this file is one whose large buffers
+are pinned (``cudaHostAlloc`` of the CUDA runtime torch loaded), kept for reuse. This module compiles it against
+the installed pyarrow's headers with the C++ compiler (``$CXX``, else ``c++``), boxes it as a
+``pyarrow.MemoryPool`` and times, over the same files in the same call:
+
+* the decoder ceiling (``replay_cpu.ceiling``: ``read_table``, 8 steps at once, no copy);
+* ``least.py``'s replay: ``k`` threads, each reading a step, copying it into pinned memory, one device copy;
+* the same through a pool of cached plain memory (``staged cached``): what reusing Arrow's buffers alone gives;
+* **pinned decode**: each step read into the pinned pool and each column chunk sent to the GPU from where Arrow
+  decoded it (one device copy a chunk, no host copy);
+* ``Reader.iter(prefetch=k, layout="packed")`` to the GPU.
+
+Each row is a warm pass, then a timed one, of 24 steps (8 written, each read 3 times), ``--rounds`` times; the
+ratio is to the round's ceiling. Without CUDA the pool is plain cached memory and nothing is sent (the CPU test
+of this module). It is a measurement, not part of trajstore: the library's replay does not use it."""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import glob
+import os
+import resource
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import warnings
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from . import least, replay_cpu
+from . import workload as W
+
+SOURCE = Path(__file__).with_name("pinned_pool.cc")
+THRESHOLD = 1 << 16  # buffers from this size up come from the pool's own memory; smaller ones from Arrow's
+
+
+class Pool:
+    """A ``pyarrow.MemoryPool`` (``.pool``) of ``pinned_pool.cc``: ``made()`` large buffers made so far (the
+    rest were reused), ``reserved()`` their bytes."""
+
+    def __init__(self, lib: ctypes.CDLL, alloc: int | None, threshold: int = THRESHOLD):
+        self._lib = lib
+        self._p = lib.cached_pool_make(alloc, threshold)
+        get = ctypes.pythonapi.PyCapsule_GetPointer
+        get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+        capsule = pa.lib.__pyx_capi__["box_memory_pool"]  # pyarrow's own: a MemoryPool object for a C++ pool
+        box = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p)(get(capsule, b"PyObject *( arrow::MemoryPool *)"))
+        self.pool: pa.MemoryPool = box(self._p)
+
+    def made(self) -> int:
+        return self._lib.cached_pool_made(self._p)
+
+    def reserved(self) -> int:
+        return self._lib.cached_pool_reserved(self._p)
+
+
+def compiler() -> str | None:
+    """The C++ compiler to build the pool with (``$CXX``, else ``c++`` / ``g++``), or None."""
+    for c in (os.environ.get("CXX"), "c++", "g++"):
+        if c and shutil.which(c):
+            return c
+    return None
+
+
+def _libarrow() -> str:
+    found = sorted((p for d in pa.get_library_dirs() for p in glob.glob(os.path.join(d, "libarrow.so*"))), key=len)
+    if not found:
+        raise RuntimeError(f"no libarrow.so in {pa.get_library_dirs()}")
+    return found[0]
+
+
+def build(dest: Path) -> ctypes.CDLL:
+    """``pinned_pool.cc`` compiled into ``dest`` against this pyarrow, loaded (pyarrow's libarrow is already)."""
+    cxx = compiler()
+    if cxx is None:
+        raise RuntimeError("no C++ compiler ($CXX, c++ or g++) to build benchmarks/pinned_pool.cc")
+    out = Path(dest) / f"libpinned_pool-{pa.__version__}.so"
+    subprocess.run([cxx, "-O2", "-std=c++17", "-shared", "-fPIC", f"-I{pa.get_include()}", str(SOURCE),
+                    "-o", str(out), _libarrow()], check=True, capture_output=True)
+    lib = ctypes.CDLL(str(out))
+    lib.cached_pool_make.restype, lib.cached_pool_make.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_int64]
+    for f in (lib.cached_pool_made, lib.cached_pool_reserved):
+        f.restype, f.argtypes = ctypes.c_int64, [ctypes.c_void_p]
+    return lib
+
+
+def cuda_host_alloc() -> int:
+    """The address of ``cudaHostAlloc`` in the CUDA runtime this process loaded (torch's)."""
+    torch.cuda.init()
+    with open("/proc/self/maps") as f:
+        loaded = sorted({ln.split()[-1] for ln in f if "libcudart.so" in ln})
+    rt = ctypes.CDLL(loaded[0] if loaded else "libcudart.so")
+    return ctypes.cast(rt.cudaHostAlloc, ctypes.c_void_p).value
+
+
+def _read(f: Path, cols: list[str], pool: pa.MemoryPool | None) -> pa.Table:
+    """A step file's columns read as ``least.stage`` reads them (pages checked), into ``pool``."""
+    import pyarrow.dataset as ds
+
+    fmt = ds.ParquetFileFormat(pre_buffer=False, page_checksum_verification=True)
+    return ds.dataset(str(f), format=fmt).to_table(columns=cols, use_threads=False, memory_pool=pool)
+
+
+def _in_order(one: Callable[[Path], Any], files: list[Path], k: int) -> None:
+    """``one`` of each file on ``k`` threads, at most ``k`` at once, taken in order (as ``least.gbps``)."""
+    with ThreadPoolExecutor(k) as ex:
+        held: deque = deque()
+        for f in files:
+            if len(held) == k:
+                held.popleft().result()
+            held.append(ex.submit(one, f))
+        for fut in held:
+            fut.result()
+
+
+def sent(f: Path, cols: list[str], pool: pa.MemoryPool | None, device: Any = None) -> np.ndarray:
+    """The bytes one pinned-decode step puts on ``device`` (host memory without one): each chunk's values copied
+    from where Arrow decoded them, in ``least.values`` order."""
+    parts = least.values(_read(f, cols, pool))
+    out = torch.empty(sum(len(b) for _, b in parts), dtype=torch.uint8, device=device)
+    p = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Arrow's buffers are read-only; torch only reads them
+        for _, b in parts:
+            out[p:p + len(b)].copy_(torch.from_numpy(b), non_blocking=out.is_cuda)
+            p += len(b)
+    if out.is_cuda:
+        torch.cuda.synchronize(out.device)
+    return out.cpu().numpy()
+
+
+def pinned_decode(files: list[Path], k: int, pool: pa.MemoryPool, device: Any = None) -> Callable[[], None]:
+    """A pass of the pinned-decode replay (see the module doc) over ``files`` on ``k`` threads."""
+    cols = least.columns(files[0])
+    local = threading.local()
+    cuda = device is not None and torch.device(device).type == "cuda"
+
+    def one(f: Path) -> None:
+        parts = least.values(_read(f, cols, pool))
+        n = sum(len(b) for _, b in parts)
+        s = getattr(local, "stream", None) or (torch.cuda.Stream(device) if cuda else None)
+        local.stream = s
+        with torch.cuda.stream(s), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            g = torch.empty(n, dtype=torch.uint8, device=device if cuda else "cpu")
+            p = 0
+            for _, b in parts:  # the table stays alive until its copies are done (synchronize below)
+                g[p:p + len(b)].copy_(torch.from_numpy(b), non_blocking=cuda)
+                p += len(b)
+        if s is not None:
+            s.synchronize()
+
+    return lambda: _in_order(one, files, k)
+
+
+def staged(files: list[Path], k: int, pool: pa.MemoryPool | None, device: Any = None) -> Callable[[], None]:
+    """``least.py``'s replay with each step read into ``pool``: copied into a pinned buffer, then sent whole."""
+    cols = least.columns(files[0])
+    local = threading.local()
+    cuda = device is not None and torch.device(device).type == "cuda"
+
+    def take(n: int) -> np.ndarray:
+        buf = getattr(local, "buf", None)
+        if buf is None or buf.numel() < n:
+            buf = local.buf = torch.empty(n + n // 4, dtype=torch.uint8, pin_memory=cuda)
+        return buf.numpy()
+
+    def one(f: Path) -> None:
+        parts = least.values(_read(f, cols, pool))
+        a, p = take(sum(len(b) for _, b in parts)), 0
+        for _, b in parts:
+            a[p:p + len(b)] = b
+            p += len(b)
+        if cuda:
+            s = getattr(local, "stream", None) or torch.cuda.Stream(device)
+            local.stream = s
+            with torch.cuda.stream(s):
+                torch.empty(p, dtype=torch.uint8, device=device).copy_(local.buf[:p], non_blocking=True)
+            s.synchronize()
+
+    return lambda: _in_order(one, files, k)
+
+
+def timed(fn: Callable[[], None], n: int, raw: int) -> dict[str, float]:
+    """A warm pass of ``fn``, then a timed one: GB/s of tensor bytes (``raw`` a step, ``n`` steps) and the cores
+    kept busy (the process's CPU time over the wall time)."""
+    fn()
+    r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    fn()
+    wall, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+    cpu = r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
+    return {"gbps": n * raw / wall / 1e9, "busy": cpu / wall, "cpu_ms": cpu / n * 1e3}
+
+
+def rows(files: list[Path], raw: int, device: Any, ks: tuple[int, ...], pinned: Pool, cached: Pool,
+         reader: Any = None, steps: list[int] | None = None) -> list[tuple[str, Callable[[], None]]]:
+    """The rows of one round (see the module doc), labelled; ``reader``: also ``Reader.iter`` over ``steps``."""
+    out: list[tuple[str, Callable[[], None]]] = [("decoder ceiling: read_table, 8 at a time",
+                                                  lambda: replay_cpu.ceiling(files))]
+    for k in ks:
+        out += [(f"least replay, {k} at a time", lambda k=k: least.gbps(files, raw, k, device)),
+                (f"staged through cached plain memory, {k} at a time", staged(files, k, cached.pool, device)),
+                (f"pinned decode, {k} at a time", pinned_decode(files, k, pinned.pool, device))]
+        if reader is not None:
+            def replay(k: int = k) -> None:
+                for _ in reader.iter(steps=steps, device=device, prefetch=k, layout="packed"):
+                    pass
+                if device is not None:
+                    torch.cuda.synchronize()
+            out.append((f"Reader.iter(prefetch={k}, packed)", replay))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.pinned_decode", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=8, help="distinct steps written (each read 3 times a pass)")
+    ap.add_argument("--batch", type=int, default=1024)
+    ap.add_argument("--max-len", type=int, default=8192)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--prefetch", default="4,8", help="comma list of steps at once")
+    a = ap.parse_args(argv)
+    import trajstore
+
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda") if cuda else None
+    batches = [W.padded_batch(B=a.batch, max_len=a.max_len, seed=i) for i in range(3)]
+    raw = W.raw_bytes(batches[0])
+    with tempfile.TemporaryDirectory(prefix="trajstore-pinned-decode-") as tmp:
+        lib = build(Path(tmp))
+        pinned = Pool(lib, cuda_host_alloc() if cuda else None)
+        cached = Pool(lib, None)
+        d = Path(tmp) / "dump"
+        with trajstore.Writer(d) as w:
+            for s in range(a.steps):
+                w.append(s, batches[s % len(batches)])
+        r = trajstore.Reader(d)
+        steps = list(range(a.steps)) * 3
+        files = [r.file(s) for s in steps]
+        cols = least.columns(files[0])
+        same = np.array_equal(sent(files[0], cols, pinned.pool, device), sent(files[0], cols, None))
+        print(f"# {os.cpu_count()} cores, pyarrow {pa.__version__}, torch {torch.__version__}, device "
+              f"{device or 'CPU'}, pool {pinned.pool.backend_name}; {len(files)} steps of {raw / 1e6:.1f} MB a pass; "
+              f"a step sent from the pinned pool equals the default read: {same}")
+        ks = tuple(int(x) for x in a.prefetch.split(","))
+        for rnd in range(a.rounds):
+            res = [(label, timed(fn, len(files), raw)) for label, fn in rows(files, raw, device, ks, pinned, cached, r, steps)]
+            ceiling = res[0][1]["gbps"]
+            for label, m in res:
+                print(f"round {rnd}  {label:52s} {m['gbps']:6.3f} GB/s  {m['gbps'] / ceiling:5.3f} of the ceiling"
+                      f"  {m['busy']:5.2f} cores busy  CPU {m['cpu_ms']:6.1f} ms a step")
+        print(f"# pinned pool: {pinned.made()} buffers made, {pinned.reserved() / 2**20:.0f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
