@@ -3,31 +3,28 @@ issue 23, seventeenth round in benchmarks/RESULTS.md).
 
 Every replay to a GPU that trajstore or ``least.py`` does copies a step's decoded values once on the host, from
 Arrow's pageable buffers into pinned memory, before the copy to the device. pyarrow takes no allocator from
-Python, but its readers take a ``memory_pool``: ``pinned_pool.cc`` beside this file is one whose large buffers
-are pinned (``cudaHostAlloc`` of the CUDA runtime torch loaded), kept for reuse. This module compiles it against
-the installed pyarrow's headers with the C++ compiler (``$CXX``, else ``c++``), boxes it as a
-``pyarrow.MemoryPool`` and times, over the same files in the same call:
+Python, but its readers take a ``memory_pool``: ``trajstore/device/decode_pool.cc`` is one whose large buffers
+are pinned (``cudaHostAlloc`` of the CUDA runtime torch loaded), kept for reuse, which ``decode_pool.py`` compiles
+against the installed pyarrow's headers with the C++ compiler (``$CXX``, else ``c++``) and boxes as a
+``pyarrow.MemoryPool``. This module times, over the same files in the same call:
 
 * the decoder ceiling (``replay_cpu.ceiling``: ``read_table``, 8 steps at once, no copy);
 * ``least.py``'s replay: ``k`` threads, each reading a step, copying it into pinned memory, one device copy;
 * the same through a pool of cached plain memory (``staged cached``): what reusing Arrow's buffers alone gives;
 * **pinned decode**: each step read into the pinned pool and each column chunk sent to the GPU from where Arrow
   decoded it (one device copy a chunk, no host copy);
-* ``Reader.iter(prefetch=k, layout="packed")`` to the GPU.
+* ``Reader.iter(prefetch=k, layout="packed")`` to the GPU, staging through pinned memory
+  (``$TRAJSTORE_PINNED_DECODE=0``), then decoding into the pinned pool (``=1``: ``torch_bridge.Arena.send``).
 
 Each row is a warm pass, then a timed one, of 24 steps (8 written, each read 3 times), ``--rounds`` times; the
 ratio is to the round's ceiling. Without CUDA the pool is plain cached memory and nothing is sent (the CPU test
-of this module). It is a measurement, not part of trajstore: the library's replay does not use it."""
+of this module)."""
 
 from __future__ import annotations
 
 import argparse
-import ctypes
-import glob
 import os
 import resource
-import shutil
-import subprocess
 import tempfile
 import threading
 import time
@@ -41,70 +38,11 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from trajstore.device import decode_pool as D
 from . import least, replay_cpu
 from . import workload as W
 
-SOURCE = Path(__file__).with_name("pinned_pool.cc")
-THRESHOLD = 1 << 16  # buffers from this size up come from the pool's own memory; smaller ones from Arrow's
-
-
-class Pool:
-    """A ``pyarrow.MemoryPool`` (``.pool``) of ``pinned_pool.cc``: ``made()`` large buffers made so far (the
-    rest were reused), ``reserved()`` their bytes."""
-
-    def __init__(self, lib: ctypes.CDLL, alloc: int | None, threshold: int = THRESHOLD):
-        self._lib = lib
-        self._p = lib.cached_pool_make(alloc, threshold)
-        get = ctypes.pythonapi.PyCapsule_GetPointer
-        get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
-        capsule = pa.lib.__pyx_capi__["box_memory_pool"]  # pyarrow's own: a MemoryPool object for a C++ pool
-        box = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p)(get(capsule, b"PyObject *( arrow::MemoryPool *)"))
-        self.pool: pa.MemoryPool = box(self._p)
-
-    def made(self) -> int:
-        return self._lib.cached_pool_made(self._p)
-
-    def reserved(self) -> int:
-        return self._lib.cached_pool_reserved(self._p)
-
-
-def compiler() -> str | None:
-    """The C++ compiler to build the pool with (``$CXX``, else ``c++`` / ``g++``), or None."""
-    for c in (os.environ.get("CXX"), "c++", "g++"):
-        if c and shutil.which(c):
-            return c
-    return None
-
-
-def _libarrow() -> str:
-    found = sorted((p for d in pa.get_library_dirs() for p in glob.glob(os.path.join(d, "libarrow.so*"))), key=len)
-    if not found:
-        raise RuntimeError(f"no libarrow.so in {pa.get_library_dirs()}")
-    return found[0]
-
-
-def build(dest: Path) -> ctypes.CDLL:
-    """``pinned_pool.cc`` compiled into ``dest`` against this pyarrow, loaded (pyarrow's libarrow is already)."""
-    cxx = compiler()
-    if cxx is None:
-        raise RuntimeError("no C++ compiler ($CXX, c++ or g++) to build benchmarks/pinned_pool.cc")
-    out = Path(dest) / f"libpinned_pool-{pa.__version__}.so"
-    subprocess.run([cxx, "-O2", "-std=c++17", "-shared", "-fPIC", f"-I{pa.get_include()}", str(SOURCE),
-                    "-o", str(out), _libarrow()], check=True, capture_output=True)
-    lib = ctypes.CDLL(str(out))
-    lib.cached_pool_make.restype, lib.cached_pool_make.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_int64]
-    for f in (lib.cached_pool_made, lib.cached_pool_reserved):
-        f.restype, f.argtypes = ctypes.c_int64, [ctypes.c_void_p]
-    return lib
-
-
-def cuda_host_alloc() -> int:
-    """The address of ``cudaHostAlloc`` in the CUDA runtime this process loaded (torch's)."""
-    torch.cuda.init()
-    with open("/proc/self/maps") as f:
-        loaded = sorted({ln.split()[-1] for ln in f if "libcudart.so" in ln})
-    rt = ctypes.CDLL(loaded[0] if loaded else "libcudart.so")
-    return ctypes.cast(rt.cudaHostAlloc, ctypes.c_void_p).value
+Pool, build, compiler, cuda_host_alloc = D.Pool, D.build, D.compiler, D.cuda_host_alloc
 
 
 def _read(f: Path, cols: list[str], pool: pa.MemoryPool | None) -> pa.Table:
@@ -216,12 +154,22 @@ def rows(files: list[Path], raw: int, device: Any, ks: tuple[int, ...], pinned: 
                 (f"staged through cached plain memory, {k} at a time", staged(files, k, cached.pool, device)),
                 (f"pinned decode, {k} at a time", pinned_decode(files, k, pinned.pool, device))]
         if reader is not None:
-            def replay(k: int = k) -> None:
-                for _ in reader.iter(steps=steps, device=device, prefetch=k, layout="packed"):
-                    pass
-                if device is not None:
-                    torch.cuda.synchronize()
-            out.append((f"Reader.iter(prefetch={k}, packed)", replay))
+            for on in ("0", "1"):
+                def replay(k: int = k, on: str = on) -> None:
+                    old = os.environ.get(D.ENV)
+                    os.environ[D.ENV] = on
+                    try:
+                        for _ in reader.iter(steps=steps, device=device, prefetch=k, layout="packed"):
+                            pass
+                        if device is not None:
+                            torch.cuda.synchronize()
+                    finally:
+                        if old is None:
+                            os.environ.pop(D.ENV, None)
+                        else:
+                            os.environ[D.ENV] = old
+                what = "decoding into pinned memory" if on == "1" else "staged"
+                out.append((f"Reader.iter(prefetch={k}, packed), {what}", replay))
     return out
 
 
@@ -262,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
             for label, m in res:
                 print(f"round {rnd}  {label:52s} {m['gbps']:6.3f} GB/s  {m['gbps'] / ceiling:5.3f} of the ceiling"
                       f"  {m['busy']:5.2f} cores busy  CPU {m['cpu_ms']:6.1f} ms a step")
-        print(f"# pinned pool: {pinned.made()} buffers made, {pinned.reserved() / 2**20:.0f} MiB")
+        print(f"# pinned pool: {pinned.made()} buffers made, {pinned.reserved() / 2**20:.0f} MiB; the reader's: "
+              f"{D.status()}")
     return 0
 
 

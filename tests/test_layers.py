@@ -16,7 +16,7 @@ PKG = Path(__file__).resolve().parent.parent / "trajstore"
 # only from layers below its own, or from its own layer where SAME_LAYER allows it (a room's modules among
 # themselves, a front door on its room)
 # the format's shared vocabulary at the top of format/: every format room may import these, they import no room
-FORMAT_SHARED = ["spec", "dtypes", "limits", "values", "typed", "arrow"]
+FORMAT_SHARED = ["spec", "dtypes", "limits", "values", "typed", "arrow", "numpy_view"]
 LAYERS: list[tuple[str, list[str]]] = [
     ("base", ["trajstore.errors", "trajstore._version", "trajstore._moved", "trajstore.base", "trajstore.base.*"]),
     ("integrations", ["trajstore.integrations", "trajstore.integrations.*"]),

@@ -1,4 +1,4 @@
-"""``format.arrow.to_numpy``: a null-free numeric Arrow array read as numpy is a zero-copy view of its
+"""``format.numpy_view.to_numpy``: a null-free numeric Arrow array read as numpy is a zero-copy view of its
 data buffer taken without pyarrow's conversion (which releases and retakes the GIL on each call, a
 wait per chunk when several steps decode at once: benchmarks/RESULTS.md). The view is what pyarrow's
 ``to_numpy`` gives, bit for bit: dtype, length, values, of any slice (an array's offset, a list
@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from trajstore.format.arrow import _offsets, _sliced, to_numpy
+from trajstore.format.numpy_view import _offsets, _sliced, to_numpy
 
 NUMERIC = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64(),
            pa.float16(), pa.float32(), pa.float64()]

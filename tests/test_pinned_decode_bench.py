@@ -1,4 +1,4 @@
-"""``benchmarks/pinned_decode.py``: the Arrow memory pool of ``benchmarks/pinned_pool.cc``, compiled against the
+"""``benchmarks/pinned_decode.py``: the Arrow memory pool of ``trajstore/device/decode_pool.cc``, compiled against the
 installed pyarrow, hands Arrow's Parquet decoder its large buffers (plain cached memory here, pinned on a GPU host),
 a step read into it is the default read bit for bit, freed buffers are reused, and the module's call prints that
 check. No time is asserted."""
@@ -59,5 +59,5 @@ def test_the_call_checks_the_pool_then_times_every_row(capsys):
     labels = [ln.split("  ")[1].strip() for ln in out.splitlines() if ln.startswith("round 0")]
     assert labels == ["decoder ceiling: read_table, 8 at a time", "least replay, 2 at a time",
                       "staged through cached plain memory, 2 at a time", "pinned decode, 2 at a time",
-                      "Reader.iter(prefetch=2, packed)"]
+                      "Reader.iter(prefetch=2, packed), staged", "Reader.iter(prefetch=2, packed), decoding into pinned memory"]
     assert "buffers made" in out

@@ -11,11 +11,13 @@ caller's stream, staging buffers given back with the event of their last copy). 
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
 import torch
 
+from . import decode_pool, sends as direct_sends
 from . import pad as device_pad
 from . import plan as pad_plan
 from ..errors import ConfigError
@@ -36,13 +38,18 @@ class Staged:
 
     def __init__(self, obj: Any, buf: torch.Tensor | None, total: int, pool: PinnedPool,
                  offsets: list[int] | None = None, plan: device_pad.Plan | None = None,
-                 built: list[int] | None = None, late: list[Late | None] | None = None):
+                 built: list[int] | None = None, late: list[Late | None] | None = None,
+                 sends: list[tuple[int, np.ndarray]] | None = None):
         self.obj, self.buf, self.total, self.pool = obj, buf, total, pool
         self.offsets = offsets or []  # byte offset of each staged tensor, in map_tensors order
         self.late = late or [None] * len(self.offsets)  # per staged tensor: its values as stored, or None
         self.plan, self.built = plan, built or []  # the pad of each meta tensor, in map_tensors order
+        self.sends = sends or []  # (offset in buf, Arrow's values): copied to the device from where they are
 
     def release(self, event=None) -> None:
+        if self.sends:
+            direct_sends.hold(self.sends, event)
+            self.sends = []
         if self.buf is not None:
             self.pool.give(self.buf, event)
             self.buf = None
@@ -61,12 +68,18 @@ class Arena:
     packed int64-as-int32 and bool token fields for it to convert (their ``Late`` records collect in
     ``late``: ``format/codec/late.py``; ``stage`` stages their values as stored).
     Each array carved out is followed by ``pad_plan.SPARE`` unused bytes: room for the pad row
-    of a padded field's table, next to its values (``plan.plan``)."""
+    of a padded field's table, next to its values (``plan.plan``).
 
-    def __init__(self, pool: PinnedPool = _read_pool, defer: bool = False):
+    ``direct``: the pinned pool Arrow decodes the step into (``decode_pool.pinned``), or None; with it, ``sends``
+    (``sends.py``) takes the chunks the joins would copy into the arena, for ``launch`` to copy to the device from
+    Arrow's memory."""
+
+    def __init__(self, pool: PinnedPool = _read_pool, defer: bool = False, direct: Any = None):
         self.pool, self.buf, self.used = pool, None, 0
         self.jobs: list | None = [] if defer else None
         self.late: list[Late] | None = [] if defer else None
+        self.arrow_pool = None if direct is None else direct.pool  # the pyarrow.MemoryPool Arrow decodes into
+        self.sends = direct_sends.Sends(self, direct.owns) if direct is not None else None
 
     def reserve(self, nbytes: int) -> None:
         if self.buf is None and nbytes > 0:
@@ -89,6 +102,8 @@ class Arena:
         return base <= p and p + t.numel() * t.element_size() <= base + self.used
 
     def fill(self) -> None:  # the deferred fields, on the CPU (the batch stays on the host)
+        if self.sends is not None:
+            self.sends.ready()
         fill(self.jobs or [])
         self.jobs = [] if self.jobs is not None else None
         for rec in self.late or []:
@@ -96,6 +111,8 @@ class Arena:
         self.late = [] if self.late is not None else None
 
     def release(self) -> None:
+        if self.sends is not None:
+            self.sends.items = []
         if self.buf is not None:
             self.pool.give(self.buf, None)
             self.buf = None
@@ -106,9 +123,10 @@ class Arena:
 
 
 def host_arena(device: Any) -> Arena | None:
-    """An :class:`Arena` to decode into when ``device`` is a CUDA device (padded fields: built there)."""
+    """An :class:`Arena` to decode into when ``device`` is a CUDA device (padded fields: built there; Arrow decoding
+    into pinned memory where ``decode_pool`` has it)."""
     d = as_device(device)
-    return Arena(defer=True) if d is not None and d.type == "cuda" else None
+    return Arena(defer=True, direct=decode_pool.pinned()) if d is not None and d.type == "cuda" else None
 
 
 def stage(obj: Any, pool: PinnedPool = _read_pool, arena: Arena | None = None) -> Staged:
@@ -116,8 +134,10 @@ def stage(obj: Any, pool: PinnedPool = _read_pool, arena: Arena | None = None) -
     stay where they are, the others are copied after them (CPU memcpy, off the GPU). Padded fields
     the arena deferred are planned for the device instead (``plan.plan``: their values used
     where the decode joined them in the arena, the rest of their tables in a second pinned buffer),
-    a ``meta`` tensor in their place."""
+    a ``meta`` tensor in their place. Values the arena took to send from Arrow's memory (``sends.py``) stay
+    there only where they lie in a tensor sent from the arena as it is; all others are copied into it first."""
     leaves = _leaves(obj)
+    direct = None if arena is None or arena.sends is None or not arena.sends.items else arena.sends
     index: dict[int, int] = {}
     ks: list[int | None] = []
     plan = None
@@ -131,7 +151,8 @@ def stage(obj: Any, pool: PinnedPool = _read_pool, arena: Arena | None = None) -
             return pool.take(n)
 
         ks = [pad_plan.key(t) for t in leaves]
-        index, plan = pad_plan.plan(arena.jobs, leaves, take, None if arena.buf is None else (arena.buf, arena.used), ks)
+        index, plan = pad_plan.plan(arena.jobs, leaves, take, None if arena.buf is None else (arena.buf, arena.used), ks,
+                                    None if direct is None else direct.ready_for)
         arena.jobs = []
         if plan.buf is not None and arena.holds(plan.buf):  # one buffer, one copy to the device
             plan.inside = plan.buf.data_ptr() - arena.buf.data_ptr()  # type: ignore[union-attr]
@@ -143,14 +164,23 @@ def stage(obj: Any, pool: PinnedPool = _read_pool, arena: Arena | None = None) -
     size = [t.numel() * t.element_size() for t in src]
     held = [arena is not None and arena.holds(t) for t in src]
     old = None  # an arena given back once its tensors are copied out of it
+    fits = arena is not None and arena.buf is not None and \
+        arena.used + sum(aligned(n) for n, h in zip(size, held) if not h) <= arena.buf.numel()
+    sends: list[tuple[int, np.ndarray]] = []
+    if direct is not None:
+        if fits and (views or home):  # the arena is staged as it is: what goes from it as it is may go from Arrow's
+            base = arena.buf.data_ptr()  # type: ignore[union-attr]
+            spans = [(x.data_ptr() - base, n) for x, n, h in zip(src, size, held) if h]
+            sends = direct.keep_within(spans + ([] if plan is None else plan.sent))
+        else:
+            direct.ready()
     if not views and not home:
         if arena is not None:
             arena.release()
         if plan is None:
             return Staged(obj, None, 0, pool)
         buf, end = None, 0
-    elif arena is not None and arena.buf is not None and \
-            arena.used + sum(aligned(n) for n, h in zip(size, held) if not h) <= arena.buf.numel():
+    elif fits:
         buf, end = arena.buf, arena.used
         arena.buf = None  # the Staged batch owns it now
     else:  # a new buffer: the arena's bytes the plan uses first, at the same offsets, then the tensors
@@ -184,7 +214,7 @@ def stage(obj: Any, pool: PinnedPool = _read_pool, arena: Arena | None = None) -
     if old is not None:
         pool.give(old, None)
     total = max([o + n for o, n in zip(offsets, size)] + [home])
-    return Staged(out, buf, total, pool, offsets, plan, built, late)
+    return Staged(out, buf, total, pool, offsets, plan, built, late, sends)
 
 
 def _late(views: list[torch.Tensor], arena: Arena | None) -> list[Late | None]:
@@ -203,6 +233,8 @@ def _late(views: list[torch.Tensor], arena: Arena | None) -> list[Late | None]:
     sent = {id(r) for r in out if r is not None}
     for r in recs.values():
         if id(r) not in sent:
+            if arena.sends is not None:
+                arena.sends.ready_for(r.stored)
             r.fill()
     return out
 
@@ -237,6 +269,12 @@ def launch(staged: Staged, device: torch.device, consumer: torch.cuda.Stream | N
     with torch.cuda.stream(side):
         if gbuf is not None:
             gbuf.copy_(staged.buf[:staged.total], non_blocking=True)
+            if staged.sends:  # after it: their place in the arena holds nothing
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UserWarning)  # Arrow's memory is read-only: only read here
+                    for off, src in staged.sends:
+                        gbuf[off:off + src.nbytes].copy_(torch.from_numpy(src.reshape(-1).view(np.uint8)),
+                                                         non_blocking=True)
             for r, o, off in zip(staged.late, conv, staged.offsets):
                 if r is not None:
                     _convert(r, gbuf[off:], o)

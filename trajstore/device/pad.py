@@ -84,6 +84,7 @@ class Plan:
     home: int = 0  # bytes of the arena (``plan``'s ``home``) the tables of ``Pad.home`` outputs reach
     tokens: list[int] = field(default_factory=list)  # per mask group, its rows' tokens in all
     inside: int = -1  # ``buf`` is this byte offset of the arena (staged with it), not a buffer of its own
+    sent: list[tuple[int, int]] = field(default_factory=list)  # (offset, bytes) of the arena's values used there
 
 
 def alloc(p: Plan, device: torch.device) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

@@ -68,21 +68,23 @@ def _whole(jobs: list[FillJob]) -> bool:
             and sum(j.src.numel() for j in jobs) == int(jobs[0].off[n]))
 
 
-def _const(srcs: list[torch.Tensor], w: int) -> np.ndarray | None:
+def _const(srcs: list[torch.Tensor], w: int, ready: Callable[[Any], None]) -> np.ndarray | None:
     """The one token value every value repeats (an ``attention_mask`` of ones), as a numpy array of
     that one value, or None. Scanned in pieces of ``CONST_PROBE`` values and up, so a field of
-    varied values stops early."""
+    varied values stops early (``ready``: each piece before it is read)."""
     if w != 1:
         return None
     arrays = [s.numpy() for s in srcs if s.numel()]
     if not arrays:
         return None
+    ready(arrays[0][:1])
     v = arrays[0][0]
     if all(a.strides[0] == 0 for a in arrays):  # one value, repeated (format/codec/tensors.py mask_of_ones)
         return arrays[0][:1] if all(a[0] == v for a in arrays) else None
     for a in arrays:
         i, step = 0, CONST_PROBE
         while i < len(a):
+            ready(a[i:i + step])
             if not (a[i:i + step] == v).all():
                 return None
             i, step = i + step, min(step * 4, 1 << 20)
@@ -90,18 +92,20 @@ def _const(srcs: list[torch.Tensor], w: int) -> np.ndarray | None:
 
 
 def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], torch.Tensor],
-         home: tuple[torch.Tensor, int] | None = None,
-         ks: list[int | None] | None = None) -> tuple[dict[int, int], Plan]:
+         home: tuple[torch.Tensor, int] | None = None, ks: list[int | None] | None = None,
+         ready: Callable[[Any], None] | None = None) -> tuple[dict[int, int], Plan]:
     """Stage the padded outputs among ``leaves`` (the batch's torch tensors) for ``build``: returns
     ``{storage key: index into Plan.pads}`` and the plan, its buffer from ``take(nbytes)``. Jobs of
     other outputs (numpy fields) are filled here, on the CPU. ``home``: the pinned buffer the values
     were decoded into and its bytes used (``torch_bridge.Arena``, staged to the device as well): a
     large output padded with one value whose values lie there whole, with ``SPARE`` bytes after
-    them, keeps them there (its pad row written after them), not copied. ``ks``: ``key`` of each
-    leaf, if the caller has them."""
+    them, keeps them there (its pad row written after them), not copied (``Plan.sent``: where). ``ks``: ``key`` of
+    each leaf, if the caller has them. ``ready(values)``: called before values are read here (the arena's values
+    sent from Arrow's memory are copied into it then: ``sends.py``)."""
     ks = [key(t) for t in leaves] if ks is None else ks
     keys = {k: i for i, k in enumerate(ks) if k is not None}
-    jobs = [j if j.shift < 0 or _bits_home(j, home) else j.unbits() for j in jobs]  # bitmaps: unpacked there, or here
+    rd = ready or _nothing
+    jobs = [j if j.shift < 0 or _bits_home(j, home) else _unbits(j, rd) for j in jobs]  # bitmaps: unpacked there, or here
     by_out: dict[int, list[FillJob]] = {}
     rest: list[FillJob] = []
     for j in jobs:
@@ -117,6 +121,8 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
     for k, js in list(by_out.items()):
         if not _whole(js) or k in part:
             rest += by_out.pop(k)
+    for j in rest:
+        _ready_job(j, rd)
     fill(rest)
     # where the values of every output begin: a pad row written after one output's values must not
     # land on another's (AReaL group cells are slices of one joined column, one after the other)
@@ -137,6 +143,8 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
         if gk not in groups:
             lens = np.diff(off)
             # each row's first token: as the decoder knows it (right or left side), else from the mask
+            if j0.starts is None:
+                rd(j0.mask)
             first = j0.starts if j0.starts is not None else j0.mask.numpy().argmax(axis=1)
             first = np.asarray(first, np.int64)
             # its tokens' positions in the [B * T] output: row b's token i (of all) goes to base_b + i
@@ -150,13 +158,15 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
             ginfo.append((rows, n, T, size))
             size += aligned(rows.nbytes)
         srcs = [j.src for j in js]
-        c = _const(srcs, w) if j0.pv is None and j0.shift < 0 else None
+        c = _const(srcs, w, rd) if j0.pv is None and j0.shift < 0 else None
         esize = j0.src.element_size()
         at_home = j0.shift >= 0 or (c is None and j0.pv is None and not _small(j0, n, T, w)
                                     and _at_home(js, home, w * esize, starts))
         # int32 values of int64 ids (format/codec/late.py) are widened on the device where they are scattered
         # from home (pad.SCATTER) with a pad value int32 holds; any other output is widened here, on the host
         if esize != j0.out.element_size() and not (at_home and SCATTER and -(1 << 31) <= int(j0.pad) < (1 << 31)):
+            for j in js:
+                rd(j.src)
             js = by_out[k] = [j._replace(src=j.src.to(j.out.dtype)) for j in js]
             j0, srcs, at_home = js[0], [j.src for j in js], False
             c = None if c is None else c.astype(_npdt(j0.src.dtype))
@@ -189,6 +199,7 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
         put(f.at, meta.reshape(-1))
     index: dict[int, int] = {}
     pads: list[Pad] = []
+    sent: list[tuple[int, int]] = []  # (offset, bytes) of the arena's values used where they are
     hend = 0
     for k, js, t, n, T, w, c, nvals, npad, at, gi in items:
         j0 = js[0]
@@ -199,6 +210,7 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
             row = _pad_row(j0.pad, bdt, w)[:0 if j0.shift >= 0 else w]  # (a bitmap's pad row: made there)
             home[0].numpy()[vend:vend + row.nbytes] = row.view(np.uint8)  # type: ignore[index]
             hend = max(hend, vend + row.nbytes)
+            sent.append((at, vend - at))
             index[k] = len(pads)
             narrow = j0.src.element_size() != t.element_size()  # int32 values of int64 ids: widened on the device
             pads.append(Pad(tuple(t.shape), t.dtype, w, not j0.out.is_contiguous(), gi, at, nvals, False, False,
@@ -206,6 +218,8 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
                             bits=j0.shift))
             continue
         o = at
+        for j in js:
+            _ready_job(j, rd)
         for s in ([c] if c is not None else [j.src.numpy() for j in js]):
             put(o, s.reshape(-1))
             o += s.nbytes
@@ -222,7 +236,25 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
                         cval=0 if c is None else _bits(int(c[0]), bdt, t)))
     run_parallel(lambda c: np.copyto(c[0], c[1]), copies, size)
     return index, Plan(pads, [(at, n, T) for _, n, T, at in ginfo], buf, size, [f for f, _ in flats], hend,
-                       [int(rows[1].sum()) for rows, _, _, _ in ginfo])
+                       [int(rows[1].sum()) for rows, _, _, _ in ginfo], sent=sent)
+
+
+def _nothing(_: Any) -> None:
+    return None
+
+
+def _ready_job(j: FillJob, ready: Callable[[Any], None]) -> None:
+    """``ready`` for what filling job ``j`` on the host reads: its values, recorded padded values and mask."""
+    ready(j.src)
+    if j.pv is not None:
+        ready(j.pv[1])
+    if j.mask is not None:
+        ready(j.mask)
+
+
+def _unbits(j: FillJob, ready: Callable[[Any], None]) -> FillJob:
+    ready(j.src)
+    return j.unbits()
 
 
 def _bits(v: int, bdt: torch.dtype, t: torch.Tensor) -> int:

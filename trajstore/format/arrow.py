@@ -1,5 +1,6 @@
 """Arrow <-> numpy for the codecs: building a step's table (``TableBuilder``, ``ColumnNames``,
-``list_array``) and reading a decoded table's columns back as checked numpy arrays (``Columns``).
+``list_array``) and reading a decoded table's columns back as checked numpy arrays (``Columns``; the
+arrays themselves as numpy: ``numpy_view.py``, whose names are also found here).
 
 Reading treats the table as untrusted input: what pyarrow raises is mapped to ``FormatError``
 naming the file (``errors.foreign_errors``), and every value array is checked against the dtype
@@ -18,9 +19,10 @@ from ..base.threads import PIECE_BYTES, balance, is_serial, pieces, run_parallel
 from ..errors import BatchError, FormatError, foreign_errors
 from . import dtypes as dt
 from .spec import COMPANION_PREFIXES, RESERVED, STEP_COLUMN, where
+from .numpy_view import _checked, _offsets, _raw, _sliced, _values, empty, to_numpy
 from .values import check_str, dumps
 
-__all__ = ["ColumnNames", "TableBuilder", "list_array", "Columns", "empty", "to_numpy"]
+__all__ = ["ColumnNames", "TableBuilder", "list_array", "Columns"]
 
 Alloc = Callable[[int, Any], np.ndarray]  # (count, numpy dtype) -> uninitialized 1-D array
 
@@ -147,90 +149,19 @@ def _narrowed(arr: pa.Array) -> pa.Array | None:
 
 
 # ----------------------------------------------------------------------------- reading
-def empty(n: int, dtype: Any) -> np.ndarray:
-    """An uninitialized numpy array in memory from Arrow's allocator, which hands out pages it
-    freed earlier still mapped: filling a fresh ``np.empty`` page-faults on every page
-    (measured on the GPU host: benchmarks/RESULTS.md)."""
-    dtype = np.dtype(dtype)
-    return np.frombuffer(pa.allocate_buffer(max(1, n * dtype.itemsize)), dtype, count=n)
-
-
-def to_numpy(a: pa.Array) -> np.ndarray:
-    """A null-free Arrow array as numpy: numbers a zero-copy view of the data buffer, taken without
-    pyarrow's conversion, which releases and retakes the GIL on every call (a wait each time several
-    steps decode at once: benchmarks/RESULTS.md); bools are unpacked from the bitmap with
-    ``np.unpackbits``, much faster than Arrow's conversion (benchmarks/RESULTS.md)."""
-    t = a.type
-    if len(a) and not a.null_count:
-        if pa.types.is_integer(t) or pa.types.is_floating(t):
-            d = np.dtype(t.to_pandas_dtype())
-            return np.frombuffer(a.buffers()[1], d, count=len(a), offset=a.offset * d.itemsize)
-        if pa.types.is_boolean(t):
-            return unpack_bits(np.frombuffer(a.buffers()[1], np.uint8), a.offset, len(a))
-    return a.to_numpy(zero_copy_only=False)
-
-
-def unpack_bits(bits: np.ndarray, shift: int, n: int) -> np.ndarray:
-    """``n`` bools of an Arrow bitmap's bytes (least significant bit first), from bit ``shift``."""
-    return np.unpackbits(bits, count=shift + n, bitorder="little")[shift:].view(np.bool_)
-
-
-def _offsets(chunks: list) -> np.ndarray:
-    """The row offsets of a chunked large_list column, counted from 0 across its chunks."""
-    rows = sum(len(c) for c in chunks)
-    off = np.empty(rows + 1, np.int64)
-    off[0] = r = p = 0
-    for c in chunks:
-        o = to_numpy(c.offsets)
-        off[r + 1:r + len(o)] = o[1:] - o[0] + p
-        r, p = r + len(o) - 1, p + int(o[-1] - o[0])
-    return off
-
-
-def _raw(vals: pa.Array, dtype: str, name: str, where: str) -> np.ndarray:
-    """A tensor's values as numpy (``to_numpy``), as the column holds them (no nulls): the storage
-    dtype the spec names, or float32 for a half dtype (widened, ``validate`` checked which)."""
-    if vals.null_count:
-        raise FormatError(f"{where}: column {name!r} holds null values inside a tensor")
-    v = to_numpy(vals)
-    if v.dtype != dt.storage_numpy(dtype) and not dt.is_wide(dtype, v):
-        raise FormatError(f"{where}: column {name!r} stores {v.dtype}, spec says {dtype}")
-    return v
-
-
-def _checked(vals: pa.Array, dtype: str, name: str, where: str) -> np.ndarray:
-    """A tensor's values as numpy of the storage dtype the spec names (``_raw``, widened half
-    values narrowed back)."""
-    v = _raw(vals, dtype, name, where)
-    if dt.is_wide(dtype, v):
-        return dt.narrow(v, dtype)
-    if v.dtype != dt.storage_numpy(dtype):
-        raise FormatError(f"{where}: column {name!r} stores {v.dtype}, spec says {dtype}")
-    return v
-
-
-def _sliced(c: pa.Array) -> pa.Array:
-    """The values of one large_list chunk's rows (a chunk may be a slice of a longer values array)."""
-    o = to_numpy(c.offsets)
-    a, b = (int(o[0]), int(o[-1])) if len(o) else (0, 0)
-    return c.values.slice(a, b - a)
-
-
-def _values(c: pa.Array, dtype: str, name: str, where: str) -> np.ndarray:
-    """The values of one large_list chunk, as numpy (zero-copy but for bools), checked."""
-    return _checked(_sliced(c), dtype, name, where)
-
-
 class Columns:
     """Access to a decoded table's columns: zero-copy where a column is one chunk. ``alloc(n,
     dtype)`` gives the numpy buffer a multi-chunk column is joined into (default ``empty``, Arrow's
     allocator; the GPU path passes pinned staging memory, so the join is the only host copy).
-    ``joined``: columns already joined while the table was read (``StreamJoin.parts``)."""
+    ``joined``: columns already joined while the table was read (``StreamJoin.parts``). ``direct``: Arrow decoded
+    into pinned memory (``device/sends.py`` ``Sends``: ``send`` takes a chunk to copy to the device from there
+    instead of joining it here, ``ready_for`` joins what it took of a column the host reads, ``list_parts``)."""
 
     def __init__(self, table: pa.Table, where: str, alloc: Alloc | None = None,
-                 joined: dict[str, tuple[np.ndarray, np.ndarray]] | None = None) -> None:
+                 joined: dict[str, tuple[np.ndarray, np.ndarray]] | None = None, direct: Any = None) -> None:
         self.table, self.where = table, where
         self.alloc = alloc or empty
+        self.direct = direct
         self.defer: list | None = None  # fill jobs of padded outputs the caller fills (decoder.decode's defer)
         self._parts: dict[str, tuple[np.ndarray, np.ndarray]] = dict(joined or {})
 
@@ -328,6 +259,8 @@ class Columns:
                     continue
                 src = _raw(_sliced(c), dtype, name, self.where)
                 how = dtype if dt.is_wide(dtype, src) else None
+                if how is None and self.direct is not None and self.direct.send(dst, src):
+                    continue
                 copies += [(src[s], how, name, dst[s]) for s in pieces(len(src), src.itemsize)]
 
         def copy(group: list) -> None:
@@ -357,8 +290,14 @@ class Columns:
             for v in parts:
                 dt.narrow(v, dtype, out=out[p:p + len(v)])
                 p += len(v)
-        elif parts:  # (a column of no chunks: nothing to copy)
+        elif parts and self.direct is None:  # (a column of no chunks: nothing to copy)
             np.concatenate(parts, out=out, casting="same_kind")
+        else:  # each chunk taken to send from Arrow's memory, or copied here
+            p = 0
+            for v in parts:
+                if not self.direct.send(out[p:p + len(v)], v):
+                    out[p:p + len(v)] = v
+                p += len(v)
         return off, out
 
     def joined(self, name: str, dtype: str) -> tuple[np.ndarray, np.ndarray] | None:
@@ -370,7 +309,13 @@ class Columns:
         return -1
 
     def list_parts(self, name: str, dtype: str) -> tuple[np.ndarray, np.ndarray]:
-        """(offsets, values) of a large_list column, its chunks joined (``join``)."""
+        """(offsets, values) of a large_list column, its chunks joined (``join``), for any use on the host."""
+        off, v = self._list_parts(name, dtype)
+        if self.direct is not None:
+            self.direct.ready_for(v)
+        return off, v
+
+    def _list_parts(self, name: str, dtype: str) -> tuple[np.ndarray, np.ndarray]:
         if name not in self._parts:
             self.join([(name, dtype)])
         off, v = self._parts[name]
@@ -379,8 +324,9 @@ class Columns:
         return off, v
 
     def flat_parts(self, name: str, dtype: str) -> tuple[np.ndarray, np.ndarray]:
-        """``list_parts`` of a packed field's column, its values used whole (``codec/late.py`` may defer them)."""
-        return self.list_parts(name, dtype)
+        """``list_parts`` of a packed field's column, its values used whole (left where ``direct`` took them to send;
+        ``codec/late.py`` may defer them)."""
+        return self._list_parts(name, dtype)
 
     def prim(self, name: str, dtype: str) -> np.ndarray:
         """A primitive column's values, checked (no nulls, the storage dtype of ``dtype``)."""

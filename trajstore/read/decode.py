@@ -34,14 +34,17 @@ def decode_file(sf: StepFile, step: int, columns: list[str] | None, layout: str 
     if arena is None and sf.pf.metadata.num_row_groups > 1 and not is_serial():
         names = joined_first(sf.doc["batch"], columns, layout)
         join = StreamJoin(names, sf.pf.metadata.num_rows) if names else None  # (the doc's num_rows: checked equal)
-    table = read_table(sf, step, columns, layout, on_batch=None if join is None else join.feed)
-    return decode(sf.doc, table, sf.path, columns, layout, arena, None if join is None else join.parts(table))
+    direct = getattr(arena, "arrow_pool", None)  # Arrow decodes into pinned memory (device/decode_pool.py)
+    table = read_table(sf, step, columns, layout, on_batch=None if join is None else join.feed, pool=direct)
+    return decode(sf.doc, table, sf.path, columns, layout, arena, None if join is None else join.parts(table),
+                  direct=direct is not None)
 
 
 def read_table(sf: StepFile, step: int, columns: list[str] | None, layout: str | None,
-               rows: tuple[int, int] | None = None, on_batch: Any = None, also: list[str] = ()) -> pa.Table:
+               rows: tuple[int, int] | None = None, on_batch: Any = None, also: list[str] = (),
+               pool: Any = None) -> pa.Table:
     """The columns of the opened step file that decoding ``columns`` in ``layout`` needs, and the Arrow
-    columns ``also`` (``rows``: of those rows only, ``(start, stop)``; ``on_batch``: see ``read_columns``)."""
+    columns ``also`` (``rows``: of those rows only, ``(start, stop)``; ``on_batch``, ``pool``: see ``read_columns``)."""
     doc, f = sf.doc, sf.path
     spec = doc["batch"]
     try:
@@ -70,24 +73,26 @@ def read_table(sf: StepFile, step: int, columns: list[str] | None, layout: str |
     if cols is not None:
         cols = cols + [c for c in also if c not in cols]
     with foreign_errors(f, "reading step {}", step, then="the step is damaged"):
-        table = read_columns(sf.pf, sf.src, cols, rows, on_batch)
+        table = read_columns(sf.pf, sf.src, cols, rows, on_batch, pool)
     if rows is None and table.num_rows != doc.get("num_rows", table.num_rows):
         raise FormatError(f"{f}: holds {table.num_rows} rows, its metadata says {doc.get('num_rows')}")
     return table
 
 
 def decode(doc: dict, table: pa.Table, f: Any, columns: list[str] | None, layout: str | None,
-           arena: Any = None, joined: dict | None = None) -> Any:
+           arena: Any = None, joined: dict | None = None, direct: bool = False) -> Any:
     """``table``, columns of the step ``doc`` describes (read from ``f``), decoded; with ``arena``
     (``trajstore/device/bridge.py`` ``Arena``) into its pinned memory, padded fields left to the device;
-    ``joined``: columns already joined (``StreamJoin.parts``)."""
+    ``joined``: columns already joined (``StreamJoin.parts``); ``direct``: ``table`` was read into the arena's
+    pinned Arrow pool, so its chunks go to the device from there (``device/sends.py``) instead of joined on the host."""
     spec = doc["batch"]
     if arena is not None:
         arena.reserve(flat_nbytes(table))  # the flat fields are joined straight into pinned memory
     return schema.decode(table, spec, where=str(f), columns=columns, layout=layout,
                          alloc=None if arena is None else arena.alloc,
                          defer=None if arena is None else arena.jobs,  # padded: built on the device
-                         joined=joined, late=None if arena is None else arena.late)  # ids, masks: converted there
+                         joined=joined, late=None if arena is None else arena.late,  # ids, masks: converted there
+                         direct=arena.sends if direct and arena is not None else None)
 
 
 def _token_cols(spec: dict) -> list[str]:

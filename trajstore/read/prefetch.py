@@ -14,7 +14,7 @@ import torch
 
 from ..base import threads as _threads
 from ..errors import ConfigError
-from ..device.bridge import Arena, as_device, launch, on_device, stage
+from ..device.bridge import Arena, as_device, host_arena, launch, on_device, stage
 from ..device.tree import map_tensors
 
 __all__ = ["iterate", "ReadAhead", "SERIAL_PREFETCH"]
@@ -57,7 +57,7 @@ def iterate(read: Callable[[int, Arena | None], Any], steps: list[int], device: 
             _threads.serial()
         if not cuda:
             return read(step, None)
-        arena = Arena(defer=True)  # padded fields are built on the device (trajstore/device/pad.py)
+        arena = host_arena(d)  # padded fields are built on the device (trajstore/device/pad.py)
         try:
             obj = read(step, arena)
             return (obj, arena) if STAGE_ON_CONSUMER and not ahead else stage(obj, arena=arena)

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ...base.threads import run_parallel
-from ..arrow import empty
+from ..numpy_view import empty
 from ..spec import LEN_PREFIX, START_PREFIX
 from ..values import bits
 
@@ -70,7 +70,7 @@ def len_col(g: MaskGroup) -> str:
 def host_empty(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype,
                like: torch.Tensor | None = None) -> torch.Tensor:
     """An uninitialized tensor on ``like``'s device (CPU by default); on the CPU, in memory from Arrow's
-    allocator (``arrow.empty``), for the encoder's step-sized temporaries and outputs: Arrow's allocator
+    allocator (``numpy_view.empty``), for the encoder's step-sized temporaries and outputs: Arrow's allocator
     keeps the pages it freed mapped for the next step, where torch's (the C library's) maps and unmaps a
     large block every time, and every first touch of a page is a fault; with several writer workers
     those faults queue on the process's memory map (benchmarks/RESULTS.md)."""

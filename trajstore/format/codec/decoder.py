@@ -333,16 +333,16 @@ def _mask_refs(node: dict, used: set) -> None:
 
 
 def _late_columns(table: pa.Table, spec: Any, where: str, columns: list[str] | None, layout: str | None,
-                  alloc: Alloc | None, defer: list | None, joined: dict | None, late: list) -> Columns:
+                  alloc: Alloc | None, defer: list | None, joined: dict | None, late: list, direct: Any = None) -> Columns:
     """The ``Columns`` of a decode for a GPU (``late``): a packed read's token columns, or a padded read's int64
     and bool token columns (``defer``), joined as stored where they can be (``format/codec/late.py``)."""
     chosen = [(k, n) for k, n in spec["keys"] if columns is None or k in columns] if spec.get("t") == "batch" else []
     if joined_first(spec, columns, layout):
-        return LateColumns(table, where, alloc, joined, late, {n["col"] for _, n in chosen if is_token(n)})
+        return LateColumns(table, where, alloc, joined, late, {n["col"] for _, n in chosen if is_token(n)}, direct)
     if defer is not None and chosen:
         only = {n["col"] for n in _tensor_nodes(chosen) if is_token(n) and "pad_col" not in n and n.get("axis") is None}
-        return LateColumns(table, where, alloc, joined, late, only)
-    return Columns(table, where, alloc, joined)
+        return LateColumns(table, where, alloc, joined, late, only, direct)
+    return Columns(table, where, alloc, joined, direct)
 
 
 def _flat_columns(chosen: list) -> list[tuple[str, str]]:
@@ -362,18 +362,18 @@ def joined_first(spec: Any, columns: list[str] | None, layout: str | None) -> li
 
 def decode(table: pa.Table, spec: BatchNode | SeqNode, *, where: str, columns: list[str] | None = None,
            layout: str | None = None, alloc: Alloc | None = None, defer: list | None = None,
-           joined: dict | None = None, late: list | None = None) -> Any:
+           joined: dict | None = None, late: list | None = None, direct: Any = None) -> Any:
     """Rebuild the batch from ``table`` (already restricted to the needed columns); ``alloc(n,
     numpy dtype)`` provides the buffers multi-chunk columns are joined into (see ``Columns``).
     ``defer``: a list the fill jobs of padded outputs are appended to, those outputs left unfilled
     (the caller fills them: ``fill``, or on a device). ``joined``: columns joined while the table
     was read (``StreamJoin.parts``). ``late``: a list the ``Late`` records of packed token fields joined as
     stored are appended to, their values left for the device to convert (``format/codec/late.py``; a padded
-    read's int64 ids joined so are widened by the device's pad plan)."""
+    read's int64 ids joined so are widened by the device's pad plan). ``direct``: see ``Columns``."""
     if layout not in (None, "padded", "packed"):
         raise ConfigError(f"layout must be 'padded', 'packed' or None, got {layout!r}")
-    cols = Columns(table, where, alloc, joined) if late is None else _late_columns(table, spec, where, columns, layout,
-                                                                                   alloc, defer, joined, late)
+    cols = Columns(table, where, alloc, joined, direct) if late is None else \
+        _late_columns(table, spec, where, columns, layout, alloc, defer, joined, late, direct)
     cols.defer = defer  # a list batch's [g, T] groups too (format/codec/grouped.py)
     out = Decoder(cols, spec, layout, defer).batch(columns)
     return containers.wrap(out, spec.get("wrapper"), where=where, packed=layout == "packed")

@@ -9,7 +9,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ..arrow import unpack_bits
+from ..numpy_view import unpack_bits
 
 __all__ = ["FillJob"]
 

@@ -24,7 +24,8 @@ import pyarrow as pa
 
 from ...base.threads import PIECE_BYTES, balance, pieces, run_parallel
 from .. import dtypes as dt
-from ..arrow import Columns, _offsets, _raw, _sliced, unpack_bits
+from ..arrow import Columns
+from ..numpy_view import _offsets, _raw, _sliced, unpack_bits
 
 __all__ = ["Late", "LateColumns", "flat_nbytes", "host_values"]
 
@@ -56,8 +57,8 @@ class LateColumns(Columns):
     doc); ``late`` collects the ``Late`` records of the placeholders handed out."""
 
     def __init__(self, table: pa.Table, where: str, alloc: Any, joined: dict | None, late: list,
-                 only: set[str]) -> None:
-        super().__init__(table, where, alloc, joined)
+                 only: set[str], direct: Any = None) -> None:
+        super().__init__(table, where, alloc, joined, direct)
         self.late, self.only = late, only  # only: the token fields' columns it may join so
         self._stored: dict[str, tuple[np.ndarray, np.ndarray, str, int]] = {}  # joined as stored, not handed out
         self._handed: dict[str, tuple[np.ndarray, Late]] = {}
@@ -86,7 +87,9 @@ class LateColumns(Columns):
             shift, first = vals.offset % 8, vals.offset // 8
             nb = (shift + len(vals) + 7) // 8
             stored = self.alloc(nb, np.uint8)
-            stored[...] = np.frombuffer(vals.buffers()[1], np.uint8, count=nb, offset=first)
+            bits = np.frombuffer(vals.buffers()[1], np.uint8, count=nb, offset=first)
+            if self.direct is None or not self.direct.send(stored, bits):
+                stored[...] = bits
             self._stored[name] = (_offsets([a]), stored, "bool", shift)
             return True
         if dtype != "int64" or t != pa.int32():
@@ -99,8 +102,10 @@ class LateColumns(Columns):
         p, copies = 0, []
         for v in parts:  # in pieces on the pool, as ``Columns._join`` copies
             dst = stored[p:p + len(v)]
-            copies += [(v[s], dst[s]) for s in pieces(len(v), v.itemsize)]
             p += len(v)
+            if self.direct is not None and self.direct.send(dst, v):
+                continue
+            copies += [(v[s], dst[s]) for s in pieces(len(v), v.itemsize)]
         run_parallel(lambda group: [d.__setitem__(Ellipsis, s) for s, d in group],
                      balance(copies, lambda x: x[1].nbytes, PIECE_BYTES), stored.nbytes)
         self._stored[name] = (off, stored, "int64", 0)
@@ -117,14 +122,22 @@ class LateColumns(Columns):
             self._handed[name] = (off, rec)
         if name in self._handed:
             return self._handed[name][0], self._handed[name][1].out
-        return self.list_parts(name, dtype)
+        self._host = True  # as ``list_parts`` joins it, its values used whole
+        try:
+            return super().flat_parts(name, dtype)
+        finally:
+            self._host = False
 
     def list_parts(self, name: str, dtype: str) -> tuple[np.ndarray, np.ndarray]:
         if name in self._stored:
             off, stored, kind, shift = self._stored.pop(name)
+            if self.direct is not None:
+                self.direct.ready_for(stored)
             self._parts[name] = (off, host_values(stored, kind, shift, int(off[-1])))
         elif name in self._handed:  # handed out, and now wanted on the host too: filled here
             off, rec = self._handed.pop(name)
+            if self.direct is not None:
+                self.direct.ready_for(rec.stored)
             rec.fill()
             self.late.remove(rec)
             self._parts[name] = (off, rec.out)

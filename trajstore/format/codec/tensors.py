@@ -26,7 +26,8 @@ import torch
 
 from ...errors import FormatError
 from .. import dtypes as dt
-from ..arrow import Columns, TableBuilder, empty, list_array
+from ..arrow import Columns, TableBuilder, list_array
+from ..numpy_view import empty
 from .fill_job import FillJob
 from ..batch.check import FLAT, GLOBAL, SEGMENTS, TOKENS, Tensor
 from ..batch.layout import Layout

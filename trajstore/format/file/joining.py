@@ -14,7 +14,7 @@ import pyarrow as pa
 from ...base.threads import submit
 from .. import dtypes as dt
 from .. import limits
-from ..arrow import _offsets, _raw, _sliced, empty, to_numpy
+from ..numpy_view import _offsets, _raw, _sliced, empty, to_numpy
 
 __all__ = ["StreamJoin"]
 
@@ -30,7 +30,7 @@ class StreamJoin:
     A column's buffer is sized from its first batch (values per row, times the step's rows, plus a
     quarter); one that outgrows it moves to a buffer twice as large; a buffer over the decode limit
     (``limits.MAX_DECODED_BYTES``) is not allocated. A column whose values need a bit-level conversion
-    (half-precision values stored widened) or that the join's own checks refuse (``arrow._raw``:
+    (half-precision values stored widened) or that the join's own checks refuse (``numpy_view._raw``:
     nulls, another dtype) is left out: ``Columns`` joins it after the read, converting it or raising
     the error that names it. Values are copied as the column holds them (int32 values of an int64
     column, format version 6, widened by the copy), so the result is the normal join's."""

@@ -119,7 +119,7 @@ def read_sample(pf: pq.ParquetFile, node: dict, doc: dict, f: Path) -> Any:
 
 
 def read_columns(pf: pq.ParquetFile, src: Any, cols: list[str] | None,
-                 rows: tuple[int, int] | None = None, on_batch: Any = None) -> pa.Table:
+                 rows: tuple[int, int] | None = None, on_batch: Any = None, pool: Any = None) -> pa.Table:
     """Columns ``cols`` (None: all) of the step file ``pf`` reads from ``src``; ``rows=(start, stop)``:
     those rows only, read from the row groups that hold them (a rank's slice of a shard it cuts).
 
@@ -136,7 +136,8 @@ def read_columns(pf: pq.ParquetFile, src: Any, cols: list[str] | None,
     the calling thread. ``schema.decode`` then joins the row-group chunks of each column in parallel;
     ``on_batch(record batch)``, for a large read of the whole file, is called with each row group as
     Arrow's reader yields it (in order), so the caller can start joining them while the rest decode
-    (``format/file/joining.py`` ``StreamJoin``)."""
+    (``format/file/joining.py`` ``StreamJoin``). ``pool``: the ``pyarrow.MemoryPool`` a read of the whole file
+    decodes into (a small one too: it goes through the dataset reader then), default Arrow's."""
     md = pf.metadata
     sch = pq.ParquetSchema(md)  # not md.schema: FileMetaData would keep it, a cycle freed only by the collector
     leaves = [sch.column(j).path for j in range(md.num_columns)]
@@ -150,16 +151,17 @@ def read_columns(pf: pq.ParquetFile, src: Any, cols: list[str] | None,
         groups = [i for i in groups if ends[i] > rows[0] and ends[i] - md.row_group(i).num_rows < rows[1]]
     size = sum(md.row_group(i).total_byte_size for i in groups) * len(want) // max(1, len(leaves))
     threads, small = not _threads.is_serial(), size <= PARALLEL_READ_BYTES
-    if rows is None and small:
+    if rows is None and small and pool is None:
         return pf.read(columns=cols, use_threads=threads)
     if rows is not None and not groups:
         return pf.schema_arrow.empty_table().select(list(pf.schema_arrow.names if cols is None else cols))
-    if small:
+    if small and rows is not None:
         table = pf.read_row_groups(groups, columns=cols, use_threads=False)
     else:
         n, deep = _threads.threads(), _threads.is_serial()  # deep: one of several steps decoding at once
         with arrow_pool(_threads.arrow_share(n) if deep else n, exact=deep):
-            table = _scan(src, cols, None if rows is None else groups, threads, on_batch if rows is None else None)
+            table = _scan(src, cols, None if rows is None else groups, threads, on_batch if rows is None else None,
+                          pool if rows is None else None)
     if rows is None:
         return table
     first = ends[groups[0]] - md.row_group(groups[0]).num_rows
@@ -167,7 +169,7 @@ def read_columns(pf: pq.ParquetFile, src: Any, cols: list[str] | None,
 
 
 def _scan(src: Any, cols: list[str] | None, groups: list[int] | None, threads: bool,
-          on_batch: Any = None) -> pa.Table:
+          on_batch: Any = None, pool: Any = None) -> pa.Table:
     """Row groups ``groups`` (None: all) of the Parquet file ``src``, columns ``cols``, read by Arrow's
     dataset reader (what ``pq.read_table`` does, there for the whole file only), pages checked. A reader
     of its own: one ``ParquetFile`` read from several threads at once crashes pyarrow. ``pyarrow.dataset``
@@ -178,8 +180,8 @@ def _scan(src: Any, cols: list[str] | None, groups: list[int] | None, threads: b
     frag = fmt.make_fragment(src, row_groups=groups)
     data = ds.FileSystemDataset([frag], schema=frag.physical_schema, format=fmt, filesystem=frag.filesystem)
     if on_batch is None:
-        return data.to_table(columns=cols, use_threads=threads)
-    scanner = data.scanner(columns=cols, use_threads=threads)
+        return data.to_table(columns=cols, use_threads=threads, memory_pool=pool)
+    scanner = data.scanner(columns=cols, use_threads=threads, memory_pool=pool)
     batches = []
     for batch in scanner.to_batches():  # in the file's order, each as soon as it is decoded
         on_batch(batch)

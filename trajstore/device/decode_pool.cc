@@ -1,9 +1,10 @@
 // An Arrow memory pool whose large buffers come from an allocator handed in (cudaHostAlloc: pinned host
-// memory), so that Arrow's Parquet decoder writes a step's values straight into memory the GPU can copy from
-// (benchmarks/pinned_decode.py builds it, issue 23). Buffers of at least `threshold` bytes are taken in
-// power-of-two sizes and kept for reuse when freed (pinned allocations are slow to make); smaller ones, and
-// any the allocator refuses, come from Arrow's default pool. With no allocator handed in, large buffers are
-// plain page-aligned memory, cached the same way (a CPU test of the pool; a baseline of the caching alone).
+// memory), so that Arrow's Parquet decoder writes a step's values straight into memory a GPU copies from
+// (trajstore/device/decode_pool.py builds and loads it; benchmarks/RESULTS.md, issue 23, seventeenth round).
+// Buffers of at least `threshold` bytes are taken in power-of-two sizes and kept for reuse when freed (pinned
+// allocations are slow to make); smaller ones, and any the allocator refuses, come from Arrow's default pool.
+// With no allocator handed in, large buffers are plain page-aligned memory, cached the same way (the pool's
+// CPU tests).
 
 #include <arrow/memory_pool.h>
 #include <arrow/status.h>
@@ -11,8 +12,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
-#include <unordered_map>
 #include <vector>
 
 namespace {
@@ -101,6 +102,15 @@ class CachedPool : public arrow::MemoryPool {
   std::string backend_name() const override { return alloc_ != nullptr ? "pinned" : "cached"; }
 
   int64_t made() const { return made_.load(); }
+
+  // Whether [p, p + n) lies inside one buffer of the pool's own that is handed out.
+  bool Owns(const uint8_t* p, int64_t n) {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = owned_.upper_bound(const_cast<uint8_t*>(p));
+    if (it == owned_.begin()) return false;
+    --it;
+    return p + n <= it->first + (int64_t(1) << it->second);
+  }
   int64_t reserved() const { return reserved_.load(); }
 
  private:
@@ -109,7 +119,7 @@ class CachedPool : public arrow::MemoryPool {
   arrow::MemoryPool* base_;
   std::mutex mu_;
   std::vector<std::vector<uint8_t*>> free_;  // by power of two
-  std::unordered_map<uint8_t*, int> owned_;  // handed out: its power of two
+  std::map<uint8_t*, int> owned_;  // handed out: its power of two, by address
   std::atomic<int64_t> bytes_{0}, reserved_{0}, made_{0}, allocations_{0};
 };
 
@@ -126,6 +136,10 @@ void* cached_pool_make(void* alloc, int64_t threshold) {
 // How many large buffers were made (not reused), and their bytes.
 int64_t cached_pool_made(void* pool) {
   return static_cast<CachedPool*>(static_cast<arrow::MemoryPool*>(pool))->made();
+}
+
+int cached_pool_owns(void* pool, const void* p, int64_t n) {
+  return static_cast<CachedPool*>(static_cast<arrow::MemoryPool*>(pool))->Owns(static_cast<const uint8_t*>(p), n);
 }
 
 int64_t cached_pool_reserved(void* pool) {

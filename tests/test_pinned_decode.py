@@ -1,0 +1,242 @@
+"""Arrow decoding a step straight into pinned memory (``trajstore/device/decode_pool.py``): the arena's joins become
+copies to the device from Arrow's memory (``torch_bridge.Arena.send``). On the CPU the pool's large buffers are plain
+cached memory and ``launch`` copies on the host, so the whole path runs here: every batch form read through it equals
+the plain read bit for bit, with the arena's place of each value taken to send overwritten (``sends.POISON``), so a
+host read of one before it is copied back shows. The pool's build: cached, and what ``pinned()`` says where it cannot
+be had."""
+
+import tempfile
+from types import SimpleNamespace
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+import torch
+from _dumps import many_row_groups, write
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import trajstore
+from trajstore.base import threads as _threads
+from trajstore.device import bridge, decode_pool, sends
+from trajstore.testing import (
+    assert_batch_equal,
+    batches,
+    group_lists,
+    non_tensor_batches,
+    packed_batches,
+    padded_batches,
+    prompt_completion_batches,
+    two_sided_batches,
+    typed_batches,
+)
+
+CPU = torch.device("cpu")
+
+
+@contextmanager
+def serial():
+    _threads.serial()
+    try:
+        yield
+    finally:
+        _threads.serial(False)
+needs_cxx = pytest.mark.skipif(decode_pool.compiler() is None, reason="needs a C++ compiler to build the pool")
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory):
+    if decode_pool.compiler() is None:
+        pytest.skip("needs a C++ compiler to build the pool")
+    return decode_pool.plain(threshold=1, dest=tmp_path_factory.mktemp("pool"))  # every buffer: small batches too
+
+
+def direct_read(r, step, layout, pool, sent):
+    """``Reader.read(step, device=...)``'s path with the CPU as the device and Arrow decoding into ``pool``."""
+    staging = bridge.PinnedPool(pin=False)
+    arena = bridge.Arena(staging, defer=True, direct=pool)
+    staged = bridge.stage(r._read(step, None, layout, arena), staging, arena)
+    sent.append(list(staged.sends))
+    out, ev = bridge.launch(staged, CPU, None)
+    assert ev is None and staging.in_use == 0 and not arena.sends.items
+    return out
+
+
+@needs_cxx
+@settings(max_examples=60, deadline=None)
+@given(st.one_of(batches(), padded_batches(), packed_batches(), two_sided_batches(), prompt_completion_batches(),
+                 group_lists(), non_tensor_batches(), typed_batches()),
+       st.sampled_from([None, "padded", "packed"]), st.booleans(), st.booleans())
+def test_every_batch_read_through_the_pinned_decode_is_the_plain_read(pool, batch, layout, many_groups, deep):
+    mp = pytest.MonkeyPatch()
+    mp.setattr(sends, "POISON", True)
+    mp.setattr(sends, "SEND_BYTES", 1)  # the small chunks of these batches go through ``send`` too
+    if many_groups:
+        many_row_groups(mp)
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            r = write(d, {0: batch})
+            try:
+                want = r.read(0, layout=layout)
+            except trajstore.ConfigError:
+                return  # no layout to convert
+            sent: list = []
+            if deep:  # a deep prefetch's thread: columns joined in a few calls (``Columns._combined``)
+                with serial():
+                    got = direct_read(r, 0, layout, pool, sent)
+            else:
+                got = direct_read(r, 0, layout, pool, sent)
+            assert_batch_equal(want, got)
+    finally:
+        mp.undo()
+
+
+@needs_cxx
+@pytest.mark.parametrize("deep", [False, True])
+@pytest.mark.parametrize("layout", ["packed", None])
+def test_a_packed_step_sends_its_token_columns_from_arrows_memory(tmp_path, monkeypatch, pool, deep, layout):
+    many_row_groups(monkeypatch)
+    monkeypatch.setattr(sends, "POISON", True)
+    g = torch.Generator().manual_seed(0)
+    lens = [5, 0, 300, 41, 2000, 7]
+    b = {"input_ids": torch.randint(0, 152_000, (sum(lens),), generator=g),
+         "loss_mask": torch.rand(sum(lens), generator=g) < 0.5,
+         "logprobs": torch.randn(sum(lens), generator=g).to(torch.bfloat16),
+         "cu_seqlens": torch.tensor([0, *np.cumsum(lens)], dtype=torch.int32),
+         "rewards": torch.randn(len(lens), generator=g)}
+    with trajstore.Writer(tmp_path / "d") as w:
+        w.append(0, b)
+    r = trajstore.Reader(tmp_path / "d")
+    want = r.read(0, layout=layout)
+    monkeypatch.setattr(sends, "SEND_BYTES", 1)
+    sent: list = []
+    if deep:
+        with serial():
+            got = direct_read(r, 0, layout, pool, sent)
+    else:
+        got = direct_read(r, 0, layout, pool, sent)
+    assert_batch_equal(want, got)
+    assert len(sent[0]) > 0  # the chunks of the token columns went from Arrow's memory, not through the arena
+    assert all(pool.owns(src.ctypes.data, src.nbytes) for _, src in sent[0])
+    monkeypatch.setattr(sends, "SEND_BYTES", 1 << 40)  # none large enough: all joined in the arena, as before
+    sent.clear()
+    assert_batch_equal(want, direct_read(r, 0, layout, pool, sent))
+    assert sent == [[]]
+
+
+@needs_cxx
+@pytest.mark.parametrize("deep", [False, True])
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_a_padded_step_sends_the_values_its_fields_are_built_from(tmp_path, monkeypatch, pool, deep, side):
+    many_row_groups(monkeypatch)
+    monkeypatch.setattr(sends, "POISON", True)
+    g = torch.Generator().manual_seed(1)
+    B, T = 160, 8192  # outputs over pad_plan.FLAT_BYTES: built from their values where the arena holds them
+    lens = torch.randint(0, T + 1, (B,), generator=g)
+    ar = torch.arange(T)[None, :]
+    m = ar < lens[:, None] if side == "right" else ar >= (T - lens)[:, None]
+    b = {"input_ids": torch.randint(0, 152_000, (B, T), generator=g).masked_fill(~m, 151_643),
+         "attention_mask": m.long(),
+         "logprobs": torch.randn(B, T, generator=g).masked_fill(~m, 0.0),
+         "loss_mask": m & (torch.rand(B, T, generator=g) < 0.7),
+         "rewards": torch.randn(B, generator=g)}
+    with trajstore.Writer(tmp_path / "d") as w:
+        w.append(0, b)
+    r = trajstore.Reader(tmp_path / "d")
+    want = r.read(0)
+    monkeypatch.setattr(sends, "SEND_BYTES", 1)
+    sent: list = []
+    if deep:
+        with serial():
+            got = direct_read(r, 0, None, pool, sent)
+    else:
+        got = direct_read(r, 0, None, pool, sent)
+    assert_batch_equal(want, got)
+    assert len(sent[0]) > 0  # the values the device builds the padded fields from went from Arrow's memory
+
+
+def test_the_arena_copies_back_what_a_host_reader_needs(monkeypatch):
+    monkeypatch.setattr(sends, "POISON", True)
+    monkeypatch.setattr(sends, "SEND_BYTES", 1)
+    pageable = np.arange(100, dtype=np.int32)  # memory the pinned pool does not own: copied on the host
+    owner = SimpleNamespace(pool=None, owns=lambda address, n: address != pageable.ctypes.data)
+    arena = bridge.Arena(bridge.PinnedPool(pin=False), direct=owner)
+    arena.reserve(1 << 16)
+    a, b = arena.alloc(100, np.int32), arena.alloc(50, np.float32)
+    src_a, src_b = np.arange(100, dtype=np.int32), np.linspace(0, 1, 50, dtype=np.float32)
+    d = arena.sends
+    assert not d.send(a, pageable)
+    assert d.send(a, src_a) and d.send(b, src_b)
+    assert not d.send(a[:10], src_a[:5])  # not the same shape
+    assert not d.send(a, src_a.astype(np.int64))  # a conversion between them
+    assert not d.send(np.empty(100, np.int32), src_a)  # not in the arena
+    assert (a.view(np.uint8) == 0xA5).all() and (b.view(np.uint8) == 0xA5).all()
+    d.ready_for(b[10:20])  # only what meets those bytes: all of b's one send
+    assert np.array_equal(b, src_b) and (a.view(np.uint8) == 0xA5).all() and len(d.items) == 1
+    base = arena.buf.data_ptr()
+    keep = d.keep_within([(a.ctypes.data - base, a.nbytes)])
+    assert [off for off, _ in keep] == [a.ctypes.data - base] and d.items == []
+    arena.release()
+
+
+def test_the_build_is_cached_and_a_missing_compiler_leaves_the_staged_replay(tmp_path, monkeypatch):
+    if decode_pool.compiler() is None:
+        pytest.skip("needs a C++ compiler to build the pool")
+    decode_pool.build(tmp_path)
+    built = sorted(p.name for p in tmp_path.iterdir())
+    assert len(built) == 1 and built[0].startswith("decode_pool-") and built[0].endswith(".so")
+    mtime = (tmp_path / built[0]).stat().st_mtime_ns
+    decode_pool.build(tmp_path)  # found, not built again
+    assert (tmp_path / built[0]).stat().st_mtime_ns == mtime and len(list(tmp_path.iterdir())) == 1
+
+    monkeypatch.setattr(decode_pool, "_state", {})
+    monkeypatch.setenv(decode_pool.ENV, "0")
+    assert decode_pool.pinned() is None and decode_pool.status().startswith("off")
+    monkeypatch.setenv(decode_pool.ENV, "1")
+    monkeypatch.setenv("CXX", "")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no compiler, no cached build under this cache
+    monkeypatch.setenv("TRAJSTORE_CACHE", str(tmp_path / "empty"))
+    with pytest.warns(RuntimeWarning, match="not available here"):
+        assert decode_pool.pinned() is None
+    assert decode_pool.status().startswith("unavailable: RuntimeError: no C++ compiler")
+    assert decode_pool.pinned() is None  # decided once
+
+
+@pytest.mark.cuda
+@settings(max_examples=40, deadline=None)
+@given(st.one_of(batches(), padded_batches(), packed_batches(), two_sided_batches(), prompt_completion_batches()),
+       st.sampled_from([None, "padded", "packed"]), st.sampled_from([0, 2, 8]))
+def test_cuda_replay_decoding_into_pinned_memory_equals_the_cpu_read(batch, layout, prefetch):
+    mp = pytest.MonkeyPatch()
+    mp.setenv(decode_pool.ENV, "1")
+    mp.setattr(sends, "POISON", True)
+    mp.setattr(sends, "SEND_BYTES", 1)
+    try:
+        assert decode_pool.pinned() is not None, decode_pool.status()
+        with tempfile.TemporaryDirectory() as d:
+            with trajstore.Writer(d) as w:
+                for s in range(3):
+                    w.append(s, batch)
+            r = trajstore.Reader(d)
+            try:
+                cpu = r.read(0, layout=layout)
+            except trajstore.ConfigError:
+                return
+            s = torch.cuda.Stream()
+            with torch.cuda.stream(s):
+                got = list(r.iter(device="cuda", prefetch=prefetch, layout=layout))
+            s.synchronize()
+            assert [k for k, _ in got] == [0, 1, 2]
+            for _, b in got:
+                _on_cuda_equal(cpu, b)
+            _on_cuda_equal(cpu, r.read(0, layout=layout, device="cuda"))
+    finally:
+        mp.undo()
+
+
+def _on_cuda_equal(cpu, gpu):
+    leaves = bridge._leaves(gpu)
+    if any(t.is_cuda for t in leaves):
+        assert all(t.is_cuda for t in leaves)
+        torch.cuda.synchronize()
+    assert_batch_equal(cpu, bridge.map_tensors(gpu, lambda t: t.cpu()))
