@@ -61,6 +61,7 @@ class CachedPool : public arrow::MemoryPool {
   }
 
   void Free(uint8_t* buffer, int64_t size, int64_t alignment) override {
+    if (size < threshold_) return base_->Free(buffer, size, alignment);  // never one of ours (see Reallocate)
     {
       std::lock_guard<std::mutex> g(mu_);
       auto it = owned_.find(buffer);
@@ -81,12 +82,14 @@ class CachedPool : public arrow::MemoryPool {
       std::lock_guard<std::mutex> g(mu_);
       auto it = owned_.find(*ptr);
       if (it != owned_.end()) b = it->second;
-      if (b >= 0 && new_size <= (int64_t(1) << b)) {  // fits the buffer it has
+      if (b >= 0 && new_size >= threshold_ && new_size <= (int64_t(1) << b)) {  // fits the buffer it has
         bytes_ += new_size - old_size;
         return arrow::Status::OK();
       }
     }
     if (b < 0 && new_size < threshold_) return base_->Reallocate(old_size, new_size, alignment, ptr);
+    // (a buffer of ours shrunk below the threshold moves to the default pool: Free takes any buffer of less
+    // than the threshold to be the default pool's, without a lookup)
     uint8_t* out = nullptr;
     arrow::Status st = Allocate(new_size, alignment, &out);
     if (!st.ok()) return st;

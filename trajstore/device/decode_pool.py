@@ -34,9 +34,10 @@ import pyarrow as pa
 import torch
 
 __all__ = ["Pool", "pinned", "plain", "status", "wanted", "build", "compiler", "cache_dir", "cuda_host_alloc", "ENV",
-           "DEFAULT", "THRESHOLD"]
+           "CACHE_ENV", "DEFAULT", "THRESHOLD"]
 
 ENV = "TRAJSTORE_PINNED_DECODE"
+CACHE_ENV = "TRAJSTORE_CACHE"
 DEFAULT = False  # unset: off (the staged replay)
 THRESHOLD = 1 << 16  # buffers from this size up come from the pool's own memory
 SOURCE = Path(__file__).with_name("decode_pool.cc")
@@ -81,8 +82,8 @@ def compiler() -> str | None:
 
 def cache_dir() -> Path:
     """Where the built pool is kept (see the module doc)."""
-    if os.environ.get("TRAJSTORE_CACHE"):
-        return Path(os.environ["TRAJSTORE_CACHE"])
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "trajstore"
 

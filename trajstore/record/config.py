@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from ..base.text import parse_steps
+from ..device import decode_pool
 from ..errors import ConfigError, ConfigWarning, warn
 from ..format.file.parquet import check_encodings
 from ..store import fs, manifest, paths
@@ -234,6 +235,8 @@ ENV_VARIABLES: dict[str, str] = {
     fs.ENV: "which library serves a URL (store/fs.py)",
     "TRAJSTORE_MAX_DECODED_BYTES": "the decoded-size bound of a step (format/file/validate.py)",
     "TRAJSTORE_VERL_FIT": "verl's switch also records fit()'s batch after advantages (trainers/verl.py)",
+    decode_pool.ENV: "1: a replay to a GPU decodes straight into pinned memory (device/decode_pool.py; README)",
+    decode_pool.CACHE_ENV: "where that pinned pool's build is kept (device/decode_pool.py)",
 }
 # read by the project's own test suite (tests/conftest.py, tests/test_corrupt.py), not by the package:
 # never warned about, and not listed among the variables a user may set
