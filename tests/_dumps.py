@@ -53,6 +53,54 @@ def many_row_groups(mp: Any) -> None:
     mp.setattr(parquet, "PARALLEL_READ_BYTES", 0)
 
 
+@contextlib.contextmanager
+def serial_thread():
+    """Inside the block this thread decodes serially, as a deep prefetch's thread does (``Reader.iter`` from
+    prefetch 4: columns joined in a few calls, ``Columns._combined``)."""
+    from trajstore.base import threads
+
+    threads.serial()
+    try:
+        yield
+    finally:
+        threads.serial(False)
+
+
+def on_cuda_equal(cpu: Any, gpu: Any) -> None:
+    """``gpu`` (a batch read to CUDA: all its tensors there) equals ``cpu`` bit for bit."""
+    from trajstore.device import bridge
+    from trajstore.testing import assert_batch_equal
+
+    leaves = bridge._leaves(gpu)
+    if any(t.is_cuda for t in leaves):
+        assert all(t.is_cuda for t in leaves)
+        torch.cuda.synchronize()
+    assert_batch_equal(cpu, bridge.map_tensors(gpu, lambda t: t.cpu()))
+
+
+def cuda_replay_equals_cpu(batch: Any, layout: str | None, prefetch: int) -> None:
+    """``batch`` written as steps 0-2, replayed to CUDA (``Reader.iter`` on a consumer stream that is not the
+    default one, and ``read(device=...)``), equals its CPU read bit for bit (nothing where the layout does not
+    apply)."""
+    with tempfile.TemporaryDirectory() as d:
+        with trajstore.Writer(d) as w:
+            for s in range(3):
+                w.append(s, batch)
+        r = trajstore.Reader(d)
+        try:
+            cpu = r.read(0, layout=layout)
+        except trajstore.ConfigError:
+            return
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            got = list(r.iter(device="cuda", prefetch=prefetch, layout=layout))
+        s.synchronize()
+        assert [k for k, _ in got] == [0, 1, 2]
+        for _, b in got:
+            on_cuda_equal(cpu, b)
+        on_cuda_equal(cpu, r.read(0, layout=layout, device="cuda"))
+
+
 def roundtrip(batch: Any, meta: Any = None, step: int = 3) -> tuple[Any, Any]:
     """``batch`` (and ``meta``) written as step ``step`` of a fresh temporary dump and read back."""
     with tempfile.TemporaryDirectory() as d:

@@ -7,7 +7,7 @@ import tempfile
 import numpy as np
 import pytest
 import torch
-from _dumps import many_row_groups, write
+from _dumps import cuda_replay_equals_cpu, many_row_groups, on_cuda_equal, write
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -371,36 +371,12 @@ def test_joined_values_are_staged_where_they_were_decoded(tmp_path, side, monkey
 
 
 # ----------------------------------------------------------------------------- CUDA
-def _on_cuda_equal(cpu, gpu):
-    leaves = torch_bridge._leaves(gpu)
-    if any(t.is_cuda for t in leaves):
-        assert all(t.is_cuda for t in leaves)
-        torch.cuda.synchronize()
-    assert_batch_equal(cpu, torch_bridge.map_tensors(gpu, lambda t: t.cpu()))
-
-
 @pytest.mark.cuda
 @settings(max_examples=40, deadline=None)
 @given(st.one_of(batches(), padded_batches(), two_sided_batches(), prompt_completion_batches()),
        st.sampled_from([None, "padded"]), st.sampled_from([0, 2, 8]))
 def test_cuda_padded_iter_equals_cpu_replay(batch, layout, prefetch):
-    with tempfile.TemporaryDirectory() as d:
-        with trajstore.Writer(d) as w:
-            for s in range(3):
-                w.append(s, batch)
-        r = trajstore.Reader(d)
-        try:
-            cpu = r.read(0, layout=layout)
-        except trajstore.ConfigError:
-            return
-        s = torch.cuda.Stream()
-        with torch.cuda.stream(s):  # a consumer stream that is not the default one
-            got = list(r.iter(device="cuda", prefetch=prefetch, layout=layout))
-        s.synchronize()
-        assert [k for k, _ in got] == [0, 1, 2]
-        for _, b in got:
-            _on_cuda_equal(cpu, b)
-        _on_cuda_equal(cpu, r.read(0, layout=layout, device="cuda"))
+    cuda_replay_equals_cpu(batch, layout, prefetch)
 
 
 @pytest.mark.parametrize("dev", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
@@ -419,8 +395,8 @@ def test_padded_replay_equals_recorder_replay(tmp_path, side, dev, caplog):
         for s, b in r.iter(device=dev, prefetch=prefetch):
             want = cpu.batch(s, lambda: None)
             assert_batch_equal(steps[s], want)
-            _on_cuda_equal(want, b)
-            _on_cuda_equal(want, gpu.batch(s, lambda: None))
+            on_cuda_equal(want, b)
+            on_cuda_equal(want, gpu.batch(s, lambda: None))
             loads += 1
     cpu.close()
     gpu.close()

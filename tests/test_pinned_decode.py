@@ -7,17 +7,15 @@ be had."""
 
 import tempfile
 from types import SimpleNamespace
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
 import torch
-from _dumps import many_row_groups, write
+from _dumps import cuda_replay_equals_cpu, many_row_groups, serial_thread, write
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import trajstore
-from trajstore.base import threads as _threads
 from trajstore.device import bridge, decode_pool, sends
 from trajstore.testing import (
     assert_batch_equal,
@@ -33,14 +31,6 @@ from trajstore.testing import (
 
 CPU = torch.device("cpu")
 
-
-@contextmanager
-def serial():
-    _threads.serial()
-    try:
-        yield
-    finally:
-        _threads.serial(False)
 needs_cxx = pytest.mark.skipif(decode_pool.compiler() is None, reason="needs a C++ compiler to build the pool")
 
 
@@ -51,8 +41,12 @@ def pool(tmp_path_factory):
     return decode_pool.plain(threshold=1, dest=tmp_path_factory.mktemp("pool"))  # every buffer: small batches too
 
 
-def direct_read(r, step, layout, pool, sent):
-    """``Reader.read(step, device=...)``'s path with the CPU as the device and Arrow decoding into ``pool``."""
+def direct_read(r, step, layout, pool, sent, deep=False):
+    """``Reader.read(step, device=...)``'s path with the CPU as the device and Arrow decoding into ``pool`` (``deep``:
+    on a deep prefetch's thread, columns joined in a few calls); what ``stage`` kept to send goes to ``sent``."""
+    if deep:
+        with serial_thread():
+            return direct_read(r, step, layout, pool, sent)
     staging = bridge.PinnedPool(pin=False)
     arena = bridge.Arena(staging, defer=True, direct=pool)
     staged = bridge.stage(r._read(step, None, layout, arena), staging, arena)
@@ -80,13 +74,7 @@ def test_every_batch_read_through_the_pinned_decode_is_the_plain_read(pool, batc
                 want = r.read(0, layout=layout)
             except trajstore.ConfigError:
                 return  # no layout to convert
-            sent: list = []
-            if deep:  # a deep prefetch's thread: columns joined in a few calls (``Columns._combined``)
-                with serial():
-                    got = direct_read(r, 0, layout, pool, sent)
-            else:
-                got = direct_read(r, 0, layout, pool, sent)
-            assert_batch_equal(want, got)
+            assert_batch_equal(want, direct_read(r, 0, layout, pool, [], deep))
     finally:
         mp.undo()
 
@@ -110,12 +98,7 @@ def test_a_packed_step_sends_its_token_columns_from_arrows_memory(tmp_path, monk
     want = r.read(0, layout=layout)
     monkeypatch.setattr(sends, "SEND_BYTES", 1)
     sent: list = []
-    if deep:
-        with serial():
-            got = direct_read(r, 0, layout, pool, sent)
-    else:
-        got = direct_read(r, 0, layout, pool, sent)
-    assert_batch_equal(want, got)
+    assert_batch_equal(want, direct_read(r, 0, layout, pool, sent, deep))
     assert len(sent[0]) > 0  # the chunks of the token columns went from Arrow's memory, not through the arena
     assert all(pool.owns(src.ctypes.data, src.nbytes) for _, src in sent[0])
     monkeypatch.setattr(sends, "SEND_BYTES", 1 << 40)  # none large enough: all joined in the arena, as before
@@ -146,12 +129,7 @@ def test_a_padded_step_sends_the_values_its_fields_are_built_from(tmp_path, monk
     want = r.read(0)
     monkeypatch.setattr(sends, "SEND_BYTES", 1)
     sent: list = []
-    if deep:
-        with serial():
-            got = direct_read(r, 0, None, pool, sent)
-    else:
-        got = direct_read(r, 0, None, pool, sent)
-    assert_batch_equal(want, got)
+    assert_batch_equal(want, direct_read(r, 0, None, pool, sent, deep))
     assert len(sent[0]) > 0  # the values the device builds the padded fields from went from Arrow's memory
 
 
@@ -213,30 +191,6 @@ def test_cuda_replay_decoding_into_pinned_memory_equals_the_cpu_read(batch, layo
     mp.setattr(sends, "SEND_BYTES", 1)
     try:
         assert decode_pool.pinned() is not None, decode_pool.status()
-        with tempfile.TemporaryDirectory() as d:
-            with trajstore.Writer(d) as w:
-                for s in range(3):
-                    w.append(s, batch)
-            r = trajstore.Reader(d)
-            try:
-                cpu = r.read(0, layout=layout)
-            except trajstore.ConfigError:
-                return
-            s = torch.cuda.Stream()
-            with torch.cuda.stream(s):
-                got = list(r.iter(device="cuda", prefetch=prefetch, layout=layout))
-            s.synchronize()
-            assert [k for k, _ in got] == [0, 1, 2]
-            for _, b in got:
-                _on_cuda_equal(cpu, b)
-            _on_cuda_equal(cpu, r.read(0, layout=layout, device="cuda"))
+        cuda_replay_equals_cpu(batch, layout, prefetch)
     finally:
         mp.undo()
-
-
-def _on_cuda_equal(cpu, gpu):
-    leaves = bridge._leaves(gpu)
-    if any(t.is_cuda for t in leaves):
-        assert all(t.is_cuda for t in leaves)
-        torch.cuda.synchronize()
-    assert_batch_equal(cpu, bridge.map_tensors(gpu, lambda t: t.cpu()))

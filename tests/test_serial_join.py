@@ -34,15 +34,6 @@ from trajstore.testing.forms import (
 
 
 @contextmanager
-def serial():
-    _threads.serial()
-    try:
-        yield
-    finally:
-        _threads.serial(False)
-
-
-@contextmanager
 def counted():
     """``calls``: the columns each ``Columns._combined`` joined."""
     calls: list[str] = []
@@ -61,7 +52,7 @@ def _reads(r, layout, arena):
     def read():
         return device_read(r, 0, layout)[0] if arena else r._read(0, None, layout)
 
-    with serial(), counted() as calls:
+    with _dumps.serial_thread(), counted() as calls:
         got = read()
     with _threads.using(3):
         want = read()
@@ -112,13 +103,13 @@ def test_a_serial_decode_joins_each_token_column_once_with_its_values_exact(tmp_
     if arena:
         pool = torch_bridge.PinnedPool()
         a = torch_bridge.Arena(pool)
-        with serial(), counted() as calls:
+        with _dumps.serial_thread(), counted() as calls:
             got = r._read(0, None, "packed", a)
         assert a.holds(got["input_ids"]) and a.holds(got["loss_mask"]) and a.holds(got["logprobs"])
         got = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in got.items()}
         a.release()
     else:
-        with serial(), counted() as calls:
+        with _dumps.serial_thread(), counted() as calls:
             got = r._read(0, None, "packed")
     assert sorted(calls) == ["input_ids", "logprobs", "loss_mask"]
     assert got["input_ids"].dtype == torch.int64 and torch.equal(got["input_ids"], b["input_ids"][m])
@@ -173,7 +164,7 @@ def test_a_column_of_no_or_empty_chunks_joins_serially_as_the_pool_does(stored, 
     """A column of no chunks at all (an empty slice of a shard), or of empty ones, joins to no values of
     the spec's storage dtype, on a serial thread as with the pool join."""
     t = pa.table({"x": pa.chunked_array([pa.array([], pa.large_list(stored))] * chunks, type=pa.large_list(stored))})
-    with serial():
+    with _dumps.serial_thread():
         off, v = Columns(t, "w").list_parts("x", dtype)
     off2, v2 = Columns(t, "w").list_parts("x", dtype)
     assert off.tolist() == off2.tolist() == [0] and len(v) == len(v2) == 0 and v.dtype == v2.dtype
