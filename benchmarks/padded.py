@@ -6,7 +6,9 @@ line gives each ratio against the same ceiling verifying every page's CRC32 (``r
 the integrity check each trajstore read makes and the ceiling does not (benchmarks/RESULTS.md, fifteenth round),
 and at prefetch 4 and 8 the rate of the least replay that stages through pinned memory with as many steps at once
 (``benchmarks/least.py``: the read, one host copy and one device copy a step, one after the other), against the
-ceiling and against packed replay.
+ceiling and against packed replay. Where the opt-in pinned decode can be had (``trajstore/device/decode_pool.py``,
+a C++ compiler on the host), each pass also times both layouts with ``TRAJSTORE_PINNED_DECODE=1``: extra lines
+against the same ceiling (benchmarks/RESULTS.md, seventeenth round).
 ``Reader.iter(device="cuda")`` of a padded step (as recorded: what the Recorder's replay returns)
 stages the unpadded values and builds the padding on the GPU (trajstore/device/pad.py);
 ``layout="packed"`` stages the same values and builds nothing.
@@ -17,14 +19,16 @@ each prefetch thread does) is measured on any machine.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 import trajstore
-from trajstore.device import bridge as torch_bridge
+from trajstore.device import bridge as torch_bridge, decode_pool
 
 from . import least as least_replay
 from . import replay_cpu
@@ -70,10 +74,16 @@ def run(rep, d: Path, raw: int, n: int, repeat: int, gpu: bool) -> None:
         return len(steps) * raw / (time.perf_counter() - t0) / 1e9
 
     files = [r.file(s) for s in steps]
+    with pinned_decode(True):
+        opt_in = decode_pool.pinned() is not None  # (built here, before any pass is timed)
     for k in (2, 4, 8):
         for layout in ("packed", None):  # warm the pinned pools and the allocator
             replay(k, layout)
+            if opt_in:
+                with pinned_decode(True):
+                    replay(k, layout)
         rates: dict = {"packed": [], None: []}
+        direct: dict = {"packed": [], None: []}  # the same with the opt-in pinned decode
         ceil: list[float] = []
         checked: list[float] = []  # the same ceiling verifying each page's CRC32, as trajstore's reads do
         least: list[float] = []  # the least replay staging through pinned memory, k steps at once (least.py)
@@ -84,6 +94,9 @@ def run(rep, d: Path, raw: int, n: int, repeat: int, gpu: bool) -> None:
                 least.append(least_replay.gbps(files, raw, k, dev))
             for layout in rates:
                 rates[layout].append(replay(k, layout))
+                if opt_in:
+                    with pinned_decode(True):
+                        direct[layout].append(replay(k, layout))
         packed, padded = statistics.median(rates["packed"]), statistics.median(rates[None])
         pairs = sorted(a / b for a, b in zip(rates[None], rates["packed"]))
         target = k in (2, 8)
@@ -98,6 +111,10 @@ def run(rep, d: Path, raw: int, n: int, repeat: int, gpu: bool) -> None:
             y = statistics.median(g / c for g, c in zip(rates[layout], checked))
             rep.add(f"  prefetch={k}, {name} / the ceiling with page checksums verified, as trajstore's reads do",
                     y, "x")
+            if direct[layout]:
+                z = statistics.median(g / c for g, c in zip(direct[layout], ceil))
+                rep.add(f"  prefetch={k}, {name}, decoding into pinned memory (TRAJSTORE_PINNED_DECODE=1, opt-in) / "
+                        "decoder ceiling", z, "x")
         if least:
             x = statistics.median(g / c for g, c in zip(least, ceil))
             rep.add(f"  prefetch={k}: the least replay staging through pinned memory, {k} steps at once "
@@ -109,3 +126,18 @@ def run(rep, d: Path, raw: int, n: int, repeat: int, gpu: bool) -> None:
 
 
 PASSES = 7  # interleaved passes per layout and depth; single passes vary by +-10% on the GPU host
+
+
+@contextmanager
+def pinned_decode(on: bool):
+    """``$TRAJSTORE_PINNED_DECODE`` set to ``on`` inside the block (``trajstore/device/decode_pool.py``), restored
+    after."""
+    old = os.environ.get(decode_pool.ENV)
+    os.environ[decode_pool.ENV] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(decode_pool.ENV, None)
+        else:
+            os.environ[decode_pool.ENV] = old

@@ -40,6 +40,7 @@ import torch
 
 from trajstore.device import decode_pool as D
 from . import least, replay_cpu
+from .padded import pinned_decode as switch
 from . import workload as W
 
 Pool, build, compiler, cuda_host_alloc = D.Pool, D.build, D.compiler, D.cuda_host_alloc
@@ -154,21 +155,14 @@ def rows(files: list[Path], raw: int, device: Any, ks: tuple[int, ...], pinned: 
                 (f"staged through cached plain memory, {k} at a time", staged(files, k, cached.pool, device)),
                 (f"pinned decode, {k} at a time", pinned_decode(files, k, pinned.pool, device))]
         if reader is not None:
-            for on in ("0", "1"):
-                def replay(k: int = k, on: str = on) -> None:
-                    old = os.environ.get(D.ENV)
-                    os.environ[D.ENV] = on
-                    try:
+            for on in (False, True):
+                def replay(k: int = k, on: bool = on) -> None:
+                    with switch(on):
                         for _ in reader.iter(steps=steps, device=device, prefetch=k, layout="packed"):
                             pass
                         if device is not None:
                             torch.cuda.synchronize()
-                    finally:
-                        if old is None:
-                            os.environ.pop(D.ENV, None)
-                        else:
-                            os.environ[D.ENV] = old
-                what = "decoding into pinned memory" if on == "1" else "staged"
+                what = "decoding into pinned memory" if on else "staged"
                 out.append((f"Reader.iter(prefetch={k}, packed), {what}", replay))
     return out
 
