@@ -149,7 +149,10 @@ def test_the_arena_copies_back_what_a_host_reader_needs(monkeypatch):
     assert not d.send(a, src_a.astype(np.int64))  # a conversion between them
     assert not d.send(np.empty(100, np.int32), src_a)  # not in the arena
     assert (a.view(np.uint8) == 0xA5).all() and (b.view(np.uint8) == 0xA5).all()
-    d.ready_for(b[10:20])  # only what meets those bytes: all of b's one send
+    d.ready_for(b[10:20])  # a small read: those bytes alone, b's values still taken (the device writes the same)
+    assert np.array_equal(b[10:20], src_b[10:20]) and (b[:10].view(np.uint8) == 0xA5).all() and len(d.items) == 2
+    monkeypatch.setattr(sends, "PEEK_BYTES", 16)
+    d.ready_for(b[10:20])  # a larger one: all of the one send it meets, a's untouched
     assert np.array_equal(b, src_b) and (a.view(np.uint8) == 0xA5).all() and len(d.items) == 1
     base = arena.buf.data_ptr()
     keep = d.keep_within([(a.ctypes.data - base, a.nbytes)])

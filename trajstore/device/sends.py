@@ -19,9 +19,10 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["Sends", "hold", "SEND_BYTES", "POISON"]
+__all__ = ["Sends", "hold", "SEND_BYTES", "PEEK_BYTES", "POISON"]
 
 SEND_BYTES = 64 << 10  # a chunk's values smaller than this are copied into the arena: one copy fewer to launch
+PEEK_BYTES = 4 << 10  # a host read of at most this many bytes copies them alone (``Sends.ready_for``)
 POISON = False  # tests: the arena's place of each value taken is overwritten, so a host read of it shows
 
 _held: deque = deque()  # (event, Arrow's values): kept alive until the copies reading them are done
@@ -53,20 +54,27 @@ class Sends:
             dst.view(np.uint8)[...] = 0xA5
         return True
 
-    def ready(self, lo: int = 0, hi: int | None = None) -> None:
-        """Copy into the arena the values taken whose bytes meet ``[lo, hi)`` (offsets in it; all by default)."""
+    def ready(self, lo: int = 0, hi: int | None = None, peek: bool = False) -> None:
+        """Copy into the arena the values taken whose bytes meet ``[lo, hi)`` (offsets in it; all by default).
+        ``peek``: those bytes alone, the values staying taken (the device's copy of them writes the same bytes)."""
         hi = self.arena.used if hi is None else hi
         keep, host = [], None
         for off, src in self.items:
             if off < hi and off + src.nbytes > lo:
                 host = self.arena.buf.numpy() if host is None else host
+                if peek:
+                    a, b = max(lo, off), min(hi, off + src.nbytes)
+                    host[a:b] = src.reshape(-1).view(np.uint8)[a - off:b - off]
+                    keep.append((off, src))
+                    continue
                 host[off:off + src.nbytes] = src.reshape(-1).view(np.uint8)
             else:
                 keep.append((off, src))
         self.items = keep
 
     def ready_for(self, a: Any) -> None:
-        """``ready`` for the bytes of ``a`` (a numpy array or a CPU tensor) where they lie in the arena."""
+        """``ready`` for the bytes of ``a`` (a numpy array or a CPU tensor) where they lie in the arena: those bytes
+        alone where they are at most ``PEEK_BYTES`` (the pad plan's probe of a field's first values)."""
         if not self.items or self.arena.buf is None:
             return
         if isinstance(a, torch.Tensor):
@@ -78,7 +86,7 @@ class Sends:
             p, n = _span(a)
         off = p - self.arena.buf.data_ptr()
         if off < self.arena.used and off + n > 0:
-            self.ready(max(0, off), off + n)
+            self.ready(max(0, off), off + n, n <= PEEK_BYTES)
 
     def keep_within(self, sent: list[tuple[int, int]]) -> list[tuple[int, np.ndarray]]:
         """The values taken that lie inside one of the ranges ``sent`` (offset, bytes) of the arena, which go to the

@@ -301,8 +301,9 @@ class Columns:
         return off, out
 
     def joined(self, name: str, dtype: str) -> tuple[np.ndarray, np.ndarray] | None:
-        """``list_parts`` of a column already joined (``join``), else None."""
-        return self.list_parts(name, dtype) if name in self._parts else None
+        """``list_parts`` of a column already joined (``join``), else None: a padded field's values for its fill jobs,
+        left where ``direct`` took them (the pad plan, or ``Arena.fill``, copies back what it reads)."""
+        return self._list_parts(name, dtype) if name in self._parts else None
 
     def bitmap(self, name: str) -> int:
         """-1; for a bool column ``joined`` gives as its bitmap's bytes, its first value's bit (``codec/late.py``)."""

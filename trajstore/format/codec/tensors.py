@@ -308,6 +308,8 @@ def decode_padded(cols: Columns, node: TensorNode, n: int, T: int | None, side: 
             x = dt.as_value(v, node)
             src = bits(x if isinstance(x, np.ndarray) else x.contiguous()).reshape(-1)
         if last:  # each row's [C..., n] block -> token-major
+            if cols.direct is not None:  # (read here: copied back from where they were taken to send)
+                cols.direct.ready_for(v)
             src = src[torch.from_numpy(channel_major(lengths[r0:r1], w))]
         pv = None if pads is None else (pads[0] - pads[0][r0], pads[1][i])
         if pv is not None and last:
