@@ -177,9 +177,11 @@ def test_the_build_is_cached_and_a_missing_compiler_leaves_the_staged_replay(tmp
     monkeypatch.setenv("CXX", "")
     monkeypatch.setenv("PATH", str(tmp_path))  # no compiler, no cached build under this cache
     monkeypatch.setenv("TRAJSTORE_CACHE", str(tmp_path / "empty"))
-    with pytest.warns(RuntimeWarning, match="not available here"):
+    with pytest.warns(trajstore.errors.ConfigWarning, match="not available here"):
         assert decode_pool.pinned() is None
-    assert decode_pool.status().startswith("unavailable: RuntimeError: no C++ compiler")
+    assert decode_pool.status().startswith("unavailable: MissingDependencyError: no C++ compiler")
+    with pytest.raises(trajstore.errors.MissingDependencyError, match="install one"):
+        decode_pool.build(tmp_path / "empty")
     assert decode_pool.pinned() is None  # decided once
 
 

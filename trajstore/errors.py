@@ -151,7 +151,8 @@ class BatchWarning(TrajstoreWarning):
 
 
 class ConfigWarning(TrajstoreWarning):
-    """A setting is probably a typo: an unknown ``TRAJSTORE_*`` environment variable."""
+    """A setting is probably a typo (an unknown ``TRAJSTORE_*`` environment variable), or cannot be honoured here
+    (``TRAJSTORE_PINNED_DECODE=1`` where the pool it needs cannot be built)."""
 
 
 def warn(message: str, category: type[TrajstoreWarning]) -> None:

@@ -26,12 +26,13 @@ import shutil
 import subprocess
 import tempfile
 import threading
-import warnings
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import torch
+
+from ..errors import ConfigWarning, MissingDependencyError, warn
 
 __all__ = ["Pool", "pinned", "plain", "status", "wanted", "build", "compiler", "cache_dir", "cuda_host_alloc", "ENV",
            "CACHE_ENV", "DEFAULT", "THRESHOLD"]
@@ -97,10 +98,11 @@ def _libarrow() -> str:
 
 def build(dest: Path | None = None) -> ctypes.CDLL:
     """``decode_pool.cc`` compiled for this pyarrow (once: kept in ``dest``, default ``cache_dir()``) and loaded.
-    RuntimeError where there is no compiler or the build fails (the compiler's message in it)."""
+    ``MissingDependencyError`` where there is no compiler or the build fails (the compiler's message in it)."""
     cxx = compiler()
     if cxx is None:
-        raise RuntimeError("no C++ compiler ($CXX, c++ or g++) to build trajstore/device/decode_pool.cc")
+        raise MissingDependencyError(f"no C++ compiler ($CXX, c++ or g++) to build {SOURCE}: install one (g++) or set "
+                                     f"$CXX, or leave ${ENV} unset to stage replay through pinned memory")
     src = SOURCE.read_bytes()
     lib = _libarrow()
     cmd = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", f"-I{pa.get_include()}", str(SOURCE), "-o", "OUT", lib]
@@ -114,7 +116,9 @@ def build(dest: Path | None = None) -> ctypes.CDLL:
         try:
             r = subprocess.run([tmp if a == "OUT" else a for a in cmd], capture_output=True, text=True)
             if r.returncode:
-                raise RuntimeError(f"building {SOURCE} with {cxx} failed: {r.stderr.strip()[-2000:]}")
+                raise MissingDependencyError(f"building {SOURCE} with {cxx} against pyarrow {pa.__version__}'s headers "
+                                             f"failed ({r.stderr.strip()[-2000:]}); set $CXX to a C++17 compiler, or "
+                                             f"leave ${ENV} unset to stage replay through pinned memory")
             os.replace(tmp, out)  # whole or not there: ranks building at once each replace it with a whole one
         finally:
             if os.path.exists(tmp):
@@ -155,9 +159,9 @@ def pinned() -> Pool | None:
             except Exception as e:  # noqa: BLE001 - the replay stages as before; status() says why
                 _state["pool"], _state["why"] = None, f"{type(e).__name__}: {e}"
                 if os.environ.get(ENV):
-                    warnings.warn(f"trajstore: ${ENV}={os.environ[ENV]!r} asked for Arrow decoding into pinned "
-                                  f"memory, which is not available here ({_state['why']}); replay stages through "
-                                  f"pinned memory instead (trajstore/device/decode_pool.py)", RuntimeWarning, stacklevel=2)
+                    warn(f"${ENV}={os.environ[ENV]!r} asked for Arrow decoding into pinned memory, which is not "
+                         f"available here ({_state['why']}); replay stages through pinned memory instead "
+                         f"(trajstore/device/decode_pool.py)", ConfigWarning)
         return _state["pool"]
 
 
