@@ -290,8 +290,9 @@ class Columns:
             for v in parts:
                 dt.narrow(v, dtype, out=out[p:p + len(v)])
                 p += len(v)
-        elif parts and self.direct is None:  # (a column of no chunks: nothing to copy)
-            np.concatenate(parts, out=out, casting="same_kind")
+        elif self.direct is None:
+            if parts:  # (a column of no chunks: nothing to copy)
+                np.concatenate(parts, out=out, casting="same_kind")
         else:  # each chunk taken to send from Arrow's memory, or copied here
             p = 0
             for v in parts:
