@@ -48,11 +48,22 @@ def values(table: pa.Table) -> list[tuple[str, np.ndarray]]:
     return out
 
 
-def stage(f: Path, cols: list[str], take: Any) -> tuple[np.ndarray, list[tuple[str, int, int]]]:
-    """Read step file ``f`` and copy its values into ``take(nbytes)``, a buffer of at least that many bytes:
-    the buffer, and ``(column, start, stop)`` of each chunk's bytes there."""
-    table = pq.read_table(f, columns=cols, use_threads=False, pre_buffer=False, page_checksum_verification=True)
-    parts = values(table)
+def read(f: Path, cols: list[str], pool: pa.MemoryPool | None = None) -> pa.Table:
+    """Step file ``f``'s columns ``cols``, each page's CRC32 verified: ``read_table``, or with ``pool`` Arrow's dataset
+    reader decoding into that memory pool (``benchmarks/pinned_decode.py``; ``read_table`` takes none)."""
+    if pool is None:
+        return pq.read_table(f, columns=cols, use_threads=False, pre_buffer=False, page_checksum_verification=True)
+    import pyarrow.dataset as ds
+
+    fmt = ds.ParquetFileFormat(pre_buffer=False, page_checksum_verification=True)
+    return ds.dataset(str(f), format=fmt).to_table(columns=cols, use_threads=False, memory_pool=pool)
+
+
+def stage(f: Path, cols: list[str], take: Any, pool: pa.MemoryPool | None = None
+          ) -> tuple[np.ndarray, list[tuple[str, int, int]]]:
+    """Read step file ``f`` (into ``pool``: ``read``) and copy its values into ``take(nbytes)``, a buffer of at least
+    that many bytes: the buffer, and ``(column, start, stop)`` of each chunk's bytes there."""
+    parts = values(read(f, cols, pool))
     buf = take(sum(len(b) for _, b in parts))
     where, p = [], 0
     for name, b in parts:
@@ -88,15 +99,20 @@ def gbps(files: list[Path], raw: int, k: int, device: Any = None) -> float:
     if cuda:
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
+    in_order(one, files, k)
+    return len(files) * raw / (time.perf_counter() - t0) / 1e9
+
+
+def in_order(one: Any, files: list[Path], k: int) -> None:
+    """``one(f)`` of each file on ``k`` threads, at most ``k`` steps at once, taken in order."""
     with ThreadPoolExecutor(k) as ex:
         held: deque = deque()
-        for f in files:  # at most k steps at once, taken in order
+        for f in files:
             if len(held) == k:
                 held.popleft().result()
             held.append(ex.submit(one, f))
         for fut in held:
             fut.result()
-    return len(files) * raw / (time.perf_counter() - t0) / 1e9
 
 
 def read_cpu(f: Path, cols: list[str]) -> dict[str, np.ndarray]:

@@ -29,8 +29,6 @@ import tempfile
 import threading
 import time
 import warnings
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
@@ -46,30 +44,9 @@ from . import workload as W
 Pool, build, compiler, cuda_host_alloc = D.Pool, D.build, D.compiler, D.cuda_host_alloc
 
 
-def _read(f: Path, cols: list[str], pool: pa.MemoryPool | None) -> pa.Table:
-    """A step file's columns read as ``least.stage`` reads them (pages checked), into ``pool``."""
-    import pyarrow.dataset as ds
-
-    fmt = ds.ParquetFileFormat(pre_buffer=False, page_checksum_verification=True)
-    return ds.dataset(str(f), format=fmt).to_table(columns=cols, use_threads=False, memory_pool=pool)
-
-
-def _in_order(one: Callable[[Path], Any], files: list[Path], k: int) -> None:
-    """``one`` of each file on ``k`` threads, at most ``k`` at once, taken in order (as ``least.gbps``)."""
-    with ThreadPoolExecutor(k) as ex:
-        held: deque = deque()
-        for f in files:
-            if len(held) == k:
-                held.popleft().result()
-            held.append(ex.submit(one, f))
-        for fut in held:
-            fut.result()
-
-
-def sent(f: Path, cols: list[str], pool: pa.MemoryPool | None, device: Any = None) -> np.ndarray:
-    """The bytes one pinned-decode step puts on ``device`` (host memory without one): each chunk's values copied
-    from where Arrow decoded them, in ``least.values`` order."""
-    parts = least.values(_read(f, cols, pool))
+def _put(parts: list[tuple[str, np.ndarray]], device: Any) -> torch.Tensor:
+    """Each chunk's values copied to ``device`` (a CUDA copy: not waited for) from where Arrow decoded them, one after
+    the other in a new buffer there."""
     out = torch.empty(sum(len(b) for _, b in parts), dtype=torch.uint8, device=device)
     p = 0
     with warnings.catch_warnings():
@@ -77,6 +54,13 @@ def sent(f: Path, cols: list[str], pool: pa.MemoryPool | None, device: Any = Non
         for _, b in parts:
             out[p:p + len(b)].copy_(torch.from_numpy(b), non_blocking=out.is_cuda)
             p += len(b)
+    return out
+
+
+def sent(f: Path, cols: list[str], pool: pa.MemoryPool | None, device: Any = None) -> np.ndarray:
+    """The bytes one pinned-decode step puts on ``device`` (host memory without one): each chunk's values copied
+    from where Arrow decoded them, in ``least.values`` order."""
+    out = _put(least.values(least.read(f, cols, pool)), device)
     if out.is_cuda:
         torch.cuda.synchronize(out.device)
     return out.cpu().numpy()
@@ -89,21 +73,15 @@ def pinned_decode(files: list[Path], k: int, pool: pa.MemoryPool, device: Any = 
     cuda = device is not None and torch.device(device).type == "cuda"
 
     def one(f: Path) -> None:
-        parts = least.values(_read(f, cols, pool))
-        n = sum(len(b) for _, b in parts)
+        parts = least.values(least.read(f, cols, pool))  # alive until its copies are done (synchronize below)
         s = getattr(local, "stream", None) or (torch.cuda.Stream(device) if cuda else None)
         local.stream = s
-        with torch.cuda.stream(s), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            g = torch.empty(n, dtype=torch.uint8, device=device if cuda else "cpu")
-            p = 0
-            for _, b in parts:  # the table stays alive until its copies are done (synchronize below)
-                g[p:p + len(b)].copy_(torch.from_numpy(b), non_blocking=cuda)
-                p += len(b)
+        with torch.cuda.stream(s):
+            _put(parts, device if cuda else None)
         if s is not None:
             s.synchronize()
 
-    return lambda: _in_order(one, files, k)
+    return lambda: least.in_order(one, files, k)
 
 
 def staged(files: list[Path], k: int, pool: pa.MemoryPool | None, device: Any = None) -> Callable[[], None]:
@@ -119,11 +97,8 @@ def staged(files: list[Path], k: int, pool: pa.MemoryPool | None, device: Any = 
         return buf.numpy()
 
     def one(f: Path) -> None:
-        parts = least.values(_read(f, cols, pool))
-        a, p = take(sum(len(b) for _, b in parts)), 0
-        for _, b in parts:
-            a[p:p + len(b)] = b
-            p += len(b)
+        _, where = least.stage(f, cols, take, pool)
+        p = where[-1][2] if where else 0
         if cuda:
             s = getattr(local, "stream", None) or torch.cuda.Stream(device)
             local.stream = s
@@ -131,7 +106,7 @@ def staged(files: list[Path], k: int, pool: pa.MemoryPool | None, device: Any = 
                 torch.empty(p, dtype=torch.uint8, device=device).copy_(local.buf[:p], non_blocking=True)
             s.synchronize()
 
-    return lambda: _in_order(one, files, k)
+    return lambda: least.in_order(one, files, k)
 
 
 def timed(fn: Callable[[], None], n: int, raw: int) -> dict[str, float]:

@@ -31,20 +31,20 @@ def test_a_step_read_into_the_pool_is_the_default_read_and_its_buffers_are_reuse
     pool = P.Pool(lib, None, threshold=1 << 12)
     assert pool.pool.backend_name == "cached" and pool.made() == 0
     cols = least.columns(files[0])
-    t = P._read(files[0], cols, pool.pool)
-    assert t.equals(P._read(files[0], cols, None)) and t.num_rows == 48
+    t = least.read(files[0], cols, pool.pool)
+    assert t.equals(least.read(files[0], cols, None)) and t.num_rows == 48
     made, reserved = pool.made(), pool.reserved()
     assert made > 0 and reserved >= sum(b.size for c in t.columns for ch in c.chunks for b in ch.buffers() if b) // 2
     del t
     for _ in range(3):  # the same step again: every large buffer comes from those freed
-        assert P._read(files[0], cols, pool.pool).equals(P._read(files[0], cols, None))
+        assert least.read(files[0], cols, pool.pool).equals(least.read(files[0], cols, None))
     assert pool.made() == made and pool.reserved() == reserved
 
 
 def test_a_step_sent_from_the_pool_is_its_values_as_least_stages_them(lib, files):
     pool = P.Pool(lib, None, threshold=1 << 12)
     cols = least.columns(files[1])
-    want = np.concatenate([b for _, b in least.values(P._read(files[1], cols, None))])
+    want = np.concatenate([b for _, b in least.values(least.read(files[1], cols, None))])
     got = P.sent(files[1], cols, pool.pool)
     assert got.dtype == np.uint8 and len(got) > 4096 and np.array_equal(got, want)
     bufs = {}
