@@ -256,6 +256,9 @@ def rewards_figures(rep: Report, tmp: Path, m: int, B: int, main: Path, n: int, 
 
 def gpu_figures(rep: Report, d: Path, raw: int, n: int, b: dict, tmp: Path, cycles: int) -> None:
     dev = torch.device("cuda")
+    from trajstore.device import decode_pool
+    decode_pool.wait(300)  # a long run's replay: the pinned decode's build (started by the first replay) done
+    print(f"  Arrow decoding into pinned memory: {decode_pool.status()}", flush=True)
     f_flat = tmp / "flat.pt"
     steps = list(range(n)) * max(1, 24 // n)
 

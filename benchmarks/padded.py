@@ -6,9 +6,10 @@ line gives each ratio against the same ceiling verifying every page's CRC32 (``r
 the integrity check each trajstore read makes and the ceiling does not (benchmarks/RESULTS.md, fifteenth round),
 and at prefetch 4 and 8 the rate of the least replay that stages through pinned memory with as many steps at once
 (``benchmarks/least.py``: the read, one host copy and one device copy a step, one after the other), against the
-ceiling and against packed replay. Where the opt-in pinned decode can be had (``trajstore/device/decode_pool.py``,
-a C++ compiler on the host), each pass also times both layouts with ``TRAJSTORE_PINNED_DECODE=1``: extra lines
-against the same ceiling (benchmarks/RESULTS.md, seventeenth round).
+ceiling and against packed replay. Where the pinned decode can be had (``trajstore/device/decode_pool.py``,
+a C++ compiler on the host; the default since the eighteenth round, built before any pass is timed), each pass also
+times both layouts with ``TRAJSTORE_PINNED_DECODE=0``, the replay staging through the pinned arena (the default
+before): extra lines against the same ceiling (benchmarks/RESULTS.md, seventeenth and eighteenth rounds).
 ``Reader.iter(device="cuda")`` of a padded step (as recorded: what the Recorder's replay returns)
 stages the unpadded values and builds the padding on the GPU (trajstore/device/pad.py);
 ``layout="packed"`` stages the same values and builds nothing.
@@ -75,15 +76,15 @@ def run(rep, d: Path, raw: int, n: int, repeat: int, gpu: bool) -> None:
 
     files = [r.file(s) for s in steps]
     with pinned_decode(True):
-        opt_in = decode_pool.pinned() is not None  # (built here, before any pass is timed)
+        built = decode_pool.pinned() is not None  # (built here, before any pass is timed)
     for k in (2, 4, 8):
         for layout in ("packed", None):  # warm the pinned pools and the allocator
             replay(k, layout)
-            if opt_in:
-                with pinned_decode(True):
+            if built:
+                with pinned_decode(False):
                     replay(k, layout)
         rates: dict = {"packed": [], None: []}
-        direct: dict = {"packed": [], None: []}  # the same with the opt-in pinned decode
+        staged: dict = {"packed": [], None: []}  # the same staged through the pinned arena (=0)
         ceil: list[float] = []
         checked: list[float] = []  # the same ceiling verifying each page's CRC32, as trajstore's reads do
         least: list[float] = []  # the least replay staging through pinned memory, k steps at once (least.py)
@@ -94,9 +95,9 @@ def run(rep, d: Path, raw: int, n: int, repeat: int, gpu: bool) -> None:
                 least.append(least_replay.gbps(files, raw, k, dev))
             for layout in rates:
                 rates[layout].append(replay(k, layout))
-                if opt_in:
-                    with pinned_decode(True):
-                        direct[layout].append(replay(k, layout))
+                if built:
+                    with pinned_decode(False):
+                        staged[layout].append(replay(k, layout))
         packed, padded = statistics.median(rates["packed"]), statistics.median(rates[None])
         pairs = sorted(a / b for a, b in zip(rates[None], rates["packed"]))
         target = k in (2, 8)
@@ -111,9 +112,9 @@ def run(rep, d: Path, raw: int, n: int, repeat: int, gpu: bool) -> None:
             y = statistics.median(g / c for g, c in zip(rates[layout], checked))
             rep.add(f"  prefetch={k}, {name} / the ceiling with page checksums verified, as trajstore's reads do",
                     y, "x")
-            if direct[layout]:
-                z = statistics.median(g / c for g, c in zip(direct[layout], ceil))
-                rep.add(f"  prefetch={k}, {name}, decoding into pinned memory (TRAJSTORE_PINNED_DECODE=1, opt-in) / "
+            if staged[layout]:
+                z = statistics.median(g / c for g, c in zip(staged[layout], ceil))
+                rep.add(f"  prefetch={k}, {name}, staged through the pinned arena (TRAJSTORE_PINNED_DECODE=0) / "
                         "decoder ceiling", z, "x")
         if least:
             x = statistics.median(g / c for g, c in zip(least, ceil))

@@ -5,13 +5,17 @@ the plain read bit for bit, with the arena's place of each value taken to send o
 host read of one before it is copied back shows. The pool's build: cached, and what ``pinned()`` says where it cannot
 be had."""
 
+import os
+import subprocess
+import sys
 import tempfile
+import warnings
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from _dumps import cuda_replay_equals_cpu, many_row_groups, serial_thread, write
+from _dumps import cuda_replay_equals_cpu, many_row_groups, on_cuda_equal, serial_thread, write
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -164,11 +168,11 @@ def test_the_build_is_cached_and_a_missing_compiler_leaves_the_staged_replay(tmp
     if decode_pool.compiler() is None:
         pytest.skip("needs a C++ compiler to build the pool")
     decode_pool.build(tmp_path)
-    built = sorted(p.name for p in tmp_path.iterdir())
+    built = sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("."))  # (and the build's lock)
     assert len(built) == 1 and built[0].startswith("decode_pool-") and built[0].endswith(".so")
     mtime = (tmp_path / built[0]).stat().st_mtime_ns
     decode_pool.build(tmp_path)  # found, not built again
-    assert (tmp_path / built[0]).stat().st_mtime_ns == mtime and len(list(tmp_path.iterdir())) == 1
+    assert (tmp_path / built[0]).stat().st_mtime_ns == mtime and len(list(tmp_path.iterdir())) == 2
 
     monkeypatch.setattr(decode_pool, "_state", {})
     monkeypatch.setenv(decode_pool.ENV, "0")
@@ -199,3 +203,78 @@ def test_cuda_replay_decoding_into_pinned_memory_equals_the_cpu_read(batch, layo
         cuda_replay_equals_cpu(batch, layout, prefetch)
     finally:
         mp.undo()
+
+
+
+@pytest.mark.cuda
+def test_cuda_replay_by_default_while_the_pool_is_built_and_after(tmp_path, monkeypatch):
+    """The variable unset (the default): a replay started before the pool is built stages its first steps as
+    before and decodes the later ones into the pool once it is there; both equal the CPU read bit for bit, and a
+    deep prefetch's steps decode into the pool after ``wait``."""
+    monkeypatch.delenv(decode_pool.ENV, raising=False)
+    monkeypatch.setenv("TRAJSTORE_CACHE", str(tmp_path / "cache"))  # a build of its own, not one cached already
+    monkeypatch.setattr(decode_pool, "_state", {})
+    monkeypatch.setattr(sends, "POISON", True)
+    g = torch.Generator().manual_seed(7)
+    mask = torch.arange(3000) < torch.randint(1000, 3001, (64, 1), generator=g)  # right-padded
+    batch = {"input_ids": torch.randint(0, 50_000, (64, 3000), generator=g) * mask, "attention_mask": mask,
+             "loss_mask": (torch.rand(64, 3000, generator=g) > 0.3) & mask,
+             "logprobs": torch.randn(64, 3000, generator=g).to(torch.bfloat16), "rewards": torch.rand(64)}
+    r = write(tmp_path / "d", {s: batch for s in range(12)})
+    cpu = {layout: r.read(0, layout=layout) for layout in (None, "packed")}
+    for i, layout in enumerate((None, "packed", None)):
+        for prefetch in (1, 4):
+            for _, b in r.iter(device="cuda", prefetch=prefetch, layout=layout):
+                on_cuda_equal(cpu[layout], b)
+        if i == 0:
+            decode_pool.wait(120)
+    assert decode_pool.status() == "on", decode_pool.status()
+    assert decode_pool.pinned().made() > 0  # steps did decode into it
+
+
+def test_by_default_the_pool_is_built_in_the_background_and_no_step_waits(tmp_path, monkeypatch):
+    """Unset, the first ``pinned()`` starts the build on a thread and returns None (that step stages as before),
+    ``status()`` saying so; once built, ``pinned()`` has it. Where it cannot be had, no warning: ``status()`` says
+    why."""
+    if decode_pool.compiler() is None:
+        pytest.skip("needs a C++ compiler to build the pool")
+    monkeypatch.delenv(decode_pool.ENV, raising=False)
+    monkeypatch.setenv("TRAJSTORE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(decode_pool, "_state", {})
+    monkeypatch.setattr(decode_pool, "cuda_host_alloc", lambda: None)  # (its plain twin: no CUDA here)
+    gate = __import__("threading").Event()
+    real = decode_pool.build
+    monkeypatch.setattr(decode_pool, "build", lambda *a: gate.wait(60) and real(*a))
+    assert decode_pool.DEFAULT and decode_pool.wanted()
+    assert decode_pool.pinned() is None and decode_pool.status().startswith("on, being built")
+    assert decode_pool.pinned() is None  # still building: one build thread, no wait
+    gate.set()
+    got = decode_pool.wait(60)
+    assert got is not None and decode_pool.pinned() is got and decode_pool.status() == "on"
+
+    monkeypatch.setattr(decode_pool, "_state", {})
+    monkeypatch.setattr(decode_pool, "build", lambda *a: (_ for _ in ()).throw(
+        trajstore.errors.MissingDependencyError("no C++ compiler")))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert decode_pool.wait(60) is None
+    assert decode_pool.status() == "unavailable: MissingDependencyError: no C++ compiler"
+
+
+def test_the_ranks_of_a_host_build_the_pool_once(tmp_path):
+    """Processes building into one cache at once: one runs the compiler, the others wait for it and load its
+    build (a file lock in the cache)."""
+    if decode_pool.compiler() is None:
+        pytest.skip("needs a C++ compiler to build the pool")
+    log = tmp_path / "runs"
+    cxx = tmp_path / "cxx"
+    cxx.write_text(f"#!/bin/sh\necho run >> {log}\nexec {decode_pool.compiler()} \"$@\"\n")
+    cxx.chmod(0o755)
+    code = ("import sys; from pathlib import Path; from trajstore.device import decode_pool; "
+            "decode_pool.build(Path(sys.argv[1])); print('ok')")
+    env = {**os.environ, "CXX": str(cxx)}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "cache")], env=env,
+                              stdout=subprocess.PIPE, text=True) for _ in range(3)]
+    assert [p.communicate(timeout=300)[0].strip() for p in procs] == ["ok"] * 3
+    assert log.read_text().split() == ["run"]
+    assert len([p for p in (tmp_path / "cache").iterdir() if p.suffix == ".so"]) == 1

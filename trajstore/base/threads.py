@@ -131,11 +131,13 @@ def is_serial() -> bool:
     return getattr(_serial, "on", False)
 
 
-def arrow_share(n: int) -> int:
+def arrow_share(n: int, direct: bool = False) -> int:
     """Arrow's CPU pool for a read of budget ``n`` on a serial thread (a deep prefetch decodes several
     steps at once, each joined on its own thread): three quarters of the budget, the rest left to
-    those joins (``base/arrow_pool.py``; at most 3 threads, all of them)."""
-    return n - n // 4
+    those joins (``base/arrow_pool.py``; at most 3 threads, all of them). ``direct``: Arrow decodes into
+    pinned memory (``device/decode_pool.py``), the joins hand its chunks over instead of copying them, and
+    seven eighths do best (benchmarks/RESULTS.md, issue 23, eighteenth round; at most 7 threads, all)."""
+    return n - n // (8 if direct else 4)
 
 
 def _inline() -> bool:

@@ -8,7 +8,8 @@
 * ``plan`` - what a padded step stages, on the host, for its ``[B, T]`` fields to be built on the device;
 * ``pad`` - those outputs (``Pad``, ``Flat``, ``Plan``) and the torch ops that build them;
 * ``index`` - the index tensors of those scatters and gathers.
-* ``decode_pool`` - Arrow's memory pool of pinned buffers a replay may decode into (opt-in), built on first use;
+* ``decode_pool`` - Arrow's memory pool of pinned buffers a replay to a GPU decodes into (the default where a C++
+  compiler builds it), built in the background on first use;
 * ``sends`` - the values a step sends to the device from where Arrow decoded them, instead of the arena.
 
 May import: ``trajstore.format``, ``trajstore.store``, ``trajstore.base``, ``trajstore.errors``.

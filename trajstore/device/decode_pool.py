@@ -12,9 +12,13 @@ the installed pyarrow's headers with the host's C++ compiler (``$CXX``, else ``c
 (``$TRAJSTORE_CACHE``, else ``$XDG_CACHE_HOME/trajstore``, else ``~/.cache/trajstore``), keyed by the source, the
 pyarrow version and the compiler.
 
-``$TRAJSTORE_PINNED_DECODE``: ``0`` turns it off (the arena's host copies, as before), ``1`` on; unset: ``DEFAULT``.
-Where it cannot be had (no CUDA, no compiler, a failed build), ``pinned()`` is None, the replay stages as before,
-and ``status()`` says why (a warning says it once where the variable asked for it)."""
+``$TRAJSTORE_PINNED_DECODE``: ``0`` turns it off (the arena's host copies, as before); ``1`` on, the first replay to
+a GPU building the pool and waiting for it; unset: ``DEFAULT`` (on), the build started in the background by the first
+replay to a GPU, whose steps stage as before until it is done (no step waits for a compiler). The ranks of a host
+build it once (a file lock in the cache). Where it cannot be had (no CUDA, no compiler, a failed build),
+``pinned()`` is None, the replay stages as before, and ``status()`` says why (a warning says it once where the
+variable asked for it). With it, Arrow's pool under a deep prefetch takes seven eighths of the thread budget, not
+three quarters (``threads.arrow_share``): no joins run beside it (benchmarks/RESULTS.md, eighteenth round)."""
 
 from __future__ import annotations
 
@@ -29,17 +33,22 @@ import threading
 from pathlib import Path
 from typing import Any
 
+try:
+    import fcntl
+except ImportError:  # Windows: ranks building at once each replace the file with a whole one
+    fcntl = None  # type: ignore[assignment]
+
 import pyarrow as pa
 import torch
 
 from ..errors import ConfigWarning, MissingDependencyError, warn
 
-__all__ = ["Pool", "pinned", "plain", "status", "wanted", "build", "compiler", "cache_dir", "cuda_host_alloc", "ENV",
+__all__ = ["Pool", "pinned", "plain", "status", "wanted", "wait", "build", "compiler", "cache_dir", "cuda_host_alloc", "ENV",
            "CACHE_ENV", "DEFAULT", "THRESHOLD"]
 
 ENV = "TRAJSTORE_PINNED_DECODE"
 CACHE_ENV = "TRAJSTORE_CACHE"
-DEFAULT = False  # unset: off (the staged replay)
+DEFAULT = True  # unset: on where it can be had, built in the background (benchmarks/RESULTS.md, eighteenth round)
 THRESHOLD = 1 << 16  # buffers from this size up come from the pool's own memory
 SOURCE = Path(__file__).with_name("decode_pool.cc")
 
@@ -96,13 +105,28 @@ def _libarrow() -> str:
     return found[0]
 
 
+def _compile(cmd: list[str], cxx: str, out: Path) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    try:
+        r = subprocess.run([tmp if a == "OUT" else a for a in cmd], capture_output=True, text=True)
+        if r.returncode:
+            raise MissingDependencyError(f"building {SOURCE} with {cxx} against pyarrow {pa.__version__}'s headers "
+                                         f"failed ({r.stderr.strip()[-2000:]}); set $CXX to a C++17 compiler, or set "
+                                         f"${ENV}=0 to stage replay through pinned memory")
+        os.replace(tmp, out)  # whole or not there, even where the lock is not honoured (a network file system)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 def build(dest: Path | None = None) -> ctypes.CDLL:
     """``decode_pool.cc`` compiled for this pyarrow (once: kept in ``dest``, default ``cache_dir()``) and loaded.
     ``MissingDependencyError`` where there is no compiler or the build fails (the compiler's message in it)."""
     cxx = compiler()
     if cxx is None:
         raise MissingDependencyError(f"no C++ compiler ($CXX, c++ or g++) to build {SOURCE}: install one (g++) or set "
-                                     f"$CXX, or leave ${ENV} unset to stage replay through pinned memory")
+                                     f"$CXX, or set ${ENV}=0 to stage replay through pinned memory")
     src = SOURCE.read_bytes()
     lib = _libarrow()
     cmd = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", f"-I{pa.get_include()}", str(SOURCE), "-o", "OUT", lib]
@@ -111,18 +135,11 @@ def build(dest: Path | None = None) -> ctypes.CDLL:
     out = dest / f"decode_pool-{pa.__version__}-{key}.so"
     if not out.exists():
         dest.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=out.name + ".", suffix=".tmp", dir=dest)
-        os.close(fd)
-        try:
-            r = subprocess.run([tmp if a == "OUT" else a for a in cmd], capture_output=True, text=True)
-            if r.returncode:
-                raise MissingDependencyError(f"building {SOURCE} with {cxx} against pyarrow {pa.__version__}'s headers "
-                                             f"failed ({r.stderr.strip()[-2000:]}); set $CXX to a C++17 compiler, or "
-                                             f"leave ${ENV} unset to stage replay through pinned memory")
-            os.replace(tmp, out)  # whole or not there: ranks building at once each replace it with a whole one
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        with open(dest / ".build.lock", "a") as lock:  # the ranks of a host: one builds, the others wait for it
+            if fcntl is not None:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            if not out.exists():
+                _compile(cmd, cxx, out)
     dll = ctypes.CDLL(str(out))  # pyarrow's libarrow, already loaded, resolves its symbols
     dll.cached_pool_make.restype, dll.cached_pool_make.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_int64]
     for f in (dll.cached_pool_made, dll.cached_pool_reserved):
@@ -147,22 +164,56 @@ def wanted() -> bool:
     return DEFAULT if not v else v not in ("0", "false", "no", "off")
 
 
-def pinned() -> Pool | None:
-    """This process's pinned pool (built on first use), or None (see the module doc; ``status()``: why)."""
-    if not wanted():
-        return None
+def _asked() -> bool:  # the variable set on: the first replay to a GPU waits for the build
+    return bool(os.environ.get(ENV, "").strip()) and wanted()
+
+
+def _make() -> tuple[Pool | None, str | None]:
+    try:
+        return Pool(build(), cuda_host_alloc()), None
+    except Exception as e:  # noqa: BLE001 - the replay stages as before; status() says why
+        return None, f"{type(e).__name__}: {e}"
+
+
+def _background() -> None:
+    pool, why = _make()
     with _lock:
         if "pool" not in _state:
-            try:
-                _state["pool"] = Pool(build(), cuda_host_alloc())
-                _state["why"] = None
-            except Exception as e:  # noqa: BLE001 - the replay stages as before; status() says why
-                _state["pool"], _state["why"] = None, f"{type(e).__name__}: {e}"
-                if os.environ.get(ENV):
-                    warn(f"${ENV}={os.environ[ENV]!r} asked for Arrow decoding into pinned memory, which is not "
-                         f"available here ({_state['why']}); replay stages through pinned memory instead "
-                         f"(trajstore/device/decode_pool.py)", ConfigWarning)
+            _state["pool"], _state["why"] = pool, why
+
+
+def pinned() -> Pool | None:
+    """This process's pinned pool, or None (see the module doc; ``status()``: why). Where the variable asks for it
+    (``1``), the first call builds it and waits; by default (unset) the first call starts the build on a thread and
+    returns None until it is done, so no replay step waits for a compiler (the steps before decode as staged)."""
+    if not wanted():
+        return None
+    if "pool" in _state:
         return _state["pool"]
+    with _lock:
+        if "pool" in _state:
+            return _state["pool"]
+        if not _asked():
+            if "building" not in _state:
+                _state["building"] = threading.Thread(target=_background, name="trajstore-decode-pool", daemon=True)
+                _state["building"].start()
+            return None
+        _state["pool"], _state["why"] = _make()
+        if _state["pool"] is None:
+            warn(f"${ENV}={os.environ[ENV]!r} asked for Arrow decoding into pinned memory, which is not "
+                 f"available here ({_state['why']}); replay stages through pinned memory instead "
+                 f"(trajstore/device/decode_pool.py)", ConfigWarning)
+        return _state["pool"]
+
+
+def wait(timeout: float | None = None) -> Pool | None:
+    """``pinned()``, after waiting up to ``timeout`` seconds for a build it started in the background."""
+    pool = pinned()
+    t = _state.get("building")
+    if pool is None and t is not None:
+        t.join(timeout)
+        pool = _state.get("pool")
+    return pool
 
 
 def status() -> str:
@@ -170,6 +221,8 @@ def status() -> str:
     if not wanted():
         return f"off (${ENV}={os.environ.get(ENV, '')!r}, default {'on' if DEFAULT else 'off'})"
     if "pool" not in _state:
+        if "building" in _state:
+            return "on, being built (the replay stages through pinned memory until it is)"
         return "on, not built yet (built at the first replay to a GPU)"
     return "on" if _state["pool"] is not None else f"unavailable: {_state['why']}"
 

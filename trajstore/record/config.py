@@ -235,7 +235,8 @@ ENV_VARIABLES: dict[str, str] = {
     fs.ENV: "which library serves a URL (store/fs.py)",
     "TRAJSTORE_MAX_DECODED_BYTES": "the decoded-size bound of a step (format/file/validate.py)",
     "TRAJSTORE_VERL_FIT": "verl's switch also records fit()'s batch after advantages (trainers/verl.py)",
-    decode_pool.ENV: "1: a replay to a GPU decodes straight into pinned memory (device/decode_pool.py; README)",
+    decode_pool.ENV: "0: a replay to a GPU stages through pinned memory, no pool built; 1: waits for the pinned "
+                     "decode's build (default: built in the background; device/decode_pool.py; README)",
     decode_pool.CACHE_ENV: "where that pinned pool's build is kept (device/decode_pool.py)",
 }
 # read by the project's own test suite (tests/conftest.py, tests/test_corrupt.py), not by the package:

@@ -129,7 +129,8 @@ def read_columns(pf: pq.ParquetFile, src: Any, cols: list[str] | None,
     ``OMP_NUM_THREADS``, which torchrun sets to 1, so while such a read is in flight the pool is raised
     to the reader's thread budget where it is smaller, and restored after (``base/arrow_pool.py``;
     README, Threads); on a serial thread of a deep prefetch it is set to three quarters of the budget
-    (``threads.arrow_share``), the rest left to the joins of the steps decoding at once.
+    (``threads.arrow_share``), the rest left to the joins of the steps decoding at once (seven eighths when
+    it decodes into ``pool``, the pinned pool: those joins copy little).
     ``pre_buffer=False``: the column chunks are read as they are decoded, not gathered first, which is
     faster on a step of many row groups (benchmarks/RESULTS.md). Pages are checked
     (``page_checksum_verification``). Small reads (a column of per-trajectory values) read the file on
@@ -159,7 +160,7 @@ def read_columns(pf: pq.ParquetFile, src: Any, cols: list[str] | None,
         table = pf.read_row_groups(groups, columns=cols, use_threads=False)
     else:
         n, deep = _threads.threads(), _threads.is_serial()  # deep: one of several steps decoding at once
-        with arrow_pool(_threads.arrow_share(n) if deep else n, exact=deep):
+        with arrow_pool(_threads.arrow_share(n, pool is not None) if deep else n, exact=deep):
             table = _scan(src, cols, None if rows is None else groups, threads, on_batch if rows is None else None,
                           pool if rows is None else None)
     if rows is None:
