@@ -136,8 +136,8 @@ def arrow_share(n: int, direct: bool = False) -> int:
     steps at once, each joined on its own thread): three quarters of the budget, the rest left to
     those joins (``base/arrow_pool.py``; at most 3 threads, all of them). ``direct``: Arrow decodes into
     pinned memory (``device/decode_pool.py``), the joins hand its chunks over instead of copying them, and
-    seven eighths do best (benchmarks/RESULTS.md, issue 23, eighteenth round; at most 7 threads, all)."""
-    return n - n // (8 if direct else 4)
+    thirteen sixteenths do best (benchmarks/RESULTS.md, issue 23, eighteenth round; at most 5 threads, all of them)."""
+    return n - (3 * n // 16 if direct else n // 4)
 
 
 def _inline() -> bool:

@@ -17,8 +17,8 @@ a GPU building the pool and waiting for it; unset: ``DEFAULT`` (on), the build s
 replay to a GPU, whose steps stage as before until it is done (no step waits for a compiler). The ranks of a host
 build it once (a file lock in the cache). Where it cannot be had (no CUDA, no compiler, a failed build),
 ``pinned()`` is None, the replay stages as before, and ``status()`` says why (a warning says it once where the
-variable asked for it). With it, Arrow's pool under a deep prefetch takes seven eighths of the thread budget, not
-three quarters (``threads.arrow_share``): no joins run beside it (benchmarks/RESULTS.md, eighteenth round)."""
+variable asked for it). With it, Arrow's pool under a deep prefetch takes thirteen sixteenths of the thread budget,
+not three quarters (``threads.arrow_share``): no joins run beside it (benchmarks/RESULTS.md, eighteenth round)."""
 
 from __future__ import annotations
 

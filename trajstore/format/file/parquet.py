@@ -129,7 +129,7 @@ def read_columns(pf: pq.ParquetFile, src: Any, cols: list[str] | None,
     ``OMP_NUM_THREADS``, which torchrun sets to 1, so while such a read is in flight the pool is raised
     to the reader's thread budget where it is smaller, and restored after (``base/arrow_pool.py``;
     README, Threads); on a serial thread of a deep prefetch it is set to three quarters of the budget
-    (``threads.arrow_share``), the rest left to the joins of the steps decoding at once (seven eighths when
+    (``threads.arrow_share``), the rest left to the joins of the steps decoding at once (thirteen sixteenths when
     it decodes into ``pool``, the pinned pool: those joins copy little).
     ``pre_buffer=False``: the column chunks are read as they are decoded, not gathered first, which is
     faster on a step of many row groups (benchmarks/RESULTS.md). Pages are checked
