@@ -137,6 +137,31 @@ def test_a_padded_step_sends_the_values_its_fields_are_built_from(tmp_path, monk
     assert len(sent[0]) > 0  # the values the device builds the padded fields from went from Arrow's memory
 
 
+
+@needs_cxx
+def test_a_padded_fields_probe_for_one_value_leaves_its_values_sent(tmp_path, monkeypatch, pool):
+    """The pad plan looks for one value a field repeats (``plan._const``) in pieces that grow; a field of long equal
+    runs (a trajectory's policy version) is read far past ``PEEK_BYTES`` before a different value shows. Those
+    reads copy the bytes they read alone: every value of the field still goes from Arrow's memory."""
+    many_row_groups(monkeypatch)
+    monkeypatch.setattr(sends, "POISON", True)
+    g = torch.Generator().manual_seed(2)
+    B, T = 160, 8192  # outputs over pad_plan.FLAT_BYTES (built from their values where the arena holds them)
+    lens = torch.randint(T // 2, T + 1, (B,), generator=g)
+    m = torch.arange(T)[None, :] < lens[:, None]
+    versions = (1000 + torch.arange(B, dtype=torch.int32) // 16)[:, None].expand(B, T).masked_fill(~m, 0)
+    b = {"input_ids": torch.randint(0, 152_000, (B, T), generator=g).masked_fill(~m, 0), "attention_mask": m,
+         "versions": versions.contiguous(), "rewards": torch.randn(B, generator=g)}
+    with trajstore.Writer(tmp_path / "d") as w:
+        w.append(0, b)
+    r = trajstore.Reader(tmp_path / "d")
+    want = r.read(0)
+    monkeypatch.setattr(sends, "SEND_BYTES", 1)
+    sent: list = []
+    assert_batch_equal(want, direct_read(r, 0, None, pool, sent))
+    assert sum(src.nbytes for _, src in sent[0]) >= 2 * 4 * int(lens.sum())  # ids and versions, int32 each
+
+
 def test_the_arena_copies_back_what_a_host_reader_needs(monkeypatch):
     monkeypatch.setattr(sends, "POISON", True)
     monkeypatch.setattr(sends, "SEND_BYTES", 1)

@@ -68,10 +68,11 @@ def _whole(jobs: list[FillJob]) -> bool:
             and sum(j.src.numel() for j in jobs) == int(jobs[0].off[n]))
 
 
-def _const(srcs: list[torch.Tensor], w: int, ready: Callable[[Any], None]) -> np.ndarray | None:
+def _const(srcs: list[torch.Tensor], w: int, ready: Callable[..., None]) -> np.ndarray | None:
     """The one token value every value repeats (an ``attention_mask`` of ones), as a numpy array of
     that one value, or None. Scanned in pieces of ``CONST_PROBE`` values and up, so a field of
-    varied values stops early (``ready``: each piece before it is read)."""
+    varied values stops early (``ready(piece, True)``: the bytes of each piece before it is read, the values
+    still sent from where they are: a field of varied values is sent whole)."""
     if w != 1:
         return None
     arrays = [s.numpy() for s in srcs if s.numel()]
@@ -84,7 +85,7 @@ def _const(srcs: list[torch.Tensor], w: int, ready: Callable[[Any], None]) -> np
     for a in arrays:
         i, step = 0, CONST_PROBE
         while i < len(a):
-            ready(a[i:i + step])
+            ready(a[i:i + step], True)
             if not (a[i:i + step] == v).all():
                 return None
             i, step = i + step, min(step * 4, 1 << 20)
@@ -93,7 +94,7 @@ def _const(srcs: list[torch.Tensor], w: int, ready: Callable[[Any], None]) -> np
 
 def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], torch.Tensor],
          home: tuple[torch.Tensor, int] | None = None, ks: list[int | None] | None = None,
-         ready: Callable[[Any], None] | None = None) -> tuple[dict[int, int], Plan]:
+         ready: Callable[..., None] | None = None) -> tuple[dict[int, int], Plan]:
     """Stage the padded outputs among ``leaves`` (the batch's torch tensors) for ``build``: returns
     ``{storage key: index into Plan.pads}`` and the plan, its buffer from ``take(nbytes)``. Jobs of
     other outputs (numpy fields) are filled here, on the CPU. ``home``: the pinned buffer the values
@@ -239,7 +240,7 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
                        [int(rows[1].sum()) for rows, _, _, _ in ginfo], sent=sent)
 
 
-def _nothing(_: Any) -> None:
+def _nothing(*_: Any) -> None:
     return None
 
 

@@ -72,9 +72,10 @@ class Sends:
                 keep.append((off, src))
         self.items = keep
 
-    def ready_for(self, a: Any) -> None:
+    def ready_for(self, a: Any, peek: bool = False) -> None:
         """``ready`` for the bytes of ``a`` (a numpy array or a CPU tensor) where they lie in the arena: those bytes
-        alone where they are at most ``PEEK_BYTES`` (the pad plan's probe of a field's first values)."""
+        alone where they are at most ``PEEK_BYTES`` or ``peek`` (the pad plan's probes of a field's values, which
+        leave them to be sent), else the whole of each value they meet."""
         if not self.items or self.arena.buf is None:
             return
         if isinstance(a, torch.Tensor):
@@ -86,7 +87,7 @@ class Sends:
             p, n = _span(a)
         off = p - self.arena.buf.data_ptr()
         if off < self.arena.used and off + n > 0:
-            self.ready(max(0, off), off + n, n <= PEEK_BYTES)
+            self.ready(max(0, off), off + n, peek or n <= PEEK_BYTES)
 
     def keep_within(self, sent: list[tuple[int, int]]) -> list[tuple[int, np.ndarray]]:
         """The values taken that lie inside one of the ranges ``sent`` (offset, bytes) of the arena, which go to the
