@@ -303,3 +303,17 @@ def test_the_ranks_of_a_host_build_the_pool_once(tmp_path):
     assert [p.communicate(timeout=300)[0].strip() for p in procs] == ["ok"] * 3
     assert log.read_text().split() == ["run"]
     assert len([p for p in (tmp_path / "cache").iterdir() if p.suffix == ".so"]) == 1
+
+
+def test_a_cache_that_cannot_be_written_builds_in_the_temporary_folder(tmp_path, monkeypatch):
+    """``$TRAJSTORE_CACHE`` (or the home's cache) that cannot be made: the pool is built in ``trajstore-<uid>`` of the
+    system's temporary folder instead."""
+    if decode_pool.compiler() is None:
+        pytest.skip("needs a C++ compiler to build the pool")
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("TRAJSTORE_CACHE", str(tmp_path / "a-file" / "cache"))  # under a file: never a folder
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    assert decode_pool.build() is not None
+    (built,) = (tmp_path / "tmp").glob("trajstore-*/decode_pool-*.so")
+    assert built.parent.name == f"trajstore-{os.getuid()}"

@@ -120,8 +120,17 @@ def _compile(cmd: list[str], cxx: str, out: Path) -> None:
             os.unlink(tmp)
 
 
+def _writable(d: Path) -> bool:
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(d, os.W_OK)
+
+
 def build(dest: Path | None = None) -> ctypes.CDLL:
-    """``decode_pool.cc`` compiled for this pyarrow (once: kept in ``dest``, default ``cache_dir()``) and loaded.
+    """``decode_pool.cc`` compiled for this pyarrow (once: kept in ``dest``, default ``cache_dir()``, else, where that
+    cannot be written, ``trajstore-<uid>`` in the system's temporary folder) and loaded.
     ``MissingDependencyError`` where there is no compiler or the build fails (the compiler's message in it)."""
     cxx = compiler()
     if cxx is None:
@@ -131,8 +140,13 @@ def build(dest: Path | None = None) -> ctypes.CDLL:
     lib = _libarrow()
     cmd = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", f"-I{pa.get_include()}", str(SOURCE), "-o", "OUT", lib]
     key = hashlib.sha256(b"\0".join([src, pa.__version__.encode(), " ".join(cmd).encode()])).hexdigest()[:16]
-    dest = Path(dest) if dest is not None else cache_dir()
-    out = dest / f"decode_pool-{pa.__version__}-{key}.so"
+    name = f"decode_pool-{pa.__version__}-{key}.so"
+    if dest is None:
+        dest = cache_dir()
+        if not (dest / name).exists() and not _writable(dest):  # a read-only home: the system's temporary folder
+            dest = Path(tempfile.gettempdir()) / f"trajstore-{getattr(os, 'getuid', lambda: 'user')()}"
+    dest = Path(dest)
+    out = dest / name
     if not out.exists():
         dest.mkdir(parents=True, exist_ok=True)
         with open(dest / ".build.lock", "a") as lock:  # the ranks of a host: one builds, the others wait for it
