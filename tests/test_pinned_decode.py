@@ -127,6 +127,13 @@ def test_a_padded_step_sends_the_values_its_fields_are_built_from(tmp_path, monk
          "logprobs": torch.randn(B, T, generator=g).masked_fill(~m, 0.0),
          "loss_mask": m & (torch.rand(B, T, generator=g) < 0.7),
          "rewards": torch.randn(B, generator=g)}
+    assert len(padded_sends(tmp_path, monkeypatch, pool, b, deep)) > 0  # the values the device builds the padded
+    # fields from went from Arrow's memory
+
+
+def padded_sends(tmp_path, monkeypatch, pool, b, deep=False):
+    """``b`` written as step 0 and read padded through the pinned decode, every chunk large enough to send: equal to
+    the plain read; what ``stage`` kept to send."""
     with trajstore.Writer(tmp_path / "d") as w:
         w.append(0, b)
     r = trajstore.Reader(tmp_path / "d")
@@ -134,8 +141,7 @@ def test_a_padded_step_sends_the_values_its_fields_are_built_from(tmp_path, monk
     monkeypatch.setattr(sends, "SEND_BYTES", 1)
     sent: list = []
     assert_batch_equal(want, direct_read(r, 0, None, pool, sent, deep))
-    assert len(sent[0]) > 0  # the values the device builds the padded fields from went from Arrow's memory
-
+    return sent[0]
 
 
 @needs_cxx
@@ -152,14 +158,8 @@ def test_a_padded_fields_probe_for_one_value_leaves_its_values_sent(tmp_path, mo
     versions = (1000 + torch.arange(B, dtype=torch.int32) // 16)[:, None].expand(B, T).masked_fill(~m, 0)
     b = {"input_ids": torch.randint(0, 152_000, (B, T), generator=g).masked_fill(~m, 0), "attention_mask": m,
          "versions": versions.contiguous(), "rewards": torch.randn(B, generator=g)}
-    with trajstore.Writer(tmp_path / "d") as w:
-        w.append(0, b)
-    r = trajstore.Reader(tmp_path / "d")
-    want = r.read(0)
-    monkeypatch.setattr(sends, "SEND_BYTES", 1)
-    sent: list = []
-    assert_batch_equal(want, direct_read(r, 0, None, pool, sent))
-    assert sum(src.nbytes for _, src in sent[0]) >= 2 * 4 * int(lens.sum())  # ids and versions, int32 each
+    sent = padded_sends(tmp_path, monkeypatch, pool, b)
+    assert sum(src.nbytes for _, src in sent) >= 2 * 4 * int(lens.sum())  # ids and versions, int32 each
 
 
 def test_the_arena_copies_back_what_a_host_reader_needs(monkeypatch):
