@@ -27,6 +27,7 @@ import torch
 
 import trajstore
 from trajstore import schema
+from trajstore.device import decode_pool
 from trajstore.store import checksums
 
 from . import cuda_writes, encodings, least, padded, replay_cpu, scale
@@ -256,7 +257,6 @@ def rewards_figures(rep: Report, tmp: Path, m: int, B: int, main: Path, n: int, 
 
 def gpu_figures(rep: Report, d: Path, raw: int, n: int, b: dict, tmp: Path, cycles: int) -> None:
     dev = torch.device("cuda")
-    from trajstore.device import decode_pool
     decode_pool.wait(300)  # a long run's replay: the pinned decode's build (started by the first replay) done
     print(f"  Arrow decoding into pinned memory: {decode_pool.status()}", flush=True)
     f_flat = tmp / "flat.pt"

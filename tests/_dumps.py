@@ -101,6 +101,16 @@ def cuda_replay_equals_cpu(batch: Any, layout: str | None, prefetch: int) -> Non
         on_cuda_equal(cpu, r.read(0, layout=layout, device="cuda"))
 
 
+def read_as(d: str | Path, batch: Any, layout: str | None) -> tuple[trajstore.Reader, Any] | None:
+    """``batch`` written as step 0 of a dump at ``d``: its reader and the step read in ``layout``, or None where the
+    batch has no such layout to convert to."""
+    r = write(d, {0: batch})
+    try:
+        return r, r.read(0, layout=layout)
+    except trajstore.ConfigError:
+        return None
+
+
 def roundtrip(batch: Any, meta: Any = None, step: int = 3) -> tuple[Any, Any]:
     """``batch`` (and ``meta``) written as step ``step`` of a fresh temporary dump and read back."""
     with tempfile.TemporaryDirectory() as d:
