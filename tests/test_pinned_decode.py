@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 import trajstore
 from trajstore.device import bridge, decode_pool, sends
+from trajstore.device import plan as plan_mod
 from trajstore.testing import (
     assert_batch_equal,
     batches,
@@ -159,6 +160,27 @@ def test_a_padded_fields_probe_for_one_value_leaves_its_values_sent(tmp_path, mo
          "versions": versions.contiguous(), "rewards": torch.randn(B, generator=g)}
     sent = padded_sends(tmp_path, monkeypatch, pool, b)
     assert sum(src.nbytes for _, src in sent) >= 2 * 4 * int(lens.sum())  # ids and versions, int32 each
+
+
+@needs_cxx
+def test_a_padded_field_of_one_value_sent_from_arrows_memory_is_not_probed(tmp_path, monkeypatch, pool):
+    """A field whose values go to the device from Arrow's memory is not scanned for one repeated value (it would be
+    copied back to be read, where sending it costs the host nothing): a field of one version goes whole, and the
+    padded batch is the same."""
+    many_row_groups(monkeypatch)
+    monkeypatch.setattr(sends, "POISON", True)
+    g = torch.Generator().manual_seed(3)
+    B, T = 160, 8192
+    lens = torch.randint(T // 2, T + 1, (B,), generator=g)
+    m = torch.arange(T)[None, :] < lens[:, None]
+    b = {"input_ids": torch.randint(0, 152_000, (B, T), generator=g).masked_fill(~m, 0), "attention_mask": m,
+         "versions": torch.full((B, T), 1000, dtype=torch.int32).masked_fill(~m, 0)}
+    calls = []
+    real = plan_mod._const
+    monkeypatch.setattr(plan_mod, "_const", lambda srcs, *a: calls.append(srcs[0].dtype) or real(srcs, *a))
+    sent = padded_sends(tmp_path, monkeypatch, pool, b)
+    assert sum(src.nbytes for _, src in sent) >= 2 * 4 * int(lens.sum())  # ids and versions, int32 each
+    assert torch.int32 not in calls  # (the mask of ones, one value repeated as stored, is looked at: no read)
 
 
 def test_the_arena_copies_back_what_a_host_reader_needs(monkeypatch):

@@ -152,7 +152,8 @@ def stage(obj: Any, pool: PinnedPool = _read_pool, arena: Arena | None = None) -
 
         ks = [pad_plan.key(t) for t in leaves]
         index, plan = pad_plan.plan(arena.jobs, leaves, take, None if arena.buf is None else (arena.buf, arena.used), ks,
-                                    None if direct is None else direct.ready_for)
+                                    None if direct is None else direct.ready_for,
+                                    None if direct is None else direct.taken)
         arena.jobs = []
         if plan.buf is not None and arena.holds(plan.buf):  # one buffer, one copy to the device
             plan.inside = plan.buf.data_ptr() - arena.buf.data_ptr()  # type: ignore[union-attr]

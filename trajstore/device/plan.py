@@ -94,7 +94,8 @@ def _const(srcs: list[torch.Tensor], w: int, ready: Callable[..., None]) -> np.n
 
 def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], torch.Tensor],
          home: tuple[torch.Tensor, int] | None = None, ks: list[int | None] | None = None,
-         ready: Callable[..., None] | None = None) -> tuple[dict[int, int], Plan]:
+         ready: Callable[..., None] | None = None,
+         taken: Callable[[Any], bool] | None = None) -> tuple[dict[int, int], Plan]:
     """Stage the padded outputs among ``leaves`` (the batch's torch tensors) for ``build``: returns
     ``{storage key: index into Plan.pads}`` and the plan, its buffer from ``take(nbytes)``. Jobs of
     other outputs (numpy fields) are filled here, on the CPU. ``home``: the pinned buffer the values
@@ -102,7 +103,9 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
     large output padded with one value whose values lie there whole, with ``SPARE`` bytes after
     them, keeps them there (its pad row written after them), not copied (``Plan.sent``: where). ``ks``: ``key`` of
     each leaf, if the caller has them. ``ready(values)``: called before values are read here (the arena's values
-    sent from Arrow's memory are copied into it then: ``sends.py``)."""
+    sent from Arrow's memory are copied into it then: ``sends.py``). ``taken(values)``: whether they go to the
+    device from Arrow's memory: a field whose values do is not probed for one repeated value (``_const``), since
+    sending its values costs the host nothing and reading them here would copy them first."""
     ks = [key(t) for t in leaves] if ks is None else ks
     keys = {k: i for i, k in enumerate(ks) if k is not None}
     rd = ready or _nothing
@@ -159,7 +162,8 @@ def plan(jobs: list[FillJob], leaves: list[torch.Tensor], take: Callable[[int], 
             ginfo.append((rows, n, T, size))
             size += aligned(rows.nbytes)
         srcs = [j.src for j in js]
-        c = _const(srcs, w, rd) if j0.pv is None and j0.shift < 0 else None
+        probe = j0.pv is None and j0.shift < 0 and not (taken is not None and any(taken(x) for x in srcs))
+        c = _const(srcs, w, rd) if probe else None
         esize = j0.src.element_size()
         at_home = j0.shift >= 0 or (c is None and j0.pv is None and not _small(j0, n, T, w)
                                     and _at_home(js, home, w * esize, starts))

@@ -89,6 +89,20 @@ class Sends:
         if off < self.arena.used and off + n > 0:
             self.ready(max(0, off), off + n, peek or n <= PEEK_BYTES)
 
+    def taken(self, a: Any) -> bool:
+        """Whether any byte of ``a`` (a numpy array or a CPU tensor) lies in a value taken to send."""
+        if not self.items or self.arena.buf is None:
+            return False
+        if isinstance(a, torch.Tensor):
+            if a.device.type != "cpu":
+                return False
+            s = a.untyped_storage()
+            p, n = s.data_ptr(), s.nbytes()
+        else:
+            p, n = _span(a)
+        lo = p - self.arena.buf.data_ptr()
+        return any(off < lo + n and off + src.nbytes > lo for off, src in self.items)
+
     def keep_within(self, sent: list[tuple[int, int]]) -> list[tuple[int, np.ndarray]]:
         """The values taken that lie inside one of the ranges ``sent`` (offset, bytes) of the arena, which go to the
         device as they are, handed over; the others are copied into the arena (``ready``)."""
