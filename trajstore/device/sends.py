@@ -76,32 +76,28 @@ class Sends:
         """``ready`` for the bytes of ``a`` (a numpy array or a CPU tensor) where they lie in the arena: those bytes
         alone where they are at most ``PEEK_BYTES`` or ``peek`` (the pad plan's probes of a field's values, which
         leave them to be sent), else the whole of each value they meet."""
+        at = self._at(a)
+        if at is not None and at[0] < self.arena.used and at[0] + at[1] > 0:
+            self.ready(max(0, at[0]), at[0] + at[1], peek or at[1] <= PEEK_BYTES)
+
+    def taken(self, a: Any) -> bool:
+        """Whether any byte of ``a`` (a numpy array or a CPU tensor) lies in a value taken to send."""
+        at = self._at(a)
+        return at is not None and any(off < at[0] + at[1] and off + src.nbytes > at[0] for off, src in self.items)
+
+    def _at(self, a: Any) -> tuple[int, int] | None:
+        """(offset in the arena, bytes) of the memory ``a`` may reach, or None where nothing is taken (or ``a`` is
+        not on the host)."""
         if not self.items or self.arena.buf is None:
-            return
+            return None
         if isinstance(a, torch.Tensor):
             if a.device.type != "cpu":
-                return
+                return None
             s = a.untyped_storage()  # the bytes it may reach, whatever its strides
             p, n = s.data_ptr(), s.nbytes()
         else:
             p, n = _span(a)
-        off = p - self.arena.buf.data_ptr()
-        if off < self.arena.used and off + n > 0:
-            self.ready(max(0, off), off + n, peek or n <= PEEK_BYTES)
-
-    def taken(self, a: Any) -> bool:
-        """Whether any byte of ``a`` (a numpy array or a CPU tensor) lies in a value taken to send."""
-        if not self.items or self.arena.buf is None:
-            return False
-        if isinstance(a, torch.Tensor):
-            if a.device.type != "cpu":
-                return False
-            s = a.untyped_storage()
-            p, n = s.data_ptr(), s.nbytes()
-        else:
-            p, n = _span(a)
-        lo = p - self.arena.buf.data_ptr()
-        return any(off < lo + n and off + src.nbytes > lo for off, src in self.items)
+        return p - self.arena.buf.data_ptr(), n
 
     def keep_within(self, sent: list[tuple[int, int]]) -> list[tuple[int, np.ndarray]]:
         """The values taken that lie inside one of the ranges ``sent`` (offset, bytes) of the arena, which go to the
