@@ -8,6 +8,9 @@ cores and its one GPU shared by the ranks)::
     torchrun --standalone --nproc-per-node=2 -m benchmarks.ranks replay --dump /tmp/d --dumped 4
     torchrun --standalone --nproc-per-node=1 -m benchmarks.ranks replay --dump /tmp/d --dumped 4
 
+(``python -m benchmarks.ranks_suite`` launches every phase of issue 23's many-rank rows so, in rounds, and tabulates
+them.)
+
 ``write``: each rank makes its shard of every step on its GPU (benchmarks/workload.py, padded to
 ``--max-len`` so every shard has one width, as a batch chunked before dispatch has), then the timed
 part: ``Writer(rank=, world_size=).append`` of every step and ``close`` (everything committed), from a
