@@ -29,16 +29,16 @@ from pathlib import Path
 
 SIZES = ["--steps", "24", "--batch", "512", "--max-len", "8192"]  # issue 23's workload: 24 steps x 512 a rank
 THREAD_VARS = ("OMP_NUM_THREADS", "TRAJSTORE_THREADS", "MKL_NUM_THREADS")
+LAUNCH = ["--standalone"]  # torchrun's rendezvous: one host (the tests pin it to 127.0.0.1)
 
 
 def phase(n: int, args: list[str], log: list[dict]) -> dict:
     """One ``ranks.py`` call by ``n`` ranks under torchrun: its JSON line (``rc`` and ``error`` added on failure)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
-           "-m", "benchmarks.ranks", *args]
+    cmd = [sys.executable, "-m", "torch.distributed.run", *LAUNCH, f"--nproc-per-node={n}", "-m", "benchmarks.ranks", *args]
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
     lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
     out = json.loads(lines[-1]) if lines else {}
-    out["launch"] = f"torchrun --nproc-per-node={n} -m benchmarks.ranks {' '.join(args)}"
+    out["launch"] = " ".join(["torchrun", *LAUNCH, f"--nproc-per-node={n}", "-m", "benchmarks.ranks", *args])
     if p.returncode != 0 or not lines:
         out["rc"] = p.returncode
         out["error"] = (p.stderr.strip().splitlines() or ["no output"])[-1]

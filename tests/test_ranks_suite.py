@@ -15,7 +15,10 @@ from benchmarks import ranks_suite as S  # noqa: E402
 TINY = ["--cpu", "--steps", "2", "--batch", "8", "--max-len", "64", "--passes", "1"]
 
 
-def test_the_suite_runs_every_phase_under_torchrun_and_tabulates_them(tmp_path, capsys):
+def test_the_suite_runs_every_phase_under_torchrun_and_tabulates_them(tmp_path, capsys, monkeypatch):
+    # torchrun's rendezvous, the ranks' addresses and gloo's links on the loopback only
+    monkeypatch.setattr(S, "LAUNCH", ["--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", "--local-addr=127.0.0.1"])
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
     out = tmp_path / "rounds.json"
     assert S.main(["--ranks", "2", "--rounds", "1", "--dir", str(tmp_path / "d"), "--json", str(out), "--", *TINY]) == 0
     log = json.loads(out.read_text())
@@ -23,7 +26,7 @@ def test_the_suite_runs_every_phase_under_torchrun_and_tabulates_them(tmp_path, 
     got = [(x["phase"], x["ranks"], x.get("dumped_ranks"), x.get("bit-exact")) for x in log["rounds"]]
     assert got == [("write", 1, None, None), ("write", 2, None, None), ("replay", 1, 1, True), ("replay", 2, 2, True),
                    ("replay", 1, 2, True)]
-    assert all(x["launch"].startswith("torchrun --nproc-per-node=") for x in log["rounds"])
+    assert all(x["launch"].startswith("torchrun --rdzv-backend=c10d") for x in log["rounds"])
     assert log["rounds"][3]["decoded fraction (max over ranks)"] == 0.5  # each of 2 ranks decodes its own shard
     text = capsys.readouterr().out
     assert "| write, 2 ranks aggregate / 1 rank |" in text
