@@ -3,7 +3,7 @@
 Launches ``benchmarks/ranks.py`` under plain ``torchrun --standalone`` (one process per rank, the environment passed
 on as it is: no thread variable is set here) for each phase, in rounds, every round on fresh dumps:
 
-- ``write`` by 1 rank and by N ranks (N: ``--ranks``, default the GPUs of this host);
+- ``write`` by 1 rank and by N ranks (N: ``--ranks``, default the GPUs of this host, at least 2);
 - ``replay`` of the 1-rank dump by 1 rank, of the N-rank dump by N ranks, and by N / 2 ranks (each of those decodes
   its slices' row groups only: its decoded fraction).
 
@@ -54,9 +54,8 @@ def one_round(n: int, root: Path, extra: list[str], log: list[dict]) -> dict:
            f"write {n}": phase(n, ["write", "--dump", dn, *extra], log),
            "replay 1 of 1": phase(1, ["replay", "--dump", d1, "--dumped", "1", *extra], log),
            f"replay {n} of {n}": phase(n, ["replay", "--dump", dn, "--dumped", str(n), *extra], log)}
-    if n >= 2:
-        h = n // 2
-        got[f"replay {h} of {n}"] = phase(h, ["replay", "--dump", dn, "--dumped", str(n), *extra], log)
+    h = n // 2
+    got[f"replay {h} of {n}"] = phase(h, ["replay", "--dump", dn, "--dumped", str(n), *extra], log)
     return got
 
 
@@ -82,10 +81,9 @@ def rows(n: int, rounds: list[dict]) -> list[tuple[str, list[float], str, bool |
          each(lambda r: gb(r, f"replay {n} of {n}") / r[f"replay {n} of {n}"]["read_table GB/s (all cores, 1 process)"]),
          ">= 0.8x", 0.8),
     ]
-    if n >= 2:
-        h = n // 2
-        out.append((f"replay, {h} of the {n}-rank dump: decoded fraction, most of any rank",
-                    each(lambda r: r[f"replay {h} of {n}"]["decoded fraction (max over ranks)"]), "<= 0.6", -0.6))
+    h = n // 2
+    out.append((f"replay, {h} of the {n}-rank dump: decoded fraction, most of any rank",
+                each(lambda r: r[f"replay {h} of {n}"]["decoded fraction (max over ranks)"]), "<= 0.6", -0.6))
     table = []
     for name, vals, target, bound in out:
         m = statistics.median(vals) if vals else float("nan")
@@ -116,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     extra = argv[argv.index("--") + 1:] if "--" in argv else list(SIZES)
     argv = argv[:argv.index("--")] if "--" in argv else argv
     ap = argparse.ArgumentParser(prog="python -m benchmarks.ranks_suite", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ranks", type=int, default=None, help="N (default: the GPUs of this host)")
+    ap.add_argument("--ranks", type=int, default=None, help="N >= 2 (default: the GPUs of this host, at least 2; "
+                    "ranks beyond the GPUs share them)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--dir", default=None, help="where the dumps go, each round's removed after it (default: a temporary folder)")
     ap.add_argument("--json", default=None, help="save every phase's JSON line here")
@@ -125,9 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     if n is None:
         import torch
 
-        n = torch.cuda.device_count() if torch.cuda.is_available() else 1
-    if n < 1 or a.rounds < 1:
-        ap.error("--ranks and --rounds must be >= 1")
+        n = max(2, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    if n < 2 or a.rounds < 1:
+        ap.error("--ranks must be >= 2 (N ranks against 1) and --rounds >= 1")
     set_vars = {k: os.environ[k] for k in THREAD_VARS if k in os.environ}
     if set_vars:  # measured as users launch: plain torchrun, nothing set by hand
         print(f"# note: thread variables set in this environment, passed on to the ranks: {set_vars}", flush=True)

@@ -8,6 +8,8 @@ import math
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import ranks_suite as S  # noqa: E402
@@ -72,3 +74,10 @@ def test_a_failed_phase_or_a_slice_that_differs_fails_the_suite():
     vals = dict((name, v) for name, v, _, _ in S.rows(4, [failed]))["write, 4 ranks aggregate / 1 rank"]
     assert math.isnan(vals[0])
     assert "| every phase ran, every replayed slice bit-exact | False |" in S.markdown(4, [failed])
+
+
+def test_one_rank_against_itself_is_refused(capsys):
+    with pytest.raises(SystemExit) as e:  # before any launch
+        S.main(["--ranks", "1", "--", *TINY])
+    assert e.value.code == 2
+    assert "--ranks must be >= 2" in capsys.readouterr().err
