@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from types import SimpleNamespace
 
@@ -305,6 +306,24 @@ def test_by_default_the_pool_is_built_in_the_background_and_no_step_waits(tmp_pa
         warnings.simplefilter("error")
         assert decode_pool.wait(60) is None
     assert decode_pool.status() == "unavailable: MissingDependencyError: no C++ compiler"
+
+
+def test_a_build_removes_what_dead_builds_left_and_spares_a_young_one(tmp_path):
+    """A process that exits while its background build runs leaves the compiler's output unrenamed (``*.tmp``): the
+    next build in that cache removes those older than ``STALE_S``, and leaves a young one (a build elsewhere, where the
+    lock is not honoured) and everything else."""
+    if decode_pool.compiler() is None:
+        pytest.skip("needs a C++ compiler to build the pool")
+    old, young, other = (tmp_path / "decode_pool-25.0.0-0.so.x1.tmp", tmp_path / "decode_pool-25.0.0-0.so.x2.tmp",
+                         tmp_path / "notes.tmp")
+    for p in (old, young, other):
+        p.write_text("")
+    t = time.time() - decode_pool.STALE_S - 60
+    os.utime(old, (t, t))
+    os.utime(other, (t, t))
+    decode_pool.build(tmp_path)
+    assert not old.exists() and young.exists() and other.exists()
+    assert len(list(tmp_path.glob("decode_pool-*.so"))) == 1
 
 
 def test_the_ranks_of_a_host_build_the_pool_once(tmp_path):

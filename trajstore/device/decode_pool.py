@@ -30,6 +30,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,22 @@ def _compile(cmd: list[str], cxx: str, out: Path) -> None:
             os.unlink(tmp)
 
 
+STALE_S = 3600  # a build's temporary output this old is a dead build's (a build takes seconds)
+
+
+def _sweep(dest: Path) -> None:
+    """Remove the temporary outputs dead builds left in ``dest`` (a process that exited while its background build
+    ran: the compiler finished, nothing renamed its output). Called under the build's lock, so no build of this host
+    is writing one; the age spares a build elsewhere where the lock is not honoured (a network file system)."""
+    now = time.time()
+    for p in dest.glob("decode_pool-*.tmp"):
+        try:
+            if now - p.stat().st_mtime > STALE_S:
+                p.unlink()
+        except OSError:  # gone already, or not ours to remove: the build goes on
+            pass
+
+
 def _writable(d: Path) -> bool:
     try:
         d.mkdir(parents=True, exist_ok=True)
@@ -153,6 +170,7 @@ def build(dest: Path | None = None) -> ctypes.CDLL:
             if fcntl is not None:
                 fcntl.flock(lock, fcntl.LOCK_EX)
             if not out.exists():
+                _sweep(dest)
                 _compile(cmd, cxx, out)
     dll = ctypes.CDLL(str(out))  # pyarrow's libarrow, already loaded, resolves its symbols
     dll.cached_pool_make.restype, dll.cached_pool_make.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_int64]
