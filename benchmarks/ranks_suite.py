@@ -34,11 +34,12 @@ LAUNCH = ["--standalone"]  # torchrun's rendezvous: one host (the tests pin it t
 
 def phase(n: int, args: list[str], log: list[dict]) -> dict:
     """One ``ranks.py`` call by ``n`` ranks under torchrun: its JSON line (``rc`` and ``error`` added on failure)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", *LAUNCH, f"--nproc-per-node={n}", "-m", "benchmarks.ranks", *args]
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    run = [*LAUNCH, f"--nproc-per-node={n}", "-m", "benchmarks.ranks", *args]  # torchrun's arguments
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", *run], capture_output=True, text=True,
+                       cwd=Path(__file__).resolve().parents[1])
     lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
     out = json.loads(lines[-1]) if lines else {}
-    out["launch"] = " ".join(["torchrun", *LAUNCH, f"--nproc-per-node={n}", "-m", "benchmarks.ranks", *args])
+    out["launch"] = " ".join(["torchrun", *run])
     if p.returncode != 0 or not lines:
         out["rc"] = p.returncode
         out["error"] = (p.stderr.strip().splitlines() or ["no output"])[-1]
@@ -74,21 +75,21 @@ def rows(n: int, rounds: list[dict]) -> list[tuple[str, list[float], str, bool |
 
     gb = lambda r, k: r[k]["GB/s"]  # noqa: E731
     out = [
-        (f"write, {n} ranks aggregate / 1 rank", each(lambda r: gb(r, f"write {n}") / gb(r, "write 1")), ">= 3x", 3.0),
+        (f"write, {n} ranks aggregate / 1 rank", each(lambda r: gb(r, f"write {n}") / gb(r, "write 1")), ">= 3x",
+         lambda m: m >= 3.0),
         (f"replay, {n} ranks aggregate / 1 rank", each(lambda r: gb(r, f"replay {n} of {n}") / gb(r, "replay 1 of 1")),
-         ">= 3x", 3.0),
+         ">= 3x", lambda m: m >= 3.0),
         (f"replay, {n} ranks aggregate / read_table with all cores (1 process)",
          each(lambda r: gb(r, f"replay {n} of {n}") / r[f"replay {n} of {n}"]["read_table GB/s (all cores, 1 process)"]),
-         ">= 0.8x", 0.8),
+         ">= 0.8x", lambda m: m >= 0.8),
     ]
     h = n // 2
     out.append((f"replay, {h} of the {n}-rank dump: decoded fraction, most of any rank",
-                each(lambda r: r[f"replay {h} of {n}"]["decoded fraction (max over ranks)"]), "<= 0.6", -0.6))
+                each(lambda r: r[f"replay {h} of {n}"]["decoded fraction (max over ranks)"]), "<= 0.6", lambda m: m <= 0.6))
     table = []
-    for name, vals, target, bound in out:
+    for name, vals, target, holds in out:
         m = statistics.median(vals) if vals else float("nan")
-        met = None if not four else (m >= bound if bound > 0 else m <= -bound)
-        table.append((name, vals, target if four else "", met))
+        table.append((name, vals, target if four else "", holds(m) if four else None))
     for k in ("write 1", f"write {n}", "replay 1 of 1", f"replay {n} of {n}"):
         table.append((f"  {k} rank(s), GB/s", each(lambda r, k=k: gb(r, k)), "", None))
     return table
