@@ -40,9 +40,9 @@ except ImportError:  # Windows: ranks building at once each replace the file wit
     fcntl = None  # type: ignore[assignment]
 
 import pyarrow as pa
-import torch
 
 from ..errors import ConfigWarning, MissingDependencyError, warn
+from .pinned import cudart
 
 __all__ = ["Pool", "pinned", "plain", "status", "wanted", "wait", "build", "compiler", "cache_dir", "cuda_host_alloc", "ENV",
            "CACHE_ENV", "DEFAULT", "THRESHOLD"]
@@ -183,11 +183,7 @@ def build(dest: Path | None = None) -> ctypes.CDLL:
 
 def cuda_host_alloc() -> int:
     """The address of ``cudaHostAlloc`` in the CUDA runtime torch loaded."""
-    torch.cuda.init()
-    with open("/proc/self/maps") as f:
-        loaded = sorted({ln.split()[-1] for ln in f if "libcudart.so" in ln})
-    rt = ctypes.CDLL(loaded[0] if loaded else "libcudart.so")
-    return ctypes.cast(rt.cudaHostAlloc, ctypes.c_void_p).value
+    return ctypes.cast(cudart().cudaHostAlloc, ctypes.c_void_p).value
 
 
 def wanted() -> bool:

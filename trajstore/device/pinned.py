@@ -10,18 +10,105 @@ Rules kept here and in ``bridge.py`` (the reader's host -> device copies), so ca
 * A pinned staging buffer goes back to its pool together with the event of the last copy that
   reads or writes it; whoever takes it next synchronizes that event first. Pools cache a bounded
   number of bytes, so pinned memory does not grow without bound.
+
+A pool's page-locked buffers are plain host memory registered with the CUDA driver (``pinned``:
+``cudaHostRegister`` of the CUDA runtime torch loaded), not torch's pinned allocator: that one pins the size
+rounded up to a power of two and keeps what is freed in its own cache, so a pool bounded at N bytes could hold
+up to twice that pinned, and more after evicting; it also takes about four times as long to pin a fresh buffer
+(benchmarks/RESULTS.md, issue 23, nineteenth and twentieth rounds). A registered buffer pins exactly its size
+and is unregistered and freed when its last view is gone. Where registering fails, buffers come from torch's
+allocator as before (``registration()`` says why).
 """
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+import os
 import threading
+import weakref
 from typing import Any
 
+import numpy as np
 import torch
 
-__all__ = ["ALIGN", "aligned", "PinnedPool", "side_stream", "CudaSnapshot", "snapshot_cuda"]
+__all__ = ["ALIGN", "aligned", "PinnedPool", "side_stream", "CudaSnapshot", "snapshot_cuda", "pinned", "cudart",
+           "registration", "registered_bytes", "REGISTER"]
 
 ALIGN = 256  # byte alignment of each tensor carved out of a staging buffer
+REGISTER = True  # page-locked buffers are registered plain memory (module doc); False: torch's pinned allocator
+
+_reg: dict[str, Any] = {"live": 0, "why": None}  # registered bytes alive; why registering was given up
+_reg_lock = threading.Lock()
+_rt: list = []
+
+
+def cudart() -> ctypes.CDLL:
+    """The CUDA runtime library torch loaded (the one whose context torch's tensors live in)."""
+    if not _rt:
+        torch.cuda.init()
+        with open("/proc/self/maps") as f:
+            loaded = sorted({ln.split()[-1] for ln in f if "libcudart.so" in ln})
+        rt = ctypes.CDLL(loaded[0] if loaded else "libcudart.so")
+        rt.cudaHostRegister.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
+        rt.cudaHostUnregister.argtypes = [ctypes.c_void_p]
+        _rt.append(rt)
+    return _rt[0]
+
+
+def registration() -> str:
+    """In words: whether page-locked buffers are registered plain memory, and why not where they are not."""
+    if not REGISTER:
+        return "off (torch's pinned allocator: REGISTER = False)"
+    return "on" if _reg["why"] is None else f"given up: {_reg['why']} (torch's pinned allocator instead)"
+
+
+def registered_bytes() -> int:
+    """Bytes of host memory this process has registered with the CUDA driver and not yet released."""
+    return _reg["live"]
+
+
+def pinned(nbytes: int) -> torch.Tensor:
+    """A ``uint8`` tensor of ``nbytes`` of page-locked host memory: registered plain memory (the module doc),
+    else torch's pinned allocator."""
+    t = _registered(nbytes) if REGISTER and _reg["why"] is None else None
+    return t if t is not None else torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+
+def _registered(nbytes: int) -> torch.Tensor | None:
+    """``nbytes`` of fresh host memory, written once (registering written pages takes half the time) and
+    registered (portable: pinned for every device's context); its registration ends before the memory is freed
+    (a finalizer on the array that owns it, which numpy runs before freeing its data). None where the driver
+    refuses: registering is then given up for the process, its error cleared so no later CUDA call reports it."""
+    page = mmap.PAGESIZE
+    size = max(page, aligned(nbytes, page))
+    try:
+        rt = cudart()
+        raw = np.empty(size + page, dtype=np.uint8)
+        body = raw[-raw.ctypes.data % page:][:size]
+        body.fill(0)
+        rc = rt.cudaHostRegister(body.ctypes.data, size, 1)  # cudaHostRegisterPortable
+        if rc != 0:
+            rt.cudaGetLastError()
+            raise OSError(f"cudaHostRegister returned CUDA error {rc}")
+    except Exception as e:  # noqa: BLE001 - torch's pinned allocator instead, for the rest of the process
+        with _reg_lock:
+            _reg["why"] = _reg["why"] or f"{type(e).__name__}: {e}"
+        return None
+    with _reg_lock:
+        _reg["live"] += size
+    fin = weakref.finalize(raw, _unregister, rt, body.ctypes.data, size, os.getpid())
+    fin.atexit = False  # the process's memory goes with it
+    return torch.from_numpy(body)[:nbytes]
+
+
+def _unregister(rt: ctypes.CDLL, address: int, size: int, pid: int) -> None:
+    if os.getpid() != pid:  # a forked child: its copy of the memory was never registered by it
+        return
+    if rt.cudaHostUnregister(address) != 0:
+        rt.cudaGetLastError()  # (a context already torn down): cleared, not left for a later CUDA call
+    with _reg_lock:
+        _reg["live"] -= size
 
 
 def aligned(n: int, a: int = ALIGN) -> int:
@@ -67,7 +154,8 @@ class PinnedPool:
         if buf is None:
             pin = torch.cuda.is_available() if self.pin is None else self.pin
             # 25% headroom: step sizes vary with the sampled lengths, so the next step can reuse it
-            buf = torch.empty(aligned(max(nbytes + nbytes // 4, 1), 1 << 20), dtype=torch.uint8, pin_memory=pin)
+            n = aligned(max(nbytes + nbytes // 4, 1), 1 << 20)
+            buf = pinned(n) if pin else torch.empty(n, dtype=torch.uint8)
             with self._lock:
                 self.allocated += 1
         return buf
