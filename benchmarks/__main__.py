@@ -27,7 +27,7 @@ import torch
 
 import trajstore
 from trajstore import schema
-from trajstore.device import decode_pool
+from trajstore.device import decode_pool, pinned
 from trajstore.store import checksums
 
 from . import cuda_writes, encodings, least, padded, replay_cpu, scale
@@ -258,7 +258,8 @@ def rewards_figures(rep: Report, tmp: Path, m: int, B: int, main: Path, n: int, 
 def gpu_figures(rep: Report, d: Path, raw: int, n: int, b: dict, tmp: Path, cycles: int) -> None:
     dev = torch.device("cuda")
     decode_pool.wait(300)  # a long run's replay: the pinned decode's build (started by the first replay) done
-    print(f"  Arrow decoding into pinned memory: {decode_pool.status()}", flush=True)
+    print(f"  Arrow decoding into pinned memory: {decode_pool.status()}; pinned buffers registered: "
+          f"{pinned.registration()}", flush=True)
     f_flat = tmp / "flat.pt"
     steps = list(range(n)) * max(1, 24 // n)
 

@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 import trajstore
-from trajstore.device import decode_pool
+from trajstore.device import decode_pool, pinned
 from trajstore.format.file import parquet
 from trajstore.format.shard.shards import partition
 from trajstore.write import snapshot
@@ -95,7 +95,7 @@ def write(a, rank: int, world: int, dev: torch.device) -> dict:
     return {"phase": "write", "ranks": world, "steps": a.steps, "GB": _all(raw) / 1e9,
             "seconds": t, "GB/s": _all(raw) / t / 1e9, "threads per rank": w.stats["threads"],
             "workers per rank": w.stats["workers"], "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
-            "unpadded on the GPU": snapshot.UNPAD}
+            "unpadded on the GPU": snapshot.UNPAD, "pinned buffers registered": pinned.registration()}
 
 
 def replay(a, rank: int, world: int, dev: torch.device) -> dict:
@@ -140,7 +140,7 @@ def replay(a, rank: int, world: int, dev: torch.device) -> dict:
             "GB/s of each pass": [round(_all(raw) / x / 1e9, 3) for x in times],
             "read_table GB/s (all cores, 1 process)": _all(raw) / t_pq / 1e9,
             "decoded fraction (max over ranks)": frac, "threads per rank": r.threads,
-            "Arrow decoding into pinned memory": decode_pool.status(),
+            "Arrow decoding into pinned memory": decode_pool.status(), "pinned buffers registered": pinned.registration(),
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"), "bit-exact": exact}
 
 
