@@ -5,9 +5,12 @@ register for real."""
 
 import gc
 import mmap
+import os
+import sys
 
 import pytest
 import torch
+from _dumps import in_forked_child
 
 from trajstore.device import pinned
 
@@ -36,6 +39,7 @@ class FakeRuntime:
 
 @pytest.fixture
 def runtime(monkeypatch):
+    gc.collect()  # no buffer of another test released into this one's count
     rt = FakeRuntime()
     monkeypatch.setattr(pinned, "_rt", [rt])
     monkeypatch.setattr(pinned, "_reg", {"live": 0, "why": None})
@@ -58,7 +62,47 @@ def test_a_buffer_is_registered_exactly_and_released_after_its_last_view(runtime
     del view
     gc.collect()
     assert runtime.calls[1] == ("unregister", address) and not runtime.live and len(runtime.calls) == 2
-    assert pinned.registered_bytes() == 0
+    assert pinned.registered_bytes() == 0 and not _mapped(address)  # unmapped too
+
+
+def _mapped(address: int) -> bool:
+    with open("/proc/self/maps") as f:
+        for line in f:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= address < hi:
+                return True
+    return False
+
+
+def _in_child(address, t, size, rt, parent, queue):
+    """In a forked child: whether the parent's buffer is mapped here, holding what the parent wrote; the child's
+    write to it; then the release its finalizer runs when the child lets go of the buffer: no call to the CUDA
+    runtime (the child registered nothing), its own view unmapped."""
+    seen = _mapped(address) and int(t[0]) == 5
+    t[1] = 6  # shared: the parent sees it, as it would see a child's write to torch's pinned memory
+    calls = len(rt.calls)
+    pinned._release(rt, address, size, parent)
+    queue.put((seen, len(rt.calls) - calls, _mapped(address), pinned.registered_bytes()))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux: /proc/self/maps, fork")
+def test_a_forked_child_shares_the_pages_and_releases_only_its_view(runtime):
+    """A private page shared after a fork would be copied for the first process to write it, and on older kernels the
+    parent's copy would no longer be the page pinned for the GPU: the buffer is a shared mapping (as torch's pinned
+    memory is), so parent and child keep the same pages; a child's release unmaps its view and calls no CUDA."""
+    n = 5 * mmap.PAGESIZE
+    t = pinned.pinned(n)
+    address = t.data_ptr()
+    t[0] = 5
+    seen, calls, still, live = in_forked_child(_in_child, address, t, n, runtime, os.getpid(),
+                                               what="checking its mappings")
+    assert seen and calls == 0 and not still and live == n
+    assert int(t[1]) == 6 and _mapped(address)  # the same pages; the parent's mapping untouched by the child
+    t[2:] = 3
+    assert len(runtime.calls) == 1
+    del t
+    gc.collect()
+    assert runtime.calls[-1][0] == "unregister" and not _mapped(address) and pinned.registered_bytes() == 0
 
 
 def test_a_refusal_is_cleared_and_gives_registering_up(runtime, monkeypatch):

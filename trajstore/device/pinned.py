@@ -14,9 +14,10 @@ Rules kept here and in ``bridge.py`` (the reader's host -> device copies), so ca
 A pool's page-locked buffers are plain host memory registered with the CUDA driver (``pinned``:
 ``cudaHostRegister`` of the CUDA runtime torch loaded), not torch's pinned allocator: that one pins the size
 rounded up to a power of two and keeps what is freed in its own cache, so a pool bounded at N bytes could hold
-up to twice that pinned, and more after evicting; it also takes about four times as long to pin a fresh buffer
+up to twice that pinned, and more after evicting; it also takes longer to pin a fresh buffer (1.3-2.4x on an H200)
 (benchmarks/RESULTS.md, issue 23, nineteenth and twentieth rounds). A registered buffer pins exactly its size
-and is unregistered and freed when its last view is gone. Where registering fails, buffers come from torch's
+(a shared mapping of its own, which a forked child inherits as it inherits torch's pinned memory: the same pages) and
+is unregistered and unmapped when its last view is gone. Where registering fails, buffers come from torch's
 allocator as before (``registration()`` says why).
 """
 
@@ -75,21 +76,41 @@ def pinned(nbytes: int) -> torch.Tensor:
     return t if t is not None else torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
 
 
+_MAP = 0x01 | 0x20 | 0x8000  # MAP_SHARED | MAP_ANONYMOUS | MAP_POPULATE (Linux)
+_libc: list = []
+
+
+def _mapping(size: int) -> int:
+    """The address of ``size`` bytes of fresh shared anonymous memory, populated (the kernel provides its pages now,
+    faster than faulting them in one by one). Shared, as torch's pinned memory is (a shared mapping of
+    ``/dev/zero``): a forked child (a DataLoader worker) inherits the same pages, not copies of them; a private
+    page shared after a fork would be copied for whichever process writes it first, and on older kernels the
+    parent's copy would no longer be the page pinned for the GPU."""
+    if not _libc:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        _libc.append(libc)
+    address = _libc[0].mmap(None, size, 0x1 | 0x2, _MAP, -1, 0)  # PROT_READ | PROT_WRITE
+    if address in (None, ctypes.c_void_p(-1).value):
+        raise OSError(ctypes.get_errno(), f"mmap of {size} bytes failed")
+    return address
+
+
 def _registered(nbytes: int) -> torch.Tensor | None:
-    """``nbytes`` of fresh host memory, written once (registering written pages takes half the time) and
-    registered (portable: pinned for every device's context); its registration ends before the memory is freed
-    (a finalizer on the array that owns it, which numpy runs before freeing its data). None where the driver
-    refuses: registering is then given up for the process, its error cleared so no later CUDA call reports it."""
-    page = mmap.PAGESIZE
-    size = max(page, aligned(nbytes, page))
+    """``nbytes`` of fresh host memory (``_mapping``) registered (portable: pinned for every device's context); its
+    registration ends and the memory is unmapped when the array over it is freed (a finalizer on that array), so
+    after its last view is gone. None where the driver refuses: registering is then given up for the process, its
+    error cleared so no later CUDA call reports it."""
+    size = max(mmap.PAGESIZE, aligned(nbytes, mmap.PAGESIZE))
     try:
         rt = cudart()
-        raw = np.empty(size + page, dtype=np.uint8)
-        body = raw[-raw.ctypes.data % page:][:size]
-        body.fill(0)
-        rc = rt.cudaHostRegister(body.ctypes.data, size, 1)  # cudaHostRegisterPortable
+        address = _mapping(size)
+        rc = rt.cudaHostRegister(address, size, 1)  # cudaHostRegisterPortable
         if rc != 0:
             rt.cudaGetLastError()
+            _libc[0].munmap(address, size)
             raise OSError(f"cudaHostRegister returned CUDA error {rc}")
     except Exception as e:  # noqa: BLE001 - torch's pinned allocator instead, for the rest of the process
         with _reg_lock:
@@ -97,18 +118,21 @@ def _registered(nbytes: int) -> torch.Tensor | None:
         return None
     with _reg_lock:
         _reg["live"] += size
-    fin = weakref.finalize(raw, _unregister, rt, body.ctypes.data, size, os.getpid())
+    arr = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(address))
+    fin = weakref.finalize(arr, _release, rt, address, size, os.getpid())
     fin.atexit = False  # the process's memory goes with it
-    return torch.from_numpy(body)[:nbytes]
+    return torch.from_numpy(arr)[:nbytes]
 
 
-def _unregister(rt: ctypes.CDLL, address: int, size: int, pid: int) -> None:
-    if os.getpid() != pid:  # a forked child: its copy of the memory was never registered by it
-        return
-    if rt.cudaHostUnregister(address) != 0:
-        rt.cudaGetLastError()  # (a context already torn down): cleared, not left for a later CUDA call
-    with _reg_lock:
-        _reg["live"] -= size
+def _release(rt: Any, address: int, size: int, pid: int) -> None:
+    """Unregister and unmap a buffer of ``_registered``; in a forked child, which registered nothing (and has no CUDA
+    context), unmap its view alone."""
+    if os.getpid() == pid:
+        if rt.cudaHostUnregister(address) != 0:
+            rt.cudaGetLastError()  # (a context already torn down): cleared, not left for a later CUDA call
+        with _reg_lock:
+            _reg["live"] -= size
+    _libc[0].munmap(address, size)
 
 
 def aligned(n: int, a: int = ALIGN) -> int:
