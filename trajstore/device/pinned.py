@@ -98,6 +98,13 @@ def _mapping(size: int) -> int:
     return address
 
 
+def _view(address: int, size: int) -> memoryview:
+    """A writable memoryview of ``size`` bytes at ``address`` that owns nothing (the finalizer frees them)."""
+    f = ctypes.pythonapi.PyMemoryView_FromMemory
+    f.restype, f.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int]
+    return f(address, size, 0x200)  # PyBUF_WRITE
+
+
 def _registered(nbytes: int) -> torch.Tensor | None:
     """``nbytes`` of fresh host memory (``_mapping``) registered (portable: pinned for every device's context); its
     registration ends and the memory is unmapped when the array over it is freed (a finalizer on that array), so
@@ -118,7 +125,7 @@ def _registered(nbytes: int) -> torch.Tensor | None:
         return None
     with _reg_lock:
         _reg["live"] += size
-    arr = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(address))
+    arr = np.frombuffer(_view(address, size), dtype=np.uint8)  # (a memoryview: no ctypes array type per size)
     fin = weakref.finalize(arr, _release, rt, address, size, os.getpid())
     fin.atexit = False  # the process's memory goes with it
     return torch.from_numpy(arr)[:nbytes]
