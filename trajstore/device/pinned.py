@@ -14,8 +14,8 @@ Rules kept here and in ``bridge.py`` (the reader's host -> device copies), so ca
 A pool's page-locked buffers are plain host memory registered with the CUDA driver (``pinned``:
 ``cudaHostRegister`` of the CUDA runtime torch loaded), not torch's pinned allocator: that one pins the size
 rounded up to a power of two and keeps what is freed in its own cache, so a pool bounded at N bytes could hold
-up to twice that pinned, and more after evicting; it also takes longer to pin a fresh buffer (1.3-2.4x on an H200)
-(benchmarks/RESULTS.md, issue 23, nineteenth and twentieth rounds). A registered buffer pins exactly its size
+up to twice that pinned, and more after evicting (and it pins a fresh buffer no faster: 1.0-1.35x the time on an
+H200; benchmarks/RESULTS.md, issue 23, nineteenth and twentieth rounds). A registered buffer pins exactly its size
 (a shared mapping of its own, which a forked child inherits as it inherits torch's pinned memory: the same pages) and
 is unregistered and unmapped when its last view is gone. Where registering fails, buffers come from torch's
 allocator as before (``registration()`` says why).
