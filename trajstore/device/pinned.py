@@ -24,6 +24,7 @@ allocator as before (``registration()`` says why).
 from __future__ import annotations
 
 import ctypes
+import functools
 import mmap
 import os
 import threading
@@ -77,7 +78,18 @@ def pinned(nbytes: int) -> torch.Tensor:
 
 
 _MAP = 0x01 | 0x20 | 0x8000  # MAP_SHARED | MAP_ANONYMOUS | MAP_POPULATE (Linux)
-_libc: list = []
+
+
+@functools.cache
+def _native() -> tuple[ctypes.CDLL, Any]:
+    """libc (``mmap``, ``munmap``) and CPython's ``PyMemoryView_FromMemory``, their prototypes set once: the latter
+    as a function pointer of its own, not by changing ``ctypes.pythonapi``'s shared one."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    proto = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int)
+    return libc, proto(("PyMemoryView_FromMemory", ctypes.pythonapi))
 
 
 def _mapping(size: int) -> int:
@@ -86,13 +98,7 @@ def _mapping(size: int) -> int:
     ``/dev/zero``): a forked child (a DataLoader worker) inherits the same pages, not copies of them; a private
     page shared after a fork would be copied for whichever process writes it first, and on older kernels the
     parent's copy would no longer be the page pinned for the GPU."""
-    if not _libc:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        _libc.append(libc)
-    address = _libc[0].mmap(None, size, 0x1 | 0x2, _MAP, -1, 0)  # PROT_READ | PROT_WRITE
+    address = _native()[0].mmap(None, size, 0x1 | 0x2, _MAP, -1, 0)  # PROT_READ | PROT_WRITE
     if address in (None, ctypes.c_void_p(-1).value):
         raise OSError(ctypes.get_errno(), f"mmap of {size} bytes failed")
     return address
@@ -100,9 +106,7 @@ def _mapping(size: int) -> int:
 
 def _view(address: int, size: int) -> memoryview:
     """A writable memoryview of ``size`` bytes at ``address`` that owns nothing (the finalizer frees them)."""
-    f = ctypes.pythonapi.PyMemoryView_FromMemory
-    f.restype, f.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int]
-    return f(address, size, 0x200)  # PyBUF_WRITE
+    return _native()[1](address, size, 0x200)  # PyBUF_WRITE
 
 
 def _registered(nbytes: int) -> torch.Tensor | None:
@@ -117,7 +121,7 @@ def _registered(nbytes: int) -> torch.Tensor | None:
         rc = rt.cudaHostRegister(address, size, 1)  # cudaHostRegisterPortable
         if rc != 0:
             rt.cudaGetLastError()
-            _libc[0].munmap(address, size)
+            _native()[0].munmap(address, size)
             raise OSError(f"cudaHostRegister returned CUDA error {rc}")
     except Exception as e:  # noqa: BLE001 - torch's pinned allocator instead, for the rest of the process
         with _reg_lock:
@@ -139,7 +143,7 @@ def _release(rt: Any, address: int, size: int, pid: int) -> None:
             rt.cudaGetLastError()  # (a context already torn down): cleared, not left for a later CUDA call
         with _reg_lock:
             _reg["live"] -= size
-    _libc[0].munmap(address, size)
+    _native()[0].munmap(address, size)
 
 
 def aligned(n: int, a: int = ALIGN) -> int:
